@@ -1,0 +1,107 @@
+//! Command-line interface: `runner run | validate | test`.
+//!
+//! The CLI only parses; `main.rs` dispatches. Flags given on the command line override the
+//! config file and the environment.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// Long version string: crate version and the git revision it was built from.
+pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RUNNER_GIT_REV"), ")");
+
+/// Runner executes sagas and side-effect workflows on NATS JetStream.
+///
+/// Sagas and effects are declared in YAML manifests. State lives in a local libmdbx
+/// database; NATS JetStream carries every event and command.
+#[derive(Debug, Parser)]
+#[command(name = "runner", version = LONG_VERSION, propagate_version = true)]
+pub struct Cli {
+    /// Log output format.
+    #[arg(long, value_enum, global = true, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service: connect to NATS, open local storage, serve the admin endpoints and
+    /// process work until drained (SIGTERM, SIGINT or `POST /admin/drain`).
+    Run(RunArgs),
+    /// Check manifest files and report every problem with file:line:column.
+    ///
+    /// Exits 1 when any error is found; warnings are printed and exit 0.
+    Validate {
+        /// Manifest files or directories (searched for *.yaml / *.yml).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+}
+
+/// Arguments of `runner run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Which roles this process plays.
+    #[arg(long, value_enum)]
+    pub mode: Option<Mode>,
+    /// TOML config file. Without it, built-in defaults and RUNNER__* variables apply.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Manifest file or directory; repeat for several. Replaces `runner.manifests`.
+    #[arg(long = "manifest")]
+    pub manifests: Vec<PathBuf>,
+    /// NATS server URL; repeat or separate with commas for a cluster. Replaces `nats.urls`.
+    #[arg(long = "nats-url", value_delimiter = ',')]
+    pub nats_urls: Vec<String>,
+    /// Address of the admin HTTP server (port 0 picks a free port). Replaces `admin.addr`.
+    #[arg(long)]
+    pub admin_addr: Option<SocketAddr>,
+    /// Directory for local state. Replaces `storage.data_dir`.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+/// The roles a `runner run` process plays.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Consume events and advance sagas.
+    Saga,
+    /// Execute effect commands.
+    Effect,
+    /// Both roles in one process.
+    Combined,
+}
+
+impl Mode {
+    /// Whether this mode runs the saga worker.
+    pub fn runs_sagas(self) -> bool {
+        matches!(self, Mode::Saga | Mode::Combined)
+    }
+    /// Whether this mode runs the effect worker.
+    pub fn runs_effects(self) -> bool {
+        matches!(self, Mode::Effect | Mode::Combined)
+    }
+    /// The lowercase name used in config and `/info`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Saga => "saga",
+            Mode::Effect => "effect",
+            Mode::Combined => "combined",
+        }
+    }
+}

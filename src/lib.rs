@@ -1,0 +1,5 @@
+//! Runner: sagas and side-effect workflows on NATS JetStream.
+#![warn(missing_docs)]
+
+pub mod cli;
+pub mod manifest;
