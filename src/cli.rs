@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Long version string: crate version and the git revision it was built from.
-pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RUNNER_GIT_REV"), ")");
+pub const LONG_VERSION: &str =
+    concat!(env!("CARGO_PKG_VERSION"), " (", env!("RUNNER_GIT_REV"), ")");
 
 /// Runner executes sagas and side-effect workflows on NATS JetStream.
 ///

@@ -1,5 +1,35 @@
 //! Runner: sagas and side-effect workflows on NATS JetStream.
+//!
+//! ```text
+//!  aggregates ──► AGGREGATE_EVENTS ──┐
+//!                                    ▼
+//!                         saga worker (engine, libmdbx: state + outbox + checkpoint)
+//!                                    │ outbox relay (Nats-Msg-Id = deterministic id)
+//!                                    ▼
+//!                          WORKFLOW_COMMANDS ──► effect workers (claims, retries, breakers)
+//!                                                        │
+//!  saga worker ◄── WORKFLOW_EVENTS ◄── result events ◄───┘
+//! ```
+//!
+//! | module | role |
+//! |---|---|
+//! | [`cli`] | command-line parsing |
+//! | [`config`] | layered, validated configuration |
+//! | [`manifest`] | saga and effect declarations, validation |
+//! | [`broker`] | NATS connection and stream reconciliation |
+//! | [`storage`] | libmdbx environment, off the async runtime |
+//! | [`admin`] | health, readiness, metrics, info, drain, reload |
+//! | [`app`] | wiring and the drain sequence |
+//! | [`shutdown`] | signal handling |
+//! | [`telemetry`] | logs and metrics |
 #![warn(missing_docs)]
 
+pub mod admin;
+pub mod app;
+pub mod broker;
 pub mod cli;
+pub mod config;
 pub mod manifest;
+pub mod shutdown;
+pub mod storage;
+pub mod telemetry;

