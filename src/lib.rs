@@ -2,4 +2,5 @@
 #![warn(missing_docs)]
 
 pub mod cli;
+pub mod expr;
 pub mod manifest;
