@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand, ValueEnum};
 
 /// Long version string: crate version and the git revision it was built from.
-pub const LONG_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RUNNER_GIT_REV"), ")");
+pub const LONG_VERSION: &str =
+    concat!(env!("CARGO_PKG_VERSION"), " (", env!("RUNNER_GIT_REV"), ")");
 
 /// Runner executes sagas and side-effect workflows on NATS JetStream.
 ///
@@ -47,6 +48,15 @@ pub enum Command {
     /// Exits 1 when any error is found; warnings are printed and exit 0.
     Validate {
         /// Manifest files or directories (searched for *.yaml / *.yml).
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
+    /// Run the test cases kept beside manifests (`*.tests.yaml`) against the pure engine.
+    ///
+    /// Loads every manifest under the paths, runs every test file found there, prints a
+    /// readable difference for each failure and a summary line. Exits 1 on any failure.
+    Test {
+        /// Manifest and test files or directories.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },

@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod expr;
 pub mod manifest;
+pub mod saga;
