@@ -64,9 +64,7 @@ pub(crate) fn parse(file: &Path, text: &str, out: &mut Vec<Diagnostic>) -> Optio
                 .location()
                 .map(|l| (l.line(), l.column()))
                 .unwrap_or((0, 0));
-            let message = e.to_string();
-            // The error text repeats the location in its own words; keep the first line.
-            let message = message.lines().next().unwrap_or_default().to_string();
+            let message = super::yaml_message(&e);
             out.push(Diagnostic {
                 file: file.to_path_buf(),
                 line,

@@ -212,6 +212,17 @@ impl LoadReport {
     }
 }
 
+/// A serde-saphyr error's text without the location it repeats (the diagnostic carries it).
+pub fn yaml_message(e: &serde_saphyr::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let rest = first.strip_prefix("error: ").unwrap_or(first);
+    match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((loc, msg)) if loc.contains("column") => msg.to_string(),
+        _ => rest.to_string(),
+    }
+}
+
 /// Lists the manifest files under `paths`: files as given, directories searched recursively
 /// for `*.yaml` / `*.yml`, sorted so that loading is deterministic.
 pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostic> {

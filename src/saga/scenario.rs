@@ -179,10 +179,7 @@ pub fn parse(file: &Path, text: &str) -> Result<ScenarioFile, Diagnostic> {
             line,
             column,
             severity: Severity::Error,
-            message: format!(
-                "invalid test file: {}",
-                e.to_string().lines().next().unwrap_or_default()
-            ),
+            message: format!("invalid test file: {}", crate::manifest::yaml_message(&e)),
         }
     })
 }
