@@ -126,11 +126,12 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
             );
         }
     }
+    let mut declared: BTreeSet<(String, u32)> = BTreeSet::new();
     for (path, file) in &files {
         let mut d = Diags { file: path, out };
         for s in &file.sagas {
             let versions = catalog.sagas.entry(s.name.value.clone()).or_default();
-            if versions.contains_key(&s.version.value) {
+            if !declared.insert((s.name.value.clone(), s.version.value)) {
                 d.error(
                     at(&s.name),
                     format!(

@@ -267,6 +267,11 @@ fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {
     }
 }
 
+/// Orders diagnostics by file, line and column (stable: same place keeps discovery order).
+fn sort(diagnostics: &mut [Diagnostic]) {
+    diagnostics.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
+}
+
 /// Whether a path names a test-case file (`*.tests.yaml` / `*.tests.yml`), which
 /// `runner test` reads and manifest loading skips.
 pub fn is_test_file(p: &Path) -> bool {
@@ -299,6 +304,7 @@ pub fn load(paths: &[PathBuf]) -> LoadReport {
         }
     }
     let catalog = compile::compile(parsed, &mut diagnostics);
+    sort(&mut diagnostics);
     let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
     LoadReport {
         catalog: ok.then_some(catalog),
@@ -317,6 +323,7 @@ pub fn load_str(sources: &[(&str, &str)]) -> LoadReport {
         }
     }
     let catalog = compile::compile(parsed, &mut diagnostics);
+    sort(&mut diagnostics);
     let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
     LoadReport {
         catalog: ok.then_some(catalog),
