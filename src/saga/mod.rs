@@ -642,6 +642,12 @@ pub fn apply(
                     saga: saga.to_owned(),
                     version: i.version,
                 })?;
+            if i.saga != saga || i.correlation_id != correlation_id {
+                return Err(StepError::poison(format!(
+                    "instance is ({}, {}), not ({saga}, {correlation_id})",
+                    i.saga, i.correlation_id
+                )));
+            }
             if i.status.is_final() {
                 return Err(StepError::Finished(i.status));
             }
