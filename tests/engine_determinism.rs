@@ -31,7 +31,9 @@ impl Rng {
 
 fn load() -> Catalog {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("manifests");
-    manifest::load(&[dir]).catalog.expect("shipped manifests load")
+    manifest::load(&[dir])
+        .catalog
+        .expect("shipped manifests load")
 }
 
 /// Runs `steps` random inputs; returns the transcript (one JSON line per routed outcome).
@@ -65,7 +67,9 @@ fn run(catalog: &Catalog, seed: u64, steps: usize, round_trip: bool) -> String {
                 let key = &keys[rng.below(keys.len())];
                 let inst: Instance = serde_json::from_str(&instances[key]).unwrap();
                 match inst.timers.iter().next() {
-                    Some((name, t)) => Input::timer("acme", &key.0, &key.1, name, &t.timer_id, t.due_ms.max(now)),
+                    Some((name, t)) => {
+                        Input::timer("acme", &key.0, &key.1, name, &t.timer_id, t.due_ms.max(now))
+                    }
                     None => Input::timer("acme", &key.0, &key.1, "nope", "x", now),
                 }
             }
@@ -80,8 +84,9 @@ fn run(catalog: &Catalog, seed: u64, steps: usize, round_trip: bool) -> String {
             }
             _ => {
                 let id = format!("o-{}", rng.below(4));
-                let items: Vec<Value> =
-                    (0..rng.below(3)).map(|i| json!({"sku": format!("s{i}"), "qty": i + 1})).collect();
+                let items: Vec<Value> = (0..rng.below(3))
+                    .map(|i| json!({"sku": format!("s{i}"), "qty": i + 1}))
+                    .collect();
                 let event_type = ["OrderPlaced", "OrderPlaced", "OrderShipped"][rng.below(3)];
                 Input::new(
                     format!("aggregate.Order.{id}"),
@@ -112,7 +117,12 @@ fn run(catalog: &Catalog, seed: u64, steps: usize, round_trip: bool) -> String {
             });
             match apply(catalog, &r.saga, &r.correlation_id, stored.as_ref(), &input) {
                 Ok(a) => {
-                    commands.extend(a.work.iter().filter(|w| w.subject.starts_with("effect.")).map(|w| w.body.clone()));
+                    commands.extend(
+                        a.work
+                            .iter()
+                            .filter(|w| w.subject.starts_with("effect."))
+                            .map(|w| w.body.clone()),
+                    );
                     instances.insert(key, serde_json::to_string(&a.instance).unwrap());
                     out.push_str(&serde_json::to_string(&a).unwrap());
                 }
@@ -135,11 +145,21 @@ fn random_sequences_give_identical_outputs() {
         let b = run(&first, seed, 60, false);
         let c = run(&second, seed, 60, true);
         assert_eq!(a, b, "seed {seed}: two runs differ");
-        assert_eq!(a, c, "seed {seed}: a reloaded catalog with round-tripped state differs");
+        assert_eq!(
+            a, c,
+            "seed {seed}: a reloaded catalog with round-tripped state differs"
+        );
         transitions += a.lines().filter(|l| l.starts_with('{')).count();
         all.push_str(&a);
     }
-    for needle in ["\"status\":\"completed\"", "\"status\":\"compensated\"", "\"status\":\"failed\"", "StaleTimer", "NoTransition", "Finished"] {
+    for needle in [
+        "\"status\":\"completed\"",
+        "\"status\":\"compensated\"",
+        "\"status\":\"failed\"",
+        "StaleTimer",
+        "NoTransition",
+        "Finished",
+    ] {
         assert!(all.contains(needle), "no `{needle}` in any sequence");
     }
     // The generator must actually exercise the engine, not only produce rejections.

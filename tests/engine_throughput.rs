@@ -32,8 +32,16 @@ fn order_transitions_per_second() {
         );
         let mut a = apply(&catalog, "order", &id, None, &placed).unwrap();
         transitions += 1;
-        for (effect, k) in [("charge_card", 1), ("reserve_stock", 2), ("create_shipment", 3)] {
-            let cmd = a.work.iter().find(|w| w.subject.starts_with(&format!("effect.{effect}."))).unwrap();
+        for (effect, k) in [
+            ("charge_card", 1),
+            ("reserve_stock", 2),
+            ("create_shipment", 3),
+        ] {
+            let cmd = a
+                .work
+                .iter()
+                .find(|w| w.subject.starts_with(&format!("effect.{effect}.")))
+                .unwrap();
             let input = Input::new(
                 format!("effect_result.{effect}.{}", cmd.msg_id),
                 json!({"v": 1, "event_id": format!("e{n}-{k}"), "tenant_id": "acme", "command_id": cmd.msg_id,
@@ -47,5 +55,8 @@ fn order_transitions_per_second() {
         assert_eq!(a.instance.state, "shipped");
     }
     let secs = start.elapsed().as_secs_f64();
-    println!("{transitions} transitions in {secs:.3} s = {:.0} transitions/s", transitions as f64 / secs);
+    println!(
+        "{transitions} transitions in {secs:.3} s = {:.0} transitions/s",
+        transitions as f64 / secs
+    );
 }

@@ -267,6 +267,21 @@ fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {
     }
 }
 
+/// The JSON Schema of the manifest format, generated from [`model::ManifestFile`].
+///
+/// Committed as `schema/manifest.schema.json` for editors (YAML language servers use it for
+/// completion and checks); a test fails when the committed copy is out of date.
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(model::ManifestFile).to_value();
+    if let serde_json::Value::Object(m) = &mut schema {
+        m.insert(
+            "$id".into(),
+            serde_json::Value::String("https://runner.dev/schema/manifest.schema.json".into()),
+        );
+    }
+    schema
+}
+
 /// Orders diagnostics by file, line and column (stable: same place keeps discovery order).
 fn sort(diagnostics: &mut [Diagnostic]) {
     diagnostics.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
