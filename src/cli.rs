@@ -51,6 +51,15 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Run the test cases kept beside manifests (`*.tests.yaml`) against the pure engine.
+    ///
+    /// Loads every manifest under the paths, runs every test file found there, prints a
+    /// readable difference for each failure and a summary line. Exits 1 on any failure.
+    Test {
+        /// Manifest and test files or directories.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 /// Arguments of `runner run`.

@@ -16,6 +16,8 @@
 //! | [`cli`] | command-line parsing |
 //! | [`config`] | layered, validated configuration |
 //! | [`manifest`] | saga and effect declarations, validation |
+//! | [`expr`] | deterministic CEL expressions and JSON templates |
+//! | [`saga`] | the pure saga engine |
 //! | [`broker`] | NATS connection and stream reconciliation |
 //! | [`storage`] | libmdbx environment, off the async runtime |
 //! | [`admin`] | health, readiness, metrics, info, drain, reload |
@@ -29,7 +31,9 @@ pub mod app;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod expr;
 pub mod manifest;
+pub mod saga;
 pub mod shutdown;
 pub mod storage;
 pub mod telemetry;

@@ -1,5 +1,4 @@
 //! The `runner` binary: parse the CLI, set up logging, load config, dispatch.
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -12,6 +11,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Validate { paths } => validate(&paths),
+        Command::Test { paths } => run_tests(&paths),
         Command::Run(args) => {
             runner::telemetry::init_logging(cli.log_format);
             match run(args) {
@@ -50,14 +50,83 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
     })
 }
 
-fn validate(paths: &[PathBuf]) -> ExitCode {
+fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
     let report = runner::manifest::load(paths);
     for d in &report.diagnostics {
         eprintln!("{d}");
     }
-    if report.catalog.is_some() {
+    let errors = report.errors().count();
+    let warnings = report.diagnostics.len() - errors;
+    match &report.catalog {
+        Some(c) => {
+            let s = c.summary();
+            println!(
+                "ok: {} file(s), {} saga version(s), {} effect(s), {warnings} warning(s)",
+                s.files.len(),
+                s.sagas.len(),
+                s.effects.len()
+            );
+            ExitCode::SUCCESS
+        }
+        None => {
+            eprintln!("{errors} error(s), {warnings} warning(s)");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `runner test`: load the manifests, run every `*.tests.yaml` found under the paths.
+fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
+    use runner::manifest::{collect_files, is_test_file};
+    use runner::saga::scenario;
+    let report = runner::manifest::load(paths);
+    for d in &report.diagnostics {
+        eprintln!("{d}");
+    }
+    let Some(catalog) = report.catalog else {
+        eprintln!("manifests have errors; no test was run");
+        return ExitCode::FAILURE;
+    };
+    let files = match collect_files(paths) {
+        Ok(f) => f,
+        Err(d) => {
+            eprintln!("{d}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (mut passed, mut failed) = (0usize, 0usize);
+    for file in files.iter().filter(|f| is_test_file(f)) {
+        let parsed = std::fs::read_to_string(file)
+            .map_err(|e| format!("{}:0:0: error: cannot read: {e}", file.display()))
+            .and_then(|text| scenario::parse(file, &text).map_err(|d| d.to_string()));
+        let parsed = match parsed {
+            Ok(p) => p,
+            Err(msg) => {
+                eprintln!("{msg}");
+                failed += 1;
+                continue;
+            }
+        };
+        for r in scenario::run_file(&catalog, file, &parsed) {
+            if r.passed() {
+                passed += 1;
+                println!("ok     {}:{}: {}", r.file, r.line, r.name);
+            } else {
+                failed += 1;
+                println!("FAILED {}:{}: {}", r.file, r.line, r.name);
+                for f in &r.failures {
+                    println!("    {f}");
+                }
+            }
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    if failed == 0 && passed > 0 {
         ExitCode::SUCCESS
     } else {
+        if passed == 0 && failed == 0 {
+            eprintln!("no test found (test files are named *.tests.yaml)");
+        }
         ExitCode::FAILURE
     }
 }

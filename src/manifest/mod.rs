@@ -11,7 +11,16 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+pub mod catalog;
+mod compile;
+pub mod model;
+
+pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
 
 /// The manifest format version this build understands.
 pub const FORMAT_VERSION: u32 = 1;
@@ -58,12 +67,14 @@ impl fmt::Display for Diagnostic {
     }
 }
 
-/// A validated set of manifests, ready to run.
+/// A validated set of manifests, ready to run: every version of every saga, and the effects.
+///
+/// Immutable once built; share it behind an `Arc` and swap the whole catalog on reload.
 #[derive(Debug, Clone, Default)]
 pub struct Catalog {
     files: Vec<PathBuf>,
-    sagas: Vec<(String, u32)>,
-    effects: Vec<String>,
+    sagas: BTreeMap<String, BTreeMap<u32, Arc<catalog::Saga>>>,
+    effects: BTreeMap<String, Arc<catalog::Effect>>,
 }
 
 /// What `/info` shows of a [`Catalog`].
@@ -84,6 +95,8 @@ pub struct SagaSummary {
     pub name: String,
     /// Saga version.
     pub version: u32,
+    /// How the saga is written.
+    pub style: catalog::Style,
 }
 
 impl Catalog {
@@ -98,14 +111,86 @@ impl Catalog {
             files: self.files.iter().map(|f| f.display().to_string()).collect(),
             sagas: self
                 .sagas
-                .iter()
-                .map(|(name, version)| SagaSummary {
-                    name: name.clone(),
-                    version: *version,
+                .values()
+                .flat_map(|versions| versions.values())
+                .map(|s| SagaSummary {
+                    name: s.name.clone(),
+                    version: s.version,
+                    style: s.style(),
                 })
                 .collect(),
-            effects: self.effects.clone(),
+            effects: self.effects.keys().cloned().collect(),
         }
+    }
+
+    /// One version of a saga.
+    pub fn saga(&self, name: &str, version: u32) -> Option<&Arc<catalog::Saga>> {
+        self.sagas.get(name)?.get(&version)
+    }
+
+    /// The newest loaded version of a saga: the one new instances start on.
+    pub fn newest(&self, name: &str) -> Option<&Arc<catalog::Saga>> {
+        self.sagas.get(name)?.values().next_back()
+    }
+
+    /// Every loaded saga version, by name then version.
+    pub fn sagas(&self) -> impl Iterator<Item = &Arc<catalog::Saga>> {
+        self.sagas.values().flat_map(|v| v.values())
+    }
+
+    /// Names of the loaded sagas.
+    pub fn saga_names(&self) -> impl Iterator<Item = &str> {
+        self.sagas.keys().map(String::as_str)
+    }
+
+    /// A declared effect.
+    pub fn effect(&self, name: &str) -> Option<&Arc<catalog::Effect>> {
+        self.effects.get(name)
+    }
+
+    /// The (saga, version) pairs in `in_use` (e.g. versions of in-flight instances) that this
+    /// catalog can no longer run: not loaded, and no chain of declared migrations leads from
+    /// them to a loaded version. Loading such a catalog would strand those instances.
+    pub fn stranded(&self, in_use: &[(String, u32)]) -> Vec<Stranded> {
+        let mut out = Vec::new();
+        for (name, version) in in_use {
+            if self.saga(name, *version).is_some() {
+                continue;
+            }
+            // Migrations are declared by the newer version (N+1 says `from: N`), so an
+            // unloaded N can still be migrated only when N+1 is loaded and declares it.
+            let reachable = version
+                .checked_add(1)
+                .and_then(|next| self.saga(name, next))
+                .is_some_and(|s| s.migration.as_ref().is_some_and(|m| m.from == *version));
+            if !reachable {
+                out.push(Stranded {
+                    saga: name.clone(),
+                    version: *version,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// An in-use saga version that a catalog cannot run or migrate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stranded {
+    /// Saga name.
+    pub saga: String,
+    /// The version in use.
+    pub version: u32,
+}
+
+impl fmt::Display for Stranded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "saga `{}` version {} has instances in flight but is not loaded and no loaded \
+             version declares a migration from it",
+            self.saga, self.version
+        )
     }
 }
 
@@ -127,25 +212,15 @@ impl LoadReport {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawFile {
-    format: u32,
-    #[serde(default)]
-    sagas: Vec<RawNamed>,
-    #[serde(default)]
-    effects: Vec<RawNamed>,
-}
-
-#[derive(Debug, Deserialize)]
-struct RawNamed {
-    name: String,
-    #[serde(default = "one")]
-    version: u32,
-}
-
-fn one() -> u32 {
-    1
+/// A serde-saphyr error's text without the location it repeats (the diagnostic carries it).
+pub fn yaml_message(e: &serde_saphyr::Error) -> String {
+    let text = e.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let rest = first.strip_prefix("error: ").unwrap_or(first);
+    match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((loc, msg)) if loc.contains("column") => msg.to_string(),
+        _ => rest.to_string(),
+    }
 }
 
 /// Lists the manifest files under `paths`: files as given, directories searched recursively
@@ -192,7 +267,35 @@ fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {
     }
 }
 
-/// Loads and validates every manifest under `paths`.
+/// The JSON Schema of the manifest format, generated from [`model::ManifestFile`].
+///
+/// Committed as `schema/manifest.schema.json` for editors (YAML language servers use it for
+/// completion and checks); a test fails when the committed copy is out of date.
+pub fn json_schema() -> serde_json::Value {
+    let mut schema = schemars::schema_for!(model::ManifestFile).to_value();
+    if let serde_json::Value::Object(m) = &mut schema {
+        m.insert(
+            "$id".into(),
+            serde_json::Value::String("https://runner.dev/schema/manifest.schema.json".into()),
+        );
+    }
+    schema
+}
+
+/// Orders diagnostics by file, line and column (stable: same place keeps discovery order).
+fn sort(diagnostics: &mut [Diagnostic]) {
+    diagnostics.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
+}
+
+/// Whether a path names a test-case file (`*.tests.yaml` / `*.tests.yml`), which
+/// `runner test` reads and manifest loading skips.
+pub fn is_test_file(p: &Path) -> bool {
+    p.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.ends_with(".tests.yaml") || n.ends_with(".tests.yml"))
+}
+
+/// Loads and validates every manifest under `paths` (test-case files are skipped).
 pub fn load(paths: &[PathBuf]) -> LoadReport {
     let files = match collect_files(paths) {
         Ok(f) => f,
@@ -204,70 +307,38 @@ pub fn load(paths: &[PathBuf]) -> LoadReport {
         }
     };
     let mut diagnostics = Vec::new();
-    let mut catalog = Catalog {
-        files: files.clone(),
-        ..Catalog::default()
-    };
-    for file in &files {
-        let text = match std::fs::read_to_string(file) {
-            Ok(t) => t,
-            Err(e) => {
-                diagnostics.push(io_diag(file, &e));
-                continue;
-            }
-        };
-        match serde_saphyr::from_str::<RawFile>(&text) {
-            Ok(raw) => {
-                if raw.format != FORMAT_VERSION {
-                    diagnostics.push(Diagnostic {
-                        file: file.clone(),
-                        line: 0,
-                        column: 0,
-                        severity: Severity::Error,
-                        message: format!(
-                            "format {} is not supported (this build reads format {FORMAT_VERSION})",
-                            raw.format
-                        ),
-                    });
+    let mut parsed = Vec::new();
+    for file in files.into_iter().filter(|f| !is_test_file(f)) {
+        match std::fs::read_to_string(&file) {
+            Ok(text) => {
+                if let Some(m) = compile::parse(&file, &text, &mut diagnostics) {
+                    parsed.push((file, m));
                 }
-                for s in raw.sagas {
-                    if catalog
-                        .sagas
-                        .iter()
-                        .any(|(n, v)| *n == s.name && *v == s.version)
-                    {
-                        diagnostics.push(Diagnostic {
-                            file: file.clone(),
-                            line: 0,
-                            column: 0,
-                            severity: Severity::Error,
-                            message: format!(
-                                "saga `{}` version {} is declared twice",
-                                s.name, s.version
-                            ),
-                        });
-                    }
-                    catalog.sagas.push((s.name, s.version));
-                }
-                catalog
-                    .effects
-                    .extend(raw.effects.into_iter().map(|e| e.name));
             }
-            Err(e) => {
-                let (line, column) = e
-                    .location()
-                    .map(|l| (l.line(), l.column()))
-                    .unwrap_or((0, 0));
-                diagnostics.push(Diagnostic {
-                    file: file.clone(),
-                    line,
-                    column,
-                    severity: Severity::Error,
-                    message: e.to_string(),
-                });
-            }
+            Err(e) => diagnostics.push(io_diag(&file, &e)),
         }
     }
+    let catalog = compile::compile(parsed, &mut diagnostics);
+    sort(&mut diagnostics);
+    let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
+    LoadReport {
+        catalog: ok.then_some(catalog),
+        diagnostics,
+    }
+}
+
+/// Loads manifests from in-memory texts (`(file name, YAML)`), as [`load`] does from disk.
+pub fn load_str(sources: &[(&str, &str)]) -> LoadReport {
+    let mut diagnostics = Vec::new();
+    let mut parsed = Vec::new();
+    for (name, text) in sources {
+        let file = PathBuf::from(name);
+        if let Some(m) = compile::parse(&file, text, &mut diagnostics) {
+            parsed.push((file, m));
+        }
+    }
+    let catalog = compile::compile(parsed, &mut diagnostics);
+    sort(&mut diagnostics);
     let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
     LoadReport {
         catalog: ok.then_some(catalog),

@@ -1,0 +1,281 @@
+//! The compiled, runnable form of the manifests: what the saga engine executes.
+//!
+//! A [`Catalog`](super::Catalog) holds these behind `Arc`s, immutable once built: every
+//! expression is already compiled, every name already resolved and checked. A reload
+//! builds a whole new catalog; nothing here changes in place.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use super::model::{CircuitBreaker, Outcome, RetryPolicy};
+use crate::expr::{Expr, Template};
+
+/// A declared effect.
+#[derive(Debug, Clone)]
+pub struct Effect {
+    /// Effect name.
+    pub name: String,
+    /// Provider (`noop`, `http`, `nats_publish`).
+    pub provider: String,
+    /// Provider settings.
+    pub settings: BTreeMap<String, serde_json::Value>,
+    /// Per-attempt timeout in milliseconds.
+    pub timeout_ms: Option<u64>,
+    /// Default retry policy (applied by the effect worker).
+    pub retry: Option<RetryPolicy>,
+    /// Circuit breaker settings.
+    pub circuit_breaker: Option<CircuitBreaker>,
+}
+
+/// One loaded version of a saga.
+#[derive(Debug)]
+pub struct Saga {
+    /// Saga name.
+    pub name: String,
+    /// Version.
+    pub version: u32,
+    /// Events this version reacts to.
+    pub triggers: Vec<Trigger>,
+    /// Initial data template (rendered over the starting event); `{}` when absent.
+    pub data: Option<Template>,
+    /// State machine or orchestration.
+    pub kind: SagaKind,
+    /// Migration from `version - 1`, when declared.
+    pub migration: Option<Migration>,
+}
+
+/// How a saga is written.
+#[derive(Debug)]
+pub enum SagaKind {
+    /// Explicit states and transitions.
+    Machine(Machine),
+    /// A list of steps with compensations.
+    Steps(Orchestration),
+}
+
+/// A trigger: which inputs concern the saga and how they map to an instance.
+#[derive(Debug)]
+pub struct Trigger {
+    /// Subject pattern tokens (`*` one token, `>` the rest).
+    pub pattern: Vec<String>,
+    /// Required event type, when given.
+    pub event_type: Option<String>,
+    /// Correlation id expression.
+    pub correlation: Expr,
+    /// Whether this input may start an instance.
+    pub start: bool,
+}
+
+impl Trigger {
+    /// Whether a subject (relative to the tenant) matches the pattern.
+    pub fn matches_subject(&self, subject: &str) -> bool {
+        subject_matches(&self.pattern, subject)
+    }
+}
+
+/// NATS-style subject matching: `*` matches one token, a final `>` one or more.
+pub fn subject_matches(pattern: &[String], subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    for (i, p) in pattern.iter().enumerate() {
+        if p == ">" {
+            return i == pattern.len() - 1 && tokens.next().is_some();
+        }
+        match tokens.next() {
+            Some(t) if p == "*" || p == t => {}
+            _ => return false,
+        }
+    }
+    tokens.next().is_none()
+}
+
+/// A state machine.
+#[derive(Debug)]
+pub struct Machine {
+    /// Where new instances start.
+    pub initial: String,
+    /// States by name.
+    pub states: BTreeMap<String, State>,
+}
+
+/// One state.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Transitions by event name, tried in order.
+    pub on: BTreeMap<String, Vec<Transition>>,
+    /// `Some` for a terminal state: the status an instance ends with.
+    pub terminal: Option<Outcome>,
+}
+
+/// One transition.
+#[derive(Debug, Default)]
+pub struct Transition {
+    /// Guard.
+    pub when: Option<Expr>,
+    /// Top-level state keys to replace.
+    pub set: Vec<(String, Template)>,
+    /// Work to emit.
+    pub emit: Vec<Emit>,
+    /// Timers to set.
+    pub timers: Vec<TimerSpec>,
+    /// Timers to cancel.
+    pub cancel_timers: Vec<String>,
+    /// Next state (`None`: stay).
+    pub goto: Option<String>,
+}
+
+/// Work to emit.
+#[derive(Debug)]
+pub enum Emit {
+    /// An effect command.
+    Effect {
+        /// Effect name (declared).
+        name: String,
+        /// Payload.
+        payload: Template,
+        /// Retry policy carried in the command (the effect's default when absent).
+        retry: Option<RetryPolicy>,
+    },
+    /// An aggregate command.
+    Command {
+        /// Aggregate type.
+        aggregate_type: String,
+        /// Command type.
+        command: String,
+        /// Aggregate id.
+        aggregate_id: Template,
+        /// Payload.
+        payload: Template,
+    },
+    /// A workflow event.
+    Event {
+        /// Event type.
+        event_type: String,
+        /// Payload.
+        payload: Template,
+    },
+}
+
+/// When a timer fires.
+#[derive(Debug)]
+pub enum TimerWhen {
+    /// Input event time plus this many milliseconds.
+    Delay(u64),
+    /// An absolute time in ms since the epoch.
+    At(Expr),
+}
+
+/// A timer to set.
+#[derive(Debug)]
+pub struct TimerSpec {
+    /// Timer name.
+    pub name: String,
+    /// Due time.
+    pub when: TimerWhen,
+}
+
+/// An orchestration: steps grouped into stages that run one after the other.
+#[derive(Debug)]
+pub struct Orchestration {
+    /// Steps in declaration order.
+    pub steps: Vec<Step>,
+    /// Stages: indexes into `steps`; the steps of one stage run in parallel.
+    pub stages: Vec<Vec<usize>>,
+}
+
+/// A step.
+#[derive(Debug)]
+pub struct Step {
+    /// Step name.
+    pub name: String,
+    /// What the step does.
+    pub action: Emit,
+    /// Event names meaning success.
+    pub success: Vec<String>,
+    /// Event names meaning failure.
+    pub failure: Vec<String>,
+    /// Event names meaning abort.
+    pub abort: Vec<String>,
+    /// Retry policy.
+    pub retry: Option<RetryPolicy>,
+    /// Result timeout for command steps.
+    pub timeout_ms: u64,
+    /// How to undo it.
+    pub compensation: Option<Compensation>,
+}
+
+/// A compensation.
+#[derive(Debug)]
+pub struct Compensation {
+    /// What undoes the step.
+    pub action: Emit,
+    /// Event names meaning success.
+    pub success: Vec<String>,
+    /// Event names meaning failure.
+    pub failure: Vec<String>,
+    /// Retry budget.
+    pub retry: Option<RetryPolicy>,
+    /// Result timeout for command compensations.
+    pub timeout_ms: u64,
+}
+
+/// A migration from `from` to the saga's version.
+#[derive(Debug)]
+pub struct Migration {
+    /// Version migrated from.
+    pub from: u32,
+    /// New data expression.
+    pub data: Option<Expr>,
+    /// State renames.
+    pub states: BTreeMap<String, String>,
+}
+
+/// Style of a saga, for summaries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Style {
+    /// State machine.
+    StateMachine,
+    /// Orchestration.
+    Orchestration,
+}
+
+impl Saga {
+    /// The saga's style.
+    pub fn style(&self) -> Style {
+        match self.kind {
+            SagaKind::Machine(_) => Style::StateMachine,
+            SagaKind::Steps(_) => Style::Orchestration,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(s: &str) -> Vec<String> {
+        s.split('.').map(str::to_owned).collect()
+    }
+
+    #[test]
+    fn subject_patterns() {
+        assert!(subject_matches(
+            &p("aggregate.Order.*"),
+            "aggregate.Order.o-1"
+        ));
+        assert!(!subject_matches(
+            &p("aggregate.Order.*"),
+            "aggregate.Order.o-1.x"
+        ));
+        assert!(!subject_matches(
+            &p("aggregate.Order.*"),
+            "aggregate.Payment.p"
+        ));
+        assert!(subject_matches(
+            &p("effect_result.>"),
+            "effect_result.charge.c1"
+        ));
+        assert!(!subject_matches(&p("effect_result.>"), "effect_result"));
+    }
+}

@@ -1,0 +1,529 @@
+//! `runner test`: scenario files kept beside the manifests, run against the pure engine.
+//!
+//! A scenario file (`<name>.tests.yaml`) lists tests; each test feeds inputs one after the
+//! other through [`super::route`] and [`super::apply`] exactly as the service would (with an
+//! in-memory map of instances) and compares what happened with what the test expects:
+//!
+//! ```yaml
+//! format: 1
+//! tenant: acme                      # default `_`
+//! tests:
+//!   - name: card declined cancels the order
+//!     saga: order                   # whose instance the expectations look at
+//!     steps:
+//!       - event:                    # any input: subject + envelope fields
+//!           subject: aggregate.Order.o-1
+//!           event_type: OrderPlaced
+//!           payload: { amount: 40 }
+//!         expect:
+//!           state: awaiting_payment
+//!           work: [ { kind: effect_command, subject: "effect.charge_card.*" } ]
+//!       - effect_result: { effect: charge_card, result: Failed }   # answers the last command
+//!         expect: { state: cancelled, status: failed }
+//!       - fire_timer: payment_timeout                          # at the timer's due time
+//!         expect: { outcome: stale_timer }
+//! ```
+//!
+//! Envelope defaults: `v: 1`, `tenant_id`, a deterministic `event_id`, and `timestamp_ms`
+//! one second after the previous input (the first at 1 700 000 000 000) unless `at_ms` is given.
+//! Expectations are partial: `data` and work `body` match when every field given is equal
+//! (objects may have more fields; lists must have the same length); a work `subject` may end
+//! in `*`; `work` (when given) must list every item emitted, in order.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde_json::{Value as Json, json};
+use serde_saphyr::Spanned;
+
+use super::{Applied, Input, Instance, Status, StepError, WorkKind, apply, ids, route};
+use crate::manifest::{Catalog, Diagnostic, Severity};
+
+/// First input time when a test gives none.
+pub const DEFAULT_START_MS: u64 = 1_700_000_000_000;
+
+/// A scenario file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Format version, `1`.
+    pub format: u32,
+    /// Tenant of every input (default `_`).
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The tests.
+    pub tests: Vec<Scenario>,
+}
+
+/// One test.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// Test name.
+    pub name: Spanned<String>,
+    /// Saga whose instance is checked (default: the only saga an input routes to).
+    #[serde(default)]
+    pub saga: Option<String>,
+    /// Inputs with expectations.
+    pub steps: Vec<ScenarioStep>,
+}
+
+/// One input and what should follow.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioStep {
+    /// A raw input: `subject` plus envelope fields.
+    #[serde(default)]
+    pub event: Option<BTreeMap<String, Json>>,
+    /// A result for the last effect command of that effect.
+    #[serde(default)]
+    pub effect_result: Option<EffectReply>,
+    /// Fire the instance's pending timer of that name, at its due time.
+    #[serde(default)]
+    pub fire_timer: Option<String>,
+    /// Input time (ms), instead of the default.
+    #[serde(default)]
+    pub at_ms: Option<u64>,
+    /// Expectations.
+    #[serde(default)]
+    pub expect: Expect,
+}
+
+/// A reply to an effect command.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EffectReply {
+    /// Effect name.
+    pub effect: String,
+    /// `Succeeded`, `Failed` or `TimedOut`.
+    pub result: String,
+    /// Result payload.
+    #[serde(default)]
+    pub payload: Json,
+}
+
+/// What a step expects; every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Expect {
+    /// `applied` (default), `not_starting`, `no_transition`, `finished`, `stale_timer`,
+    /// `poison`, `not_routed`.
+    #[serde(default)]
+    pub outcome: Option<String>,
+    /// State name after the step.
+    #[serde(default)]
+    pub state: Option<String>,
+    /// Status after the step.
+    #[serde(default)]
+    pub status: Option<Status>,
+    /// Partial match of the instance data.
+    #[serde(default)]
+    pub data: Option<Json>,
+    /// Every work item emitted, in order (partial match of each).
+    #[serde(default)]
+    pub work: Option<Vec<ExpectWork>>,
+    /// Names of timers set.
+    #[serde(default)]
+    pub timers_set: Option<Vec<String>>,
+    /// Names of timers cancelled.
+    #[serde(default)]
+    pub timers_cancelled: Option<Vec<String>>,
+}
+
+/// An expected work item.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectWork {
+    /// Kind.
+    #[serde(default)]
+    pub kind: Option<WorkKind>,
+    /// Subject; a trailing `*` matches any rest.
+    #[serde(default)]
+    pub subject: Option<String>,
+    /// Partial match of the body.
+    #[serde(default)]
+    pub body: Option<Json>,
+}
+
+/// The result of one test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TestResult {
+    /// File.
+    pub file: String,
+    /// Test name.
+    pub name: String,
+    /// Line of the test's name.
+    pub line: u64,
+    /// Empty when passed; otherwise readable differences.
+    pub failures: Vec<String>,
+}
+
+impl TestResult {
+    /// Whether the test passed.
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Parses a scenario file; a YAML error becomes a located diagnostic.
+pub fn parse(file: &Path, text: &str) -> Result<ScenarioFile, Diagnostic> {
+    serde_saphyr::from_str::<ScenarioFile>(text).map_err(|e| {
+        let (line, column) = e
+            .location()
+            .map(|l| (l.line(), l.column()))
+            .unwrap_or((0, 0));
+        Diagnostic {
+            file: file.to_path_buf(),
+            line,
+            column,
+            severity: Severity::Error,
+            message: format!("invalid test file: {}", crate::manifest::yaml_message(&e)),
+        }
+    })
+}
+
+/// Runs every test of a parsed file.
+pub fn run_file(catalog: &Catalog, file: &Path, f: &ScenarioFile) -> Vec<TestResult> {
+    let tenant = f.tenant.clone().unwrap_or_else(|| "_".to_owned());
+    f.tests
+        .iter()
+        .map(|t| TestResult {
+            file: file.display().to_string(),
+            name: t.name.value.clone(),
+            line: t.name.referenced.line(),
+            failures: run_one(catalog, &tenant, t),
+        })
+        .collect()
+}
+
+fn outcome_name(r: &Result<Applied, StepError>) -> &'static str {
+    match r {
+        Ok(_) => "applied",
+        Err(StepError::NotStarting) => "not_starting",
+        Err(StepError::NoTransition { .. }) => "no_transition",
+        Err(StepError::Finished(_)) => "finished",
+        Err(StepError::StaleTimer(_)) => "stale_timer",
+        Err(StepError::Poison { .. }) => "poison",
+        Err(StepError::UnknownSaga(_)) => "unknown_saga",
+        Err(StepError::VersionNotLoaded { .. }) => "version_not_loaded",
+    }
+}
+
+fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut instances: BTreeMap<(String, String), Instance> = BTreeMap::new();
+    let mut sent: Vec<(String, Json)> = Vec::new(); // (effect, command body) emitted so far
+    let mut now = DEFAULT_START_MS;
+    let mut target: Option<(String, String)> = None;
+    for (i, step) in t.steps.iter().enumerate() {
+        let label = format!("step {}", i + 1);
+        let event_id = ids::derive(
+            &ids::IdSeed {
+                tenant,
+                saga: "runner-test",
+                correlation_id: &t.name.value,
+                input_event_id: "",
+                timestamp_ms: now,
+            },
+            i as u32,
+        )
+        .to_string();
+        now = step.at_ms.unwrap_or(if i == 0 { now } else { now + 1_000 });
+        let input = match build_input(step, tenant, &event_id, now, &sent, &instances, &target, t) {
+            Ok(input) => input,
+            Err(e) => {
+                failures.push(format!("{label}: {e}"));
+                break;
+            }
+        };
+        if let Some(ts) = input.body.get("timestamp_ms").and_then(Json::as_u64) {
+            now = ts;
+        }
+        let routes = match route(catalog, &input) {
+            Ok(r) => r,
+            Err(e) => {
+                check_outcome(
+                    &mut failures,
+                    &label,
+                    &step.expect,
+                    "poison",
+                    &e.to_string(),
+                );
+                continue;
+            }
+        };
+        let mut observed: Option<(String, Result<Applied, StepError>)> = None;
+        for r in routes {
+            let key = (r.saga.clone(), r.correlation_id.clone());
+            let res = apply(
+                catalog,
+                &r.saga,
+                &r.correlation_id,
+                instances.get(&key),
+                &input,
+            );
+            if let Ok(a) = &res {
+                for w in &a.work {
+                    if w.kind == WorkKind::EffectCommand {
+                        let effect = w
+                            .body
+                            .get("effect_name")
+                            .and_then(Json::as_str)
+                            .unwrap_or_default();
+                        sent.push((effect.to_owned(), w.body.clone()));
+                    }
+                }
+                instances.insert(key.clone(), a.instance.clone());
+            }
+            let wanted = t.saga.as_deref().is_none_or(|s| s == r.saga);
+            if wanted && observed.is_none() {
+                target = Some(key);
+                observed = Some((r.saga, res));
+            }
+        }
+        let Some((_, res)) = observed else {
+            check_outcome(
+                &mut failures,
+                &label,
+                &step.expect,
+                "not_routed",
+                "no saga wants this input",
+            );
+            continue;
+        };
+        let detail = match &res {
+            Err(e) => e.to_string(),
+            Ok(_) => String::new(),
+        };
+        check_outcome(
+            &mut failures,
+            &label,
+            &step.expect,
+            outcome_name(&res),
+            &detail,
+        );
+        let inst = target.as_ref().and_then(|k| instances.get(k));
+        check_expect(&mut failures, &label, &step.expect, inst, res.as_ref().ok());
+    }
+    failures
+}
+
+#[allow(clippy::too_many_arguments)]
+fn build_input(
+    step: &ScenarioStep,
+    tenant: &str,
+    event_id: &str,
+    now: u64,
+    sent: &[(String, Json)],
+    instances: &BTreeMap<(String, String), Instance>,
+    target: &Option<(String, String)>,
+    t: &Scenario,
+) -> Result<Input, String> {
+    let given = usize::from(step.event.is_some())
+        + usize::from(step.effect_result.is_some())
+        + usize::from(step.fire_timer.is_some());
+    if given != 1 {
+        return Err("give exactly one of `event`, `effect_result`, `fire_timer`".into());
+    }
+    if let Some(ev) = &step.event {
+        let mut body: serde_json::Map<String, Json> = ev.clone().into_iter().collect();
+        let subject = match body.remove("subject") {
+            Some(Json::String(s)) => s,
+            _ => return Err("an `event` needs a `subject` string".into()),
+        };
+        body.entry("v").or_insert(json!(1));
+        body.entry("tenant_id").or_insert(json!(tenant));
+        body.entry("event_id").or_insert(json!(event_id));
+        body.entry("timestamp_ms").or_insert(json!(now));
+        if subject.starts_with("aggregate.") {
+            let mut parts = subject.splitn(3, '.').skip(1);
+            if let (Some(ty), Some(id)) = (parts.next(), parts.next()) {
+                body.entry("aggregate_type").or_insert(json!(ty));
+                body.entry("aggregate_id").or_insert(json!(id));
+            }
+        }
+        body.entry("payload").or_insert(json!({}));
+        body.entry("metadata").or_insert(json!({}));
+        return Ok(Input::new(subject, Json::Object(body)));
+    }
+    if let Some(reply) = &step.effect_result {
+        let (_, cmd) = sent
+            .iter()
+            .rev()
+            .find(|(e, _)| *e == reply.effect)
+            .ok_or_else(|| format!("no effect command for `{}` was emitted", reply.effect))?;
+        let command_id = cmd
+            .get("command_id")
+            .and_then(Json::as_str)
+            .unwrap_or_default();
+        return Ok(Input::new(
+            format!("effect_result.{}.{command_id}", reply.effect),
+            json!({
+                "v": 1,
+                "event_id": event_id,
+                "tenant_id": tenant,
+                "command_id": command_id,
+                "effect_name": reply.effect,
+                "result_type": reply.result,
+                "payload": reply.payload,
+                "attempts": 1,
+                "timestamp_ms": now,
+                "metadata": cmd.get("metadata").cloned().unwrap_or(Json::Null),
+            }),
+        ));
+    }
+    let name = step.fire_timer.as_deref().unwrap_or_default();
+    let key = target
+        .clone()
+        .or_else(|| {
+            instances
+                .keys()
+                .find(|(s, _)| t.saga.as_deref().is_none_or(|x| x == s))
+                .cloned()
+        })
+        .ok_or("no instance to fire a timer on")?;
+    let inst = instances
+        .get(&key)
+        .ok_or("no instance to fire a timer on")?;
+    let timer = inst.timers.get(name).ok_or_else(|| {
+        format!(
+            "timer `{name}` is not pending (pending: {:?})",
+            inst.timers.keys().collect::<Vec<_>>()
+        )
+    })?;
+    let due = step.at_ms.unwrap_or(timer.due_ms);
+    Ok(Input::timer(
+        &inst.tenant,
+        &key.0,
+        &key.1,
+        name,
+        &timer.timer_id,
+        due,
+    ))
+}
+
+fn check_outcome(failures: &mut Vec<String>, label: &str, e: &Expect, got: &str, detail: &str) {
+    let want = e.outcome.as_deref().unwrap_or("applied");
+    if want != got {
+        let detail = if detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({detail})")
+        };
+        failures.push(format!(
+            "{label}: outcome: expected `{want}`, got `{got}`{detail}"
+        ));
+    }
+}
+
+fn check_expect(
+    failures: &mut Vec<String>,
+    label: &str,
+    e: &Expect,
+    inst: Option<&Instance>,
+    applied: Option<&Applied>,
+) {
+    if let Some(want) = &e.state {
+        let got = inst.map(|i| i.state.as_str()).unwrap_or("<no instance>");
+        if want != got {
+            failures.push(format!("{label}: state: expected `{want}`, got `{got}`"));
+        }
+    }
+    if let Some(want) = e.status {
+        match inst {
+            Some(i) if i.status == want => {}
+            Some(i) => failures.push(format!(
+                "{label}: status: expected {want:?}, got {:?}",
+                i.status
+            )),
+            None => failures.push(format!(
+                "{label}: status: expected {want:?}, got no instance"
+            )),
+        }
+    }
+    if let Some(want) = &e.data {
+        let got = inst.map(|i| i.data.clone()).unwrap_or(Json::Null);
+        diff_json(failures, &format!("{label}: data"), want, &got);
+    }
+    let empty = Vec::new();
+    let work = applied.map(|a| &a.work).unwrap_or(&empty);
+    if let Some(want) = &e.work {
+        if want.len() != work.len() {
+            let mut msg = format!(
+                "{label}: work: expected {} item(s), got {}:",
+                want.len(),
+                work.len()
+            );
+            for w in work {
+                let _ = write!(msg, "\n      {} {}", w.subject, w.body);
+            }
+            failures.push(msg);
+        } else {
+            for (n, (w, got)) in want.iter().zip(work).enumerate() {
+                let at = format!("{label}: work[{n}]");
+                if let Some(k) = w.kind
+                    && k != got.kind
+                {
+                    failures.push(format!("{at}.kind: expected {k:?}, got {:?}", got.kind));
+                }
+                if let Some(s) = &w.subject {
+                    let ok = match s.strip_suffix('*') {
+                        Some(prefix) => got.subject.starts_with(prefix),
+                        None => *s == got.subject,
+                    };
+                    if !ok {
+                        failures.push(format!(
+                            "{at}.subject: expected `{s}`, got `{}`",
+                            got.subject
+                        ));
+                    }
+                }
+                if let Some(b) = &w.body {
+                    diff_json(failures, &format!("{at}.body"), b, &got.body);
+                }
+            }
+        }
+    }
+    let names = |v: Option<Vec<String>>| v.unwrap_or_default();
+    if let Some(want) = &e.timers_set {
+        let got = names(applied.map(|a| a.timers_set.iter().map(|t| t.name.clone()).collect()));
+        if *want != got {
+            failures.push(format!(
+                "{label}: timers_set: expected {want:?}, got {got:?}"
+            ));
+        }
+    }
+    if let Some(want) = &e.timers_cancelled {
+        let got =
+            names(applied.map(|a| a.timers_cancelled.iter().map(|t| t.name.clone()).collect()));
+        if *want != got {
+            failures.push(format!(
+                "{label}: timers_cancelled: expected {want:?}, got {got:?}"
+            ));
+        }
+    }
+}
+
+/// Partial JSON comparison: every field of `want` must be in `got` and equal.
+fn diff_json(failures: &mut Vec<String>, path: &str, want: &Json, got: &Json) {
+    match (want, got) {
+        (Json::Object(w), Json::Object(g)) => {
+            for (k, wv) in w {
+                match g.get(k) {
+                    Some(gv) => diff_json(failures, &format!("{path}.{k}"), wv, gv),
+                    None => failures.push(format!("{path}.{k}: expected {wv}, missing")),
+                }
+            }
+        }
+        (Json::Array(w), Json::Array(g)) if w.len() == g.len() => {
+            for (n, (wv, gv)) in w.iter().zip(g).enumerate() {
+                diff_json(failures, &format!("{path}[{n}]"), wv, gv);
+            }
+        }
+        (Json::Number(a), Json::Number(b)) if a.as_f64() == b.as_f64() => {}
+        _ if want == got => {}
+        _ => failures.push(format!("{path}: expected {want}, got {got}")),
+    }
+}
