@@ -20,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::broker::{self, Broker};
 use crate::config::Config;
 use crate::manifest::{self, Catalog, Diagnostic};
+use crate::relay::{Relay, RelayHandle};
 use crate::storage::Store;
 use crate::telemetry::Metrics;
 
@@ -312,8 +313,30 @@ pub async fn run(
     ));
     tracing::info!(message = "Admin server listening.", admin.addr = %admin_addr);
 
-    // Workers of the configured mode are spawned on this tracker with the work token.
+    // Workers of the configured mode run on this tracker and watch the work token; the
+    // relay runs beside them and is stopped only after they finish, so it flushes what
+    // their last commits wrote.
     let workers = TaskTracker::new();
+    let relay_stop = CancellationToken::new();
+    let mut relay_task = None;
+    if mode.runs_sagas() {
+        let handle = RelayHandle::new();
+        let relay = Relay {
+            js: state.broker.jetstream().clone(),
+            store: state.store.clone(),
+            metrics: state.metrics.clone(),
+            handle: handle.clone(),
+            window: state.config.saga.relay_window,
+            poll: state.config.saga.relay_poll.get(),
+        };
+        relay_task = Some(tokio::spawn(relay.run(relay_stop.clone())));
+        crate::worker::spawn(
+            &workers,
+            state.clone(),
+            handle,
+            state.lifecycle.work_token(),
+        );
+    }
     workers.close();
 
     state.lifecycle.mark_started();
@@ -322,21 +345,34 @@ pub async fn run(
 
     state.lifecycle.work_token().cancelled().await;
     state.metrics.draining.set(1);
-    let exit = match tokio::time::timeout(drain_timeout, workers.wait()).await {
-        Ok(()) => {
-            // Outstanding publishes (relay, results) are flushed before we leave.
-            if let Err(e) = tokio::time::timeout(drain_timeout, state.broker.client().flush()).await
-            {
-                tracing::warn!(message = "Flushing NATS timed out during drain.", error = %e);
-            }
-            tracing::info!(message = "Drained.");
-            Exit::Drained
-        }
-        Err(_) => {
-            tracing::error!(message = "Drain timed out; exiting with work still in flight.", timeout = ?drain_timeout);
-            Exit::DrainTimedOut
-        }
-    };
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    let mut exit = Exit::Drained;
+    if tokio::time::timeout_at(deadline, workers.wait())
+        .await
+        .is_err()
+    {
+        tracing::error!(message = "Drain timed out waiting for workers.", timeout = ?drain_timeout);
+        exit = Exit::DrainTimedOut;
+    }
+    relay_stop.cancel();
+    if let Some(task) = relay_task
+        && tokio::time::timeout_at(deadline, task).await.is_err()
+    {
+        tracing::error!(
+            message =
+                "Drain timed out flushing the outbox; the rest is published on the next start."
+        );
+        exit = Exit::DrainTimedOut;
+    }
+    if tokio::time::timeout_at(deadline, state.broker.client().flush())
+        .await
+        .is_err()
+    {
+        tracing::warn!(message = "Flushing the NATS connection timed out during drain.");
+    }
+    if exit == Exit::Drained {
+        tracing::info!(message = "Drained.");
+    }
     admin_stop.cancel();
     let _ = admin_task.await;
     Ok(exit)

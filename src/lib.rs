@@ -20,6 +20,8 @@
 //! | [`saga`] | the pure saga engine |
 //! | [`broker`] | NATS connection and stream reconciliation |
 //! | [`storage`] | libmdbx environment, off the async runtime |
+//! | [`worker`] | saga worker: consumers, batch commit, timers, dead letters |
+//! | [`relay`] | outbox relay to JetStream |
 //! | [`admin`] | health, readiness, metrics, info, drain, reload |
 //! | [`app`] | wiring and the drain sequence |
 //! | [`shutdown`] | signal handling |
@@ -33,7 +35,9 @@ pub mod cli;
 pub mod config;
 pub mod expr;
 pub mod manifest;
+pub mod relay;
 pub mod saga;
 pub mod shutdown;
 pub mod storage;
 pub mod telemetry;
+pub mod worker;

@@ -8,7 +8,9 @@
 //! registers its collectors at start. Names follow `runner_<what>_<unit>[_total]` and labels
 //! come from bounded sets only.
 
-use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
@@ -51,6 +53,36 @@ pub mod names {
     pub const MANIFEST_RELOADS_TOTAL: &str = "runner_manifest_reloads_total";
     /// Sagas currently loaded (one per name and version).
     pub const MANIFEST_SAGAS: &str = "runner_manifest_sagas";
+    /// Inputs applied per libmdbx transaction.
+    pub const SAGA_BATCH_SIZE: &str = "runner_saga_batch_size";
+    /// Time to apply a batch and commit it durably, seconds.
+    pub const SAGA_COMMIT_SECONDS: &str = "runner_saga_commit_seconds";
+    /// Saga applications by saga and outcome (`applied`, `ignored`, `duplicate`, `dead_lettered`).
+    pub const SAGA_TRANSITIONS_TOTAL: &str = "runner_saga_transitions_total";
+    /// Inputs read, by stream.
+    pub const SAGA_INPUTS_TOTAL: &str = "runner_saga_inputs_total";
+    /// Inputs no saga wanted.
+    pub const SAGA_UNROUTED_TOTAL: &str = "runner_saga_unrouted_total";
+    /// Messages in the stream after the last one read, by stream (consumer lag).
+    pub const CONSUMER_LAG: &str = "runner_consumer_lag";
+    /// Last applied stream sequence, by stream.
+    pub const CONSUMER_CHECKPOINT: &str = "runner_consumer_checkpoint";
+    /// Records waiting in the outbox.
+    pub const OUTBOX_DEPTH: &str = "runner_outbox_depth";
+    /// Outbox records published and acknowledged.
+    pub const RELAY_PUBLISHED_TOTAL: &str = "runner_relay_published_total";
+    /// Failed relay rounds (publish or acknowledgement errors).
+    pub const RELAY_ERRORS_TOTAL: &str = "runner_relay_errors_total";
+    /// Time from publishing a window of outbox records to all acknowledged, seconds.
+    pub const RELAY_WINDOW_SECONDS: &str = "runner_relay_window_seconds";
+    /// Timers waiting to fire.
+    pub const TIMERS_PENDING: &str = "runner_timers_pending";
+    /// Timers fired.
+    pub const TIMERS_FIRED_TOTAL: &str = "runner_timers_fired_total";
+    /// How late timers fire (now minus due time), seconds.
+    pub const TIMER_FIRE_LAG_SECONDS: &str = "runner_timer_fire_lag_seconds";
+    /// Dead letters by kind.
+    pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
 }
 
 /// The application's registry and the collectors the core owns.
@@ -66,7 +98,49 @@ pub struct Metrics {
     pub manifest_reloads: IntCounterVec,
     /// See [`names::MANIFEST_SAGAS`].
     pub manifest_sagas: IntGauge,
+    /// See [`names::SAGA_BATCH_SIZE`].
+    pub saga_batch_size: Histogram,
+    /// See [`names::SAGA_COMMIT_SECONDS`].
+    pub saga_commit_seconds: Histogram,
+    /// See [`names::SAGA_TRANSITIONS_TOTAL`].
+    pub saga_transitions: IntCounterVec,
+    /// See [`names::SAGA_INPUTS_TOTAL`].
+    pub saga_inputs: IntCounterVec,
+    /// See [`names::SAGA_UNROUTED_TOTAL`].
+    pub saga_unrouted: IntCounter,
+    /// See [`names::CONSUMER_LAG`].
+    pub consumer_lag: IntGaugeVec,
+    /// See [`names::CONSUMER_CHECKPOINT`].
+    pub consumer_checkpoint: IntGaugeVec,
+    /// See [`names::OUTBOX_DEPTH`].
+    pub outbox_depth: IntGauge,
+    /// See [`names::RELAY_PUBLISHED_TOTAL`].
+    pub relay_published: IntCounter,
+    /// See [`names::RELAY_ERRORS_TOTAL`].
+    pub relay_errors: IntCounter,
+    /// See [`names::RELAY_WINDOW_SECONDS`].
+    pub relay_window_seconds: Histogram,
+    /// See [`names::TIMERS_PENDING`].
+    pub timers_pending: IntGauge,
+    /// See [`names::TIMERS_FIRED_TOTAL`].
+    pub timers_fired: IntCounter,
+    /// See [`names::TIMER_FIRE_LAG_SECONDS`].
+    pub timer_fire_lag: Histogram,
+    /// See [`names::DEADLETTERS_TOTAL`].
+    pub deadletters: IntCounterVec,
 }
+
+fn reg<C: prometheus::core::Collector + Clone + 'static>(
+    r: &Registry,
+    c: C,
+) -> prometheus::Result<C> {
+    r.register(Box::new(c.clone()))?;
+    Ok(c)
+}
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
 
 impl Metrics {
     /// Creates the registry with process metrics and the core collectors.
@@ -103,12 +177,124 @@ impl Metrics {
         let manifest_sagas =
             IntGauge::new(names::MANIFEST_SAGAS, "Saga versions currently loaded.")?;
         registry.register(Box::new(manifest_sagas.clone()))?;
+        let r = &registry;
+        let hist = |name: &str, help: &str, buckets: &[f64]| {
+            reg(
+                r,
+                Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets.to_vec()))?,
+            )
+        };
+        let saga_batch_size = hist(
+            names::SAGA_BATCH_SIZE,
+            "Inputs applied per libmdbx transaction.",
+            &[
+                1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+            ],
+        )?;
+        let saga_commit_seconds = hist(
+            names::SAGA_COMMIT_SECONDS,
+            "Seconds to apply a batch and commit it durably.",
+            LATENCY_BUCKETS,
+        )?;
+        let saga_transitions = reg(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    names::SAGA_TRANSITIONS_TOTAL,
+                    "Saga applications by saga and outcome.",
+                ),
+                &["saga", "outcome"],
+            )?,
+        )?;
+        let saga_inputs = reg(
+            r,
+            IntCounterVec::new(
+                Opts::new(names::SAGA_INPUTS_TOTAL, "Inputs read by stream."),
+                &["stream"],
+            )?,
+        )?;
+        let saga_unrouted = reg(
+            r,
+            IntCounter::new(names::SAGA_UNROUTED_TOTAL, "Inputs no saga wanted.")?,
+        )?;
+        let consumer_lag = reg(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    names::CONSUMER_LAG,
+                    "Messages in the stream after the last one read.",
+                ),
+                &["stream"],
+            )?,
+        )?;
+        let consumer_checkpoint = reg(
+            r,
+            IntGaugeVec::new(
+                Opts::new(names::CONSUMER_CHECKPOINT, "Last applied stream sequence."),
+                &["stream"],
+            )?,
+        )?;
+        let outbox_depth = reg(
+            r,
+            IntGauge::new(names::OUTBOX_DEPTH, "Records waiting in the outbox.")?,
+        )?;
+        let relay_published = reg(
+            r,
+            IntCounter::new(
+                names::RELAY_PUBLISHED_TOTAL,
+                "Outbox records published and acknowledged.",
+            )?,
+        )?;
+        let relay_errors = reg(
+            r,
+            IntCounter::new(names::RELAY_ERRORS_TOTAL, "Failed relay rounds.")?,
+        )?;
+        let relay_window_seconds = hist(
+            names::RELAY_WINDOW_SECONDS,
+            "Seconds from publishing a window of outbox records to all acknowledged.",
+            LATENCY_BUCKETS,
+        )?;
+        let timers_pending = reg(
+            r,
+            IntGauge::new(names::TIMERS_PENDING, "Timers waiting to fire.")?,
+        )?;
+        let timers_fired = reg(
+            r,
+            IntCounter::new(names::TIMERS_FIRED_TOTAL, "Timers fired.")?,
+        )?;
+        let timer_fire_lag = hist(
+            names::TIMER_FIRE_LAG_SECONDS,
+            "Seconds between a timer's due time and its firing.",
+            LATENCY_BUCKETS,
+        )?;
+        let deadletters = reg(
+            r,
+            IntCounterVec::new(
+                Opts::new(names::DEADLETTERS_TOTAL, "Dead letters by kind."),
+                &["kind"],
+            )?,
+        )?;
         Ok(Self {
             registry,
             nats_connected,
             draining,
             manifest_reloads,
             manifest_sagas,
+            saga_batch_size,
+            saga_commit_seconds,
+            saga_transitions,
+            saga_inputs,
+            saga_unrouted,
+            consumer_lag,
+            consumer_checkpoint,
+            outbox_depth,
+            relay_published,
+            relay_errors,
+            relay_window_seconds,
+            timers_pending,
+            timers_fired,
+            timer_fire_lag,
+            deadletters,
         })
     }
 

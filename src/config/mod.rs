@@ -43,6 +43,39 @@ pub struct Config {
     pub storage: StorageConfig,
     /// Admin HTTP server.
     pub admin: AdminConfig,
+    /// Saga worker, outbox relay and timers.
+    pub saga: SagaConfig,
+}
+
+/// `[saga]`: the saga worker, its outbox relay and its timers.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SagaConfig {
+    /// Most inputs applied in one libmdbx transaction (1..=10000).
+    pub batch_size: usize,
+    /// Largest input body accepted; larger ones are dead-lettered as `too_large`.
+    pub max_message_bytes: ByteSize,
+    /// Fetching pauses while the outbox holds more records than this (backpressure).
+    pub max_outbox_depth: u64,
+    /// Most outbox records published before their acknowledgements are awaited (1..=10000).
+    pub relay_window: usize,
+    /// How often the relay looks at the outbox when no commit woke it.
+    pub relay_poll: HumanDuration,
+    /// How often the timer loop looks for due timers when none is known to be due sooner.
+    pub timer_poll: HumanDuration,
+}
+
+impl Default for SagaConfig {
+    fn default() -> Self {
+        Self {
+            batch_size: 256,
+            max_message_bytes: ByteSize::mib(1),
+            max_outbox_depth: 100_000,
+            relay_window: 1024,
+            relay_poll: HumanDuration::secs(1),
+            timer_poll: HumanDuration::millis(200),
+        }
+    }
 }
 
 /// `[runner]`: roles and manifests.
@@ -405,6 +438,50 @@ impl Config {
         if self.storage.data_dir.as_os_str().is_empty() {
             return invalid("storage.data_dir", "must not be empty".into());
         }
+        if !(1..=10_000).contains(&self.saga.batch_size) {
+            return invalid(
+                "saga.batch_size",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.saga.batch_size
+                ),
+            );
+        }
+        if !(1..=10_000).contains(&self.saga.relay_window) {
+            return invalid(
+                "saga.relay_window",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.saga.relay_window
+                ),
+            );
+        }
+        if self.saga.max_message_bytes < ByteSize(1024)
+            || self.saga.max_message_bytes > ByteSize::mib(64)
+        {
+            return invalid(
+                "saga.max_message_bytes",
+                format!(
+                    "{} is out of range; allowed 1KiB to 64MiB",
+                    self.saga.max_message_bytes
+                ),
+            );
+        }
+        if self.saga.max_outbox_depth == 0 {
+            return invalid("saga.max_outbox_depth", "must be at least 1".into());
+        }
+        range(
+            "saga.relay_poll",
+            self.saga.relay_poll,
+            HumanDuration::millis(10),
+            HumanDuration::secs(60),
+        )?;
+        range(
+            "saga.timer_poll",
+            self.saga.timer_poll,
+            HumanDuration::millis(10),
+            HumanDuration::secs(60),
+        )?;
         if let Some(t) = &self.admin.token
             && t.len() < 16
         {

@@ -21,14 +21,20 @@ use libmdbx::{
 
 use crate::config::{Durability, StorageConfig};
 
+pub mod tables;
+
+pub use tables::Tables;
+
 /// The named tables of the store (DESIGN §5 keyspaces).
-pub const TABLES: [&str; 6] = [
+pub const TABLES: [&str; 8] = [
     "saga",
     "outbox",
     "checkpoint",
     "dedupe",
     "schedule",
     "deadletter",
+    "parked",
+    "meta",
 ];
 
 /// Storage errors.
@@ -46,6 +52,9 @@ pub enum StorageError {
     /// libmdbx reported an error.
     #[error("libmdbx: {0}")]
     Mdbx(#[from] libmdbx::Error),
+    /// Stored bytes do not decode: the database is damaged or was written by another program.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
     /// A blocking storage task panicked or was cancelled.
     #[error("storage task failed: {0}")]
     Task(String),
@@ -127,6 +136,49 @@ impl Store {
             .map_err(|e| StorageError::Task(e.to_string()))?
     }
 
+    /// Runs `f` over the tables in one write transaction on a blocking thread and commits
+    /// when `f` succeeds (durably, under [`Durability::Full`]); on error nothing is written.
+    pub async fn write<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Tables<'_, libmdbx::RW>) -> Result<T> + Send + 'static,
+    {
+        self.run(move |s| s.write_blocking(f)).await
+    }
+
+    /// [`Store::write`] for code already on a blocking thread.
+    pub fn write_blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Tables<'_, libmdbx::RW>) -> Result<T>,
+    {
+        let txn = self.db.begin_rw_txn()?;
+        let out = {
+            let tables = Tables::open(&txn)?;
+            f(&tables)?
+        };
+        txn.commit()?;
+        Ok(out)
+    }
+
+    /// Runs `f` over the tables in one read transaction on a blocking thread.
+    pub async fn read<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Tables<'_, libmdbx::RO>) -> Result<T> + Send + 'static,
+    {
+        self.run(move |s| s.read_blocking(f)).await
+    }
+
+    /// [`Store::read`] for code already on a blocking thread.
+    pub fn read_blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Tables<'_, libmdbx::RO>) -> Result<T>,
+    {
+        let txn = self.db.begin_ro_txn()?;
+        let tables = Tables::open(&txn)?;
+        f(&tables)
+    }
+
     /// Health probe: opens a read transaction and reads every table's statistics.
     pub async fn check(&self) -> Result<StoreStats> {
         self.run(|s| {
@@ -173,5 +225,35 @@ mod tests {
         // Reopening an existing store works and finds the same tables.
         let store = Store::open(&cfg).expect("reopens");
         store.check().await.expect("check after reopen");
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn tables_open_in_read_and_write_transactions() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..StorageConfig::default()
+        };
+        let store = Store::open(&cfg).expect("opens");
+        {
+            let txn = store.db().begin_ro_txn().expect("ro");
+            for name in TABLES {
+                txn.open_table(Some(name))
+                    .unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            }
+            let t = txn.open_table(Some("checkpoint")).expect("cp");
+            let v: Option<Vec<u8>> = txn.get(&t, b"c").expect("get");
+            assert!(v.is_none());
+        }
+        assert_eq!(store.read_blocking(|t| t.checkpoint("c")).expect("read"), 0);
+        store
+            .write_blocking(|t| t.set_checkpoint("c", 7))
+            .expect("write");
+        assert_eq!(store.read_blocking(|t| t.checkpoint("c")).expect("read"), 7);
     }
 }

@@ -193,7 +193,7 @@ impl RunnerProc {
             ])
             .arg(data_dir.path())
             .args(extra)
-            .env("RUST_LOG", "info")
+            .env_remove("RUST_LOG")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         for (k, v) in envs {
@@ -331,4 +331,159 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+/// A JetStream message as the tests see it.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    /// Subject.
+    pub subject: String,
+    /// `Nats-Msg-Id` header.
+    pub msg_id: Option<String>,
+    /// Body as JSON (Null when not JSON).
+    pub body: serde_json::Value,
+    /// Stream sequence.
+    pub seq: u64,
+}
+
+/// Reads every message currently in `stream` matching `filter`.
+pub async fn read_stream(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    filter: &str,
+) -> Vec<Seen> {
+    use async_nats::jetstream::consumer::pull::OrderedConfig;
+    use futures::StreamExt;
+    let s = js.get_stream(stream).await.unwrap();
+    let consumer = s
+        .create_consumer(OrderedConfig {
+            filter_subject: filter.to_string(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let info = s.get_info().await.unwrap();
+    let mut out = Vec::new();
+    if info.state.messages == 0 {
+        return out;
+    }
+    let mut msgs = consumer.messages().await.unwrap();
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(1500), msgs.next()).await;
+        let Ok(Some(Ok(m))) = next else { break };
+        let info = m.info().unwrap();
+        let (seq, pending) = (info.stream_sequence, info.pending);
+        out.push(Seen {
+            subject: m.subject.to_string(),
+            msg_id: m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+                .map(|v| v.as_str().to_string()),
+            body: serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
+            seq,
+        });
+        if pending == 0 {
+            break;
+        }
+    }
+    out
+}
+
+/// Polls until `stream`/`filter` holds at least `n` messages; returns them.
+pub async fn wait_for_messages(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    filter: &str,
+    n: usize,
+    timeout: Duration,
+) -> Vec<Seen> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let seen = read_stream(js, stream, filter).await;
+        if seen.len() >= n || Instant::now() > deadline {
+            assert!(
+                seen.len() >= n,
+                "expected {n} messages on {filter}, found {}",
+                seen.len()
+            );
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Connects a JetStream client.
+pub async fn jetstream(url: &str) -> async_nats::jetstream::Context {
+    async_nats::jetstream::new(async_nats::connect(url).await.unwrap())
+}
+
+/// An aggregate event envelope.
+pub fn aggregate_event(
+    tenant: &str,
+    aggregate_type: &str,
+    id: &str,
+    event_type: &str,
+    ts: u64,
+    payload: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "v": 1,
+        "event_id": uuid::Uuid::now_v7().to_string(),
+        "tenant_id": tenant,
+        "event_type": event_type,
+        "aggregate_type": aggregate_type,
+        "aggregate_id": id,
+        "timestamp_ms": ts,
+        "payload": payload,
+        "metadata": {},
+    })
+}
+
+/// The effect result for an effect command body, as an effect worker would publish it.
+pub fn effect_result(
+    command: &serde_json::Value,
+    result_type: &str,
+    ts: u64,
+    payload: serde_json::Value,
+) -> (String, serde_json::Value) {
+    let tenant = command["tenant_id"].as_str().unwrap();
+    let effect = command["effect_name"].as_str().unwrap();
+    let command_id = command["command_id"].as_str().unwrap();
+    let subject = format!("tenant.{tenant}.effect_result.{effect}.{command_id}");
+    let body = serde_json::json!({
+        "v": 1,
+        "event_id": uuid::Uuid::now_v7().to_string(),
+        "tenant_id": tenant,
+        "command_id": command_id,
+        "effect_name": effect,
+        "result_type": result_type,
+        "payload": payload,
+        "attempts": 1,
+        "timestamp_ms": ts,
+        "metadata": command["metadata"].clone(),
+    });
+    (subject, body)
+}
+
+/// Publishes a JSON body with a message id and waits for the ack.
+pub async fn publish_json(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    body: &serde_json::Value,
+) {
+    let id = body["event_id"].as_str().unwrap_or_default().to_string();
+    let mut headers = async_nats::HeaderMap::new();
+    if !id.is_empty() {
+        headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+    }
+    js.publish_with_headers(
+        subject.to_string(),
+        headers,
+        serde_json::to_vec(body).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
 }

@@ -1,0 +1,364 @@
+//! The saga worker: streams → engine → one libmdbx commit per batch.
+//!
+//! One consumer loop per input stream (aggregate events; effect results and workflow
+//! events) and one timer loop.
+//!
+//! **Position of truth.** Each loop reads its stream through an ordered consumer that
+//! starts at the committed checkpoint + 1. Inputs are applied strictly in stream order, and
+//! the checkpoint advances in the same write transaction as the state, outbox records,
+//! timers and dedupe markers they produced. Nothing is acknowledged to JetStream because
+//! nothing needs to be: the stream keeps the messages (limits retention) and the committed
+//! checkpoint, not a server-side ack floor, says what was applied. A crash before the
+//! commit re-reads the batch; a crash after it resumes after it. An input is therefore
+//! applied exactly once to saga state, in order, across crashes, redeliveries and NATS
+//! outages (on any consumer error the loop recreates its consumer at checkpoint + 1).
+//! Per-event dedupe markers also catch one event published twice under two sequences.
+//!
+//! **Backpressure.** Fetching pauses while the outbox holds more than
+//! `saga.max_outbox_depth` records. A batch holds at most `saga.batch_size` inputs.
+//!
+//! **Drain.** On cancellation a loop finishes the batch in hand, commits it and returns.
+//!
+//! **Timers** are rows of the `schedule` table. The timer loop applies due timers through
+//! the same [`process::Processor`] and commit discipline; the firing input's timestamp is
+//! the timer's due time, so replays stay deterministic. A cancelled timer's row is deleted
+//! in the transaction that cancels it, and the engine ignores a firing it no longer
+//! expects, so a cancelled timer never fires.
+
+pub mod process;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::app::AppState;
+use crate::relay::{RelayHandle, TRACEPARENT_HEADER};
+use crate::storage::tables::TimerEntry;
+use process::{Limits, Processor, RawInput, Tally};
+
+/// Milliseconds since the epoch by the wall clock.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// One input stream the worker reads.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// Stream name.
+    pub stream: String,
+    /// Subject filters.
+    pub filters: Vec<String>,
+    /// Checkpoint key (`<consumer>:<stream>`).
+    pub checkpoint: String,
+}
+
+/// The inputs of a saga worker, from config.
+pub fn inputs(state: &AppState) -> Vec<Input> {
+    let c = &state.config;
+    let mk = |stream: &str, filters: &[&str]| Input {
+        stream: stream.to_string(),
+        filters: filters.iter().map(|f| f.to_string()).collect(),
+        checkpoint: format!("{}:{stream}", c.consumers.saga),
+    };
+    vec![
+        mk(&c.streams.aggregate_events, &["tenant.*.aggregate.>"]),
+        mk(
+            &c.streams.workflow_events,
+            &["tenant.*.effect_result.>", "tenant.*.workflow_event.>"],
+        ),
+    ]
+}
+
+fn limits(state: &AppState) -> Limits {
+    Limits {
+        allowed_tenants: state.config.tenancy.allowed.clone(),
+        max_message_bytes: state.config.saga.max_message_bytes.get() as usize,
+    }
+}
+
+/// Spawns the consumer loops and the timer loop on `tracker`; they stop taking work when
+/// `cancel` fires.
+pub fn spawn(
+    tracker: &TaskTracker,
+    state: Arc<AppState>,
+    relay: RelayHandle,
+    cancel: CancellationToken,
+) {
+    for input in inputs(&state) {
+        tracker.spawn(consume(state.clone(), input, relay.clone(), cancel.clone()));
+    }
+    tracker.spawn(timers(state, relay, cancel));
+}
+
+fn record(state: &AppState, tally: &Tally) {
+    let m = &state.metrics;
+    for (saga, outcome) in &tally.transitions {
+        m.saga_transitions
+            .with_label_values(&[saga.as_str(), outcome])
+            .inc();
+    }
+    for k in &tally.dead_letters {
+        m.deadletters.with_label_values(&[k]).inc();
+    }
+    m.saga_unrouted.inc_by(tally.unrouted);
+}
+
+/// Applies a batch of (stream sequence, input) in one write transaction; returns the new
+/// checkpoint.
+pub async fn apply_batch(
+    state: &Arc<AppState>,
+    checkpoint_key: &str,
+    batch: Vec<(u64, RawInput)>,
+) -> crate::storage::Result<(u64, Tally)> {
+    let catalog = state.catalog();
+    let limits = limits(state);
+    let key = checkpoint_key.to_string();
+    state
+        .store
+        .write(move |t| {
+            let cp = t.checkpoint(&key)?;
+            let mut p = Processor::new(&catalog, &limits, now_ms());
+            let mut last = cp;
+            for (seq, raw) in &batch {
+                if *seq <= last {
+                    continue;
+                }
+                p.input(t, raw)?;
+                last = *seq;
+            }
+            if last > cp {
+                t.set_checkpoint(&key, last)?;
+            }
+            Ok((last, p.tally))
+        })
+        .await
+}
+
+async fn consume(
+    state: Arc<AppState>,
+    input: Input,
+    relay: RelayHandle,
+    cancel: CancellationToken,
+) {
+    let batch_size = state.config.saga.batch_size;
+    let max_depth = state.config.saga.max_outbox_depth;
+    let metrics = &state.metrics;
+    let mut backoff = Duration::from_millis(100);
+    'connect: while !cancel.is_cancelled() {
+        let key = input.checkpoint.clone();
+        let cp = match state.store.read(move |t| t.checkpoint(&key)).await {
+            Ok(cp) => cp,
+            Err(e) => {
+                tracing::error!(message = "Cannot read checkpoint.", stream = %input.stream, error = %e);
+                pause(&cancel, &mut backoff).await;
+                continue;
+            }
+        };
+        metrics
+            .consumer_checkpoint
+            .with_label_values(&[&input.stream])
+            .set(cp as i64);
+        let messages = async {
+            let stream = state.broker.jetstream().get_stream(&input.stream).await?;
+            let consumer = stream
+                .create_consumer(OrderedConfig {
+                    filter_subjects: input.filters.clone(),
+                    deliver_policy: if cp == 0 {
+                        DeliverPolicy::All
+                    } else {
+                        DeliverPolicy::ByStartSequence {
+                            start_sequence: cp + 1,
+                        }
+                    },
+                    ..OrderedConfig::default()
+                })
+                .await?;
+            Ok::<_, async_nats::Error>(consumer.messages().await?)
+        };
+        let messages = tokio::select! {
+            _ = cancel.cancelled() => return,
+            m = messages => m,
+        };
+        let mut chunks = match messages {
+            Ok(m) => m.ready_chunks(batch_size),
+            Err(e) => {
+                tracing::warn!(message = "Cannot open consumer; retrying.", stream = %input.stream, error = %e);
+                pause(&cancel, &mut backoff).await;
+                continue;
+            }
+        };
+        tracing::info!(message = "Consuming.", stream = %input.stream, from_sequence = cp + 1);
+        loop {
+            // Backpressure: let the relay catch up before taking more work.
+            loop {
+                let depth = state.store.read(|t| t.outbox_depth()).await.unwrap_or(0);
+                metrics.outbox_depth.set(depth as i64);
+                if depth <= max_depth || cancel.is_cancelled() {
+                    break;
+                }
+                relay.wake();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let next = tokio::select! {
+                _ = cancel.cancelled() => return,
+                c = chunks.next() => c,
+            };
+            let Some(chunk) = next else {
+                tracing::warn!(message = "Consumer ended; reopening at the checkpoint.", stream = %input.stream);
+                continue 'connect;
+            };
+            let mut batch = Vec::with_capacity(chunk.len());
+            let mut failure = None;
+            let mut lag = None;
+            for item in chunk {
+                match item {
+                    Ok(msg) => {
+                        let Ok(info) = msg.info() else { continue };
+                        let seq = info.stream_sequence;
+                        lag = Some(info.pending);
+                        let traceparent = msg
+                            .headers
+                            .as_ref()
+                            .and_then(|h| h.get(TRACEPARENT_HEADER))
+                            .map(|v| v.as_str().to_string());
+                        batch.push((
+                            seq,
+                            RawInput {
+                                subject: msg.subject.to_string(),
+                                body: msg.payload.to_vec(),
+                                traceparent,
+                                source: format!("{}:{seq}", input.stream),
+                            },
+                        ));
+                    }
+                    Err(e) => {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                let n = batch.len();
+                let started = Instant::now();
+                match apply_batch(&state, &input.checkpoint, batch).await {
+                    Ok((cp, tally)) => {
+                        metrics
+                            .saga_commit_seconds
+                            .observe(started.elapsed().as_secs_f64());
+                        metrics.saga_batch_size.observe(n as f64);
+                        metrics
+                            .saga_inputs
+                            .with_label_values(&[&input.stream])
+                            .inc_by(n as u64);
+                        metrics
+                            .consumer_checkpoint
+                            .with_label_values(&[&input.stream])
+                            .set(cp as i64);
+                        if let Some(l) = lag {
+                            metrics
+                                .consumer_lag
+                                .with_label_values(&[&input.stream])
+                                .set(l as i64);
+                        }
+                        record(&state, &tally);
+                        if tally.outbox > 0 {
+                            relay.wake();
+                        }
+                        backoff = Duration::from_millis(100);
+                    }
+                    Err(e) => {
+                        tracing::error!(message = "Batch commit failed; re-reading from the checkpoint.", stream = %input.stream, error = %e);
+                        pause(&cancel, &mut backoff).await;
+                        continue 'connect;
+                    }
+                }
+            }
+            if let Some(e) = failure {
+                tracing::warn!(message = "Consumer error; reopening at the checkpoint.", stream = %input.stream, error = %e);
+                pause(&cancel, &mut backoff).await;
+                continue 'connect;
+            }
+        }
+    }
+}
+
+async fn pause(cancel: &CancellationToken, backoff: &mut Duration) {
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        _ = tokio::time::sleep(*backoff) => {}
+    }
+    *backoff = (*backoff * 2).min(Duration::from_secs(5));
+}
+
+/// Most timers fired in one transaction.
+const TIMER_BATCH: usize = 256;
+
+async fn timers(state: Arc<AppState>, relay: RelayHandle, cancel: CancellationToken) {
+    let poll = state.config.saga.timer_poll.get();
+    let metrics = &state.metrics;
+    while !cancel.is_cancelled() {
+        let now = now_ms();
+        let peek = state
+            .store
+            .read(|t| Ok((t.next_timer_due()?, t.timers_pending()?)))
+            .await;
+        let (next_due, pending) = match peek {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(message = "Cannot read timers.", error = %e);
+                (None, 0)
+            }
+        };
+        metrics.timers_pending.set(pending as i64);
+        if next_due.is_some_and(|d| d <= now) {
+            let catalog = state.catalog();
+            let limits = limits(&state);
+            let fired = state
+                .store
+                .write(move |t| {
+                    let due: Vec<TimerEntry> = t.due_timers(now, TIMER_BATCH)?;
+                    let mut p = Processor::new(&catalog, &limits, now);
+                    let mut lags = Vec::with_capacity(due.len());
+                    for e in &due {
+                        p.timer(t, e)?;
+                        lags.push(now.saturating_sub(e.due_ms));
+                    }
+                    Ok((lags, p.tally))
+                })
+                .await;
+            match fired {
+                Ok((lags, tally)) => {
+                    for l in &lags {
+                        metrics.timer_fire_lag.observe(*l as f64 / 1000.0);
+                    }
+                    metrics.timers_fired.inc_by(lags.len() as u64);
+                    record(&state, &tally);
+                    if tally.outbox > 0 {
+                        relay.wake();
+                    }
+                    if lags.len() == TIMER_BATCH {
+                        continue;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(message = "Firing timers failed; will retry.", error = %e)
+                }
+            }
+        }
+        let wait = next_due
+            .map(|d| Duration::from_millis(d.saturating_sub(now_ms())))
+            .unwrap_or(poll)
+            .min(poll);
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}

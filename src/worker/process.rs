@@ -1,0 +1,435 @@
+//! Applying inputs inside one write transaction.
+//!
+//! [`Processor`] turns raw inputs (a subject and a body) and due timers into writes on
+//! [`Tables`]: new instance state, outbox records, timer entries, dedupe markers, dead
+//! letters and parked keys. It never commits: the caller adds the checkpoint and commits
+//! once per batch, so either all of a batch's effects are durable or none are.
+//!
+//! Guarantees, given that the caller commits before acknowledging anything:
+//! - an input already applied to a saga (dedupe marker) is not applied again;
+//! - a key with a pending dead letter is parked: its later inputs are held as dead letters
+//!   of kind `parked`, in order, until an operator redrives the first one;
+//! - poison never stops the batch: it is recorded with its reason and the batch goes on.
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use libmdbx::RW;
+use serde_json::{Value as Json, json};
+
+use crate::manifest::Catalog;
+use crate::saga::{self, Input, Route, StepError};
+use crate::storage::tables::{
+    DEFAULT_PARTITION, DeadLetter, DeadLetterStatus, OutboxRecord, TimerEntry,
+};
+use crate::storage::{Result, Tables};
+
+/// One input as it came off a stream.
+#[derive(Debug, Clone)]
+pub struct RawInput {
+    /// Full subject, `tenant.<t>.…`.
+    pub subject: String,
+    /// Body bytes.
+    pub body: Vec<u8>,
+    /// `traceparent` header, if any.
+    pub traceparent: Option<String>,
+    /// `stream:seq`, for dead letters.
+    pub source: String,
+}
+
+/// Dead-letter reason classes (bounded: they label a metric).
+pub mod kind {
+    /// Body is not JSON, or lacks the envelope fields.
+    pub const UNDECODABLE: &str = "undecodable";
+    /// Subject tenant and body tenant differ.
+    pub const TENANT_MISMATCH: &str = "tenant_mismatch";
+    /// Tenant not in `tenancy.allowed`.
+    pub const UNKNOWN_TENANT: &str = "unknown_tenant";
+    /// Body larger than `saga.max_message_bytes`.
+    pub const TOO_LARGE: &str = "too_large";
+    /// An expression failed (guard, correlation, template) or the engine refused the input.
+    pub const EXPRESSION: &str = "expression";
+    /// The instance's saga version is no longer loaded.
+    pub const VERSION_NOT_LOADED: &str = "version_not_loaded";
+    /// Held behind an earlier dead letter of the same key.
+    pub const PARKED: &str = "parked";
+    /// The engine panicked on this input (a bug; the input is kept for a redrive).
+    pub const ENGINE_PANIC: &str = "engine_panic";
+}
+
+/// Per-batch tally, for metrics and logs.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// (saga, outcome label) pairs, one per routed application.
+    pub transitions: Vec<(String, &'static str)>,
+    /// Dead letters by kind.
+    pub dead_letters: Vec<&'static str>,
+    /// Inputs no saga wanted.
+    pub unrouted: u64,
+    /// Outbox records written.
+    pub outbox: u64,
+}
+
+/// Settings the processor needs.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Allowed tenants; empty means any.
+    pub allowed_tenants: Vec<String>,
+    /// Largest accepted body.
+    pub max_message_bytes: usize,
+}
+
+/// Applies inputs to the tables of one write transaction.
+pub struct Processor<'a> {
+    /// The manifests in force for this batch.
+    pub catalog: &'a Catalog,
+    /// Limits.
+    pub limits: &'a Limits,
+    /// Wall clock for bookkeeping (dedupe and dead-letter timestamps), never for saga logic.
+    pub now_ms: u64,
+    /// What happened.
+    pub tally: Tally,
+}
+
+/// Splits `tenant.<t>.<rest>` into (t, rest).
+pub fn split_subject(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("tenant.")?;
+    let (t, rel) = rest.split_once('.')?;
+    (!t.is_empty() && !rel.is_empty()).then_some((t, rel))
+}
+
+impl<'a> Processor<'a> {
+    /// A processor for one batch.
+    pub fn new(catalog: &'a Catalog, limits: &'a Limits, now_ms: u64) -> Self {
+        Self {
+            catalog,
+            limits,
+            now_ms,
+            tally: Tally::default(),
+        }
+    }
+
+    /// Applies one input from a stream.
+    pub fn input(&mut self, tx: &Tables<'_, RW>, raw: &RawInput) -> Result<()> {
+        let dl_tenant = "_";
+        let Some((tenant, rel)) = split_subject(&raw.subject) else {
+            return self.dead_letter(
+                tx,
+                raw,
+                dl_tenant,
+                kind::UNDECODABLE,
+                "subject is not tenant.<t>.…".into(),
+                None,
+            );
+        };
+        if raw.body.len() > self.limits.max_message_bytes {
+            let why = format!(
+                "body is {} bytes; the limit is {}",
+                raw.body.len(),
+                self.limits.max_message_bytes
+            );
+            return self.dead_letter(tx, raw, tenant, kind::TOO_LARGE, why, None);
+        }
+        if !self.limits.allowed_tenants.is_empty()
+            && !self.limits.allowed_tenants.iter().any(|t| t == tenant)
+        {
+            return self.dead_letter(
+                tx,
+                raw,
+                tenant,
+                kind::UNKNOWN_TENANT,
+                format!("tenant `{tenant}` is not served here"),
+                None,
+            );
+        }
+        let body: Json = match serde_json::from_slice(&raw.body) {
+            Ok(b @ Json::Object(_)) => b,
+            Ok(_) => {
+                return self.dead_letter(
+                    tx,
+                    raw,
+                    tenant,
+                    kind::UNDECODABLE,
+                    "body is not a JSON object".into(),
+                    None,
+                );
+            }
+            Err(e) => {
+                return self.dead_letter(
+                    tx,
+                    raw,
+                    tenant,
+                    kind::UNDECODABLE,
+                    format!("body is not JSON: {e}"),
+                    None,
+                );
+            }
+        };
+        match body.get("tenant_id").and_then(Json::as_str) {
+            Some(t) if t == tenant => {}
+            Some(t) => {
+                let why = format!("subject tenant `{tenant}` differs from body tenant `{t}`");
+                return self.dead_letter(tx, raw, tenant, kind::TENANT_MISMATCH, why, None);
+            }
+            None => {
+                return self.dead_letter(
+                    tx,
+                    raw,
+                    tenant,
+                    kind::UNDECODABLE,
+                    "body has no tenant_id".into(),
+                    None,
+                );
+            }
+        }
+        let input = Input::new(rel, body);
+        let routes = match catch_unwind(AssertUnwindSafe(|| saga::route(self.catalog, &input))) {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => {
+                let k = if matches!(e, StepError::Poison { .. }) && input_malformed(&input) {
+                    kind::UNDECODABLE
+                } else {
+                    kind::EXPRESSION
+                };
+                return self.dead_letter(tx, raw, tenant, k, e.to_string(), None);
+            }
+            Err(_) => {
+                return self.dead_letter(
+                    tx,
+                    raw,
+                    tenant,
+                    kind::ENGINE_PANIC,
+                    "the engine panicked while routing".into(),
+                    None,
+                );
+            }
+        };
+        if routes.is_empty() {
+            self.tally.unrouted += 1;
+            return Ok(());
+        }
+        for route in &routes {
+            self.route(tx, raw, tenant, &input, route, false)?;
+        }
+        Ok(())
+    }
+
+    /// Applies a due timer and removes its schedule entry.
+    pub fn timer(&mut self, tx: &Tables<'_, RW>, t: &TimerEntry) -> Result<()> {
+        tx.delete_timer(t)?;
+        let input = Input::timer(
+            &t.tenant,
+            &t.saga,
+            &t.correlation_id,
+            &t.name,
+            &t.timer_id,
+            t.due_ms,
+        );
+        let raw = RawInput {
+            subject: format!("tenant.{}.{}", t.tenant, input.subject),
+            body: serde_json::to_vec(&input.body).unwrap_or_default(),
+            traceparent: None,
+            source: "timer".into(),
+        };
+        let route = Route {
+            saga: t.saga.clone(),
+            correlation_id: t.correlation_id.clone(),
+        };
+        self.route(tx, &raw, &t.tenant, &input, &route, false)
+    }
+
+    /// Applies `input` to one saga instance. With `redrive`, a parked key is not held
+    /// (the caller has unparked it and is replaying its held inputs in order).
+    pub fn route(
+        &mut self,
+        tx: &Tables<'_, RW>,
+        raw: &RawInput,
+        tenant: &str,
+        input: &Input,
+        route: &Route,
+        redrive: bool,
+    ) -> Result<()> {
+        let (saga, corr) = (route.saga.as_str(), route.correlation_id.as_str());
+        let event_id = input
+            .body
+            .get("event_id")
+            .and_then(Json::as_str)
+            .unwrap_or_default()
+            .to_string();
+        if !event_id.is_empty() && tx.is_applied(tenant, saga, &event_id)? {
+            self.tally.transitions.push((saga.to_string(), "duplicate"));
+            return Ok(());
+        }
+        if !redrive && let Some(first) = tx.parked_by(tenant, saga, corr)? {
+            let why = format!("key is parked behind dead letter {first}");
+            return self.dead_letter(tx, raw, tenant, kind::PARKED, why, Some(route));
+        }
+        let instance = tx.instance(tenant, saga, corr)?;
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            saga::apply(self.catalog, saga, corr, instance.as_ref(), input)
+        }));
+        match result {
+            Ok(Ok(applied)) => {
+                tx.put_instance(&applied.instance)?;
+                for w in &applied.work {
+                    let rec = OutboxRecord {
+                        subject: format!("tenant.{tenant}.{}", w.subject),
+                        msg_id: w.msg_id.clone(),
+                        tenant: tenant.to_string(),
+                        traceparent: raw.traceparent.clone(),
+                        body: serde_json::to_string(&w.body).unwrap_or_default(),
+                    };
+                    tx.push_outbox(DEFAULT_PARTITION, &rec)?;
+                    self.tally.outbox += 1;
+                }
+                for c in &applied.timers_cancelled {
+                    tx.delete_timer(&TimerEntry {
+                        tenant: tenant.to_string(),
+                        saga: saga.to_string(),
+                        correlation_id: corr.to_string(),
+                        name: c.name.clone(),
+                        timer_id: c.timer_id.clone(),
+                        due_ms: c.due_ms,
+                    })?;
+                }
+                for s in &applied.timers_set {
+                    tx.put_timer(&TimerEntry {
+                        tenant: tenant.to_string(),
+                        saga: saga.to_string(),
+                        correlation_id: corr.to_string(),
+                        name: s.name.clone(),
+                        timer_id: s.timer_id.clone(),
+                        due_ms: s.due_ms,
+                    })?;
+                }
+                if !event_id.is_empty() {
+                    tx.mark_applied(tenant, saga, &event_id, self.now_ms)?;
+                }
+                self.tally.transitions.push((saga.to_string(), "applied"));
+            }
+            Ok(Err(
+                StepError::NotStarting
+                | StepError::NoTransition { .. }
+                | StepError::Finished(_)
+                | StepError::StaleTimer(_),
+            )) => {
+                self.tally.transitions.push((saga.to_string(), "ignored"));
+            }
+            Ok(Err(e @ StepError::VersionNotLoaded { .. })) => {
+                self.poison(
+                    tx,
+                    raw,
+                    tenant,
+                    kind::VERSION_NOT_LOADED,
+                    e.to_string(),
+                    route,
+                )?;
+            }
+            Ok(Err(e @ (StepError::Poison { .. } | StepError::UnknownSaga(_)))) => {
+                let k = if input_malformed(input) {
+                    kind::UNDECODABLE
+                } else {
+                    kind::EXPRESSION
+                };
+                self.poison(tx, raw, tenant, k, e.to_string(), route)?;
+            }
+            Err(_) => {
+                self.poison(
+                    tx,
+                    raw,
+                    tenant,
+                    kind::ENGINE_PANIC,
+                    "the engine panicked".into(),
+                    route,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn poison(
+        &mut self,
+        tx: &Tables<'_, RW>,
+        raw: &RawInput,
+        tenant: &str,
+        k: &'static str,
+        why: String,
+        route: &Route,
+    ) -> Result<()> {
+        self.tally
+            .transitions
+            .push((route.saga.clone(), "dead_lettered"));
+        self.dead_letter(tx, raw, tenant, k, why, Some(route))
+    }
+
+    /// Records a dead letter, publishes it to the dead-letter stream through the outbox,
+    /// and parks the key when one is known.
+    fn dead_letter(
+        &mut self,
+        tx: &Tables<'_, RW>,
+        raw: &RawInput,
+        tenant: &str,
+        k: &'static str,
+        reason: String,
+        route: Option<&Route>,
+    ) -> Result<()> {
+        let dl = tx.push_dead_letter(DeadLetter {
+            id: 0,
+            tenant: tenant.to_string(),
+            kind: k.to_string(),
+            reason,
+            subject: raw.subject.clone(),
+            source: raw.source.clone(),
+            body: String::from_utf8_lossy(&raw.body).into_owned(),
+            traceparent: raw.traceparent.clone(),
+            saga: route.map(|r| r.saga.clone()),
+            correlation_id: route.map(|r| r.correlation_id.clone()),
+            attempts: 1,
+            at_ms: self.now_ms,
+            status: DeadLetterStatus::Pending,
+        })?;
+        if let Some(r) = route
+            && tx.parked_by(tenant, &r.saga, &r.correlation_id)?.is_none()
+        {
+            tx.park(tenant, &r.saga, &r.correlation_id, dl.id)?;
+        }
+        let body = json!({
+            "v": 1,
+            "id": dl.id,
+            "tenant_id": dl.tenant,
+            "kind": dl.kind,
+            "reason": dl.reason,
+            "subject": dl.subject,
+            "source": dl.source,
+            "saga": dl.saga,
+            "correlation_id": dl.correlation_id,
+            "body": dl.body,
+            "at_ms": dl.at_ms,
+        });
+        let saga_part = route.map(|r| r.saga.as_str()).unwrap_or("-");
+        tx.push_outbox(
+            DEFAULT_PARTITION,
+            &OutboxRecord {
+                subject: format!("tenant.{tenant}.deadletter.{k}"),
+                msg_id: format!("dl:{}:{saga_part}:{}", raw.source, dl.id),
+                tenant: tenant.to_string(),
+                traceparent: raw.traceparent.clone(),
+                body: body.to_string(),
+            },
+        )?;
+        self.tally.outbox += 1;
+        self.tally.dead_letters.push(k);
+        tracing::warn!(message = "Input dead-lettered.", tenant, kind = k, reason = %dl.reason, source = %dl.source, saga = ?dl.saga, correlation_id = ?dl.correlation_id, id = dl.id);
+        Ok(())
+    }
+}
+
+/// Whether the envelope lacks what every input needs (versus an expression failing on a
+/// well-formed input).
+fn input_malformed(input: &Input) -> bool {
+    let b = &input.body;
+    b.get("v").and_then(Json::as_u64) != Some(1)
+        || b.get("event_id")
+            .and_then(Json::as_str)
+            .is_none_or(str::is_empty)
+        || b.get("timestamp_ms").and_then(Json::as_u64).is_none()
+}
