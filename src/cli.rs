@@ -60,6 +60,75 @@ pub enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Show one saga instance from the local store: state, status, version, data, pending
+    /// timers and recent transitions (JSON). Works while the node runs.
+    Inspect {
+        /// Where the store is.
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Saga name.
+        #[arg(long)]
+        saga: String,
+        /// Correlation id of the instance.
+        #[arg(long)]
+        id: String,
+    },
+    /// Dead letters: list them, show one, or redrive one.
+    Dlq {
+        /// Where the store is.
+        #[command(flatten)]
+        store: StoreArgs,
+        /// What to do.
+        #[command(subcommand)]
+        action: DlqAction,
+    },
+}
+
+/// Locating the store (and, for redrive, the manifests) the way `runner run` does.
+#[derive(Debug, clap::Args)]
+pub struct StoreArgs {
+    /// TOML config file (its `storage`, `runner.manifests` and `tenancy` are used).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Directory of the store. Replaces `storage.data_dir`.
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// Manifest file or directory (for redrive); repeat for several.
+    #[arg(long = "manifest", global = true)]
+    pub manifests: Vec<PathBuf>,
+}
+
+/// `runner dlq` actions.
+#[derive(Debug, Subcommand)]
+pub enum DlqAction {
+    /// List pending dead letters (one line each).
+    List {
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Include redriven ones.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one dead letter in full (JSON).
+    Show {
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Dead-letter id.
+        id: u64,
+    },
+    /// Process a dead letter again, then the inputs of its key held behind it, in order.
+    Redrive {
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Dead-letter id.
+        id: u64,
+    },
 }
 
 /// Arguments of `runner run`.

@@ -21,6 +21,7 @@
 //! | [`broker`] | NATS connection and stream reconciliation |
 //! | [`storage`] | libmdbx environment, off the async runtime |
 //! | [`worker`] | saga worker: consumers, batch commit, timers, dead letters |
+//! | [`ops`] | operator tools: inspect, dead letters, redrive |
 //! | [`relay`] | outbox relay to JetStream |
 //! | [`admin`] | health, readiness, metrics, info, drain, reload |
 //! | [`app`] | wiring and the drain sequence |
@@ -35,6 +36,7 @@ pub mod cli;
 pub mod config;
 pub mod expr;
 pub mod manifest;
+pub mod ops;
 pub mod relay;
 pub mod saga;
 pub mod shutdown;

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use runner::app::{self, Exit};
-use runner::cli::{Cli, Command, RunArgs};
+use runner::cli::{Cli, Command, DlqAction, RunArgs, StoreArgs};
 use runner::config::{self, Overrides};
 
 fn main() -> ExitCode {
@@ -12,6 +12,13 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { paths } => validate(&paths),
         Command::Test { paths } => run_tests(&paths),
+        Command::Inspect {
+            store,
+            tenant,
+            saga,
+            id,
+        } => report(ops_inspect(&store, &tenant, &saga, &id)),
+        Command::Dlq { store, action } => report(ops_dlq(&store, action)),
         Command::Run(args) => {
             runner::telemetry::init_logging(cli.log_format);
             match run(args) {
@@ -48,6 +55,78 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
         .await?;
         Ok(exit)
     })
+}
+
+/// Prints an operator command's error as one line; exit 1.
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("runner: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn open_store(
+    args: &StoreArgs,
+) -> anyhow::Result<(runner::config::Config, runner::storage::Store)> {
+    let overrides = Overrides {
+        manifests: args.manifests.clone(),
+        data_dir: args.data_dir.clone(),
+        ..Overrides::default()
+    };
+    let config = config::load(args.config.as_deref(), std::env::vars(), &overrides)?;
+    let store = runner::storage::Store::open(&config.storage)
+        .with_context(|| format!("opening the store in {}", config.storage.data_dir.display()))?;
+    Ok((config, store))
+}
+
+fn ops_inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::Result<()> {
+    let (_, store) = open_store(args)?;
+    let view = runner::ops::inspect(&store, tenant, saga, id)?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
+    let (config, store) = open_store(args)?;
+    match action {
+        DlqAction::List { tenant, all } => {
+            let items = runner::ops::list(&store, tenant.as_deref(), all)?;
+            for d in &items {
+                println!(
+                    "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
+                    d.id,
+                    d.tenant,
+                    d.kind,
+                    d.status,
+                    d.source,
+                    d.saga.as_deref().unwrap_or("-"),
+                    d.correlation_id.as_deref().unwrap_or("-"),
+                    d.reason
+                );
+            }
+            println!("{} dead letter(s)", items.len());
+        }
+        DlqAction::Show { tenant, id } => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&runner::ops::show(&store, &tenant, id)?)?
+            );
+        }
+        DlqAction::Redrive { tenant, id } => {
+            let report = runner::manifest::load(&config.runner.manifests);
+            let Some(catalog) = report.catalog else {
+                let errs: Vec<String> = report.errors().map(|d| d.to_string()).collect();
+                anyhow::bail!("manifests are invalid:\n{}", errs.join("\n"));
+            };
+            let limits = runner::worker::process::Limits::from_config(&config);
+            let r = runner::ops::redrive(&store, &catalog, &limits, &tenant, id)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
+    }
+    Ok(())
 }
 
 fn validate(paths: &[std::path::PathBuf]) -> ExitCode {

@@ -236,7 +236,9 @@ impl Default for ConsumersConfig {
 pub struct TenancyConfig {
     /// Tenant token used by single-tenant deployments.
     pub default_tenant: String,
-    /// When non-empty, only these tenants are served; others are dead-lettered.
+    /// When non-empty, only these tenants are served; others are dead-lettered
+    /// (a list, or one comma-separated string).
+    #[serde(deserialize_with = "types::string_or_list")]
     pub allowed: Vec<String>,
 }
 

@@ -26,7 +26,7 @@ pub mod tables;
 pub use tables::Tables;
 
 /// The named tables of the store (DESIGN §5 keyspaces).
-pub const TABLES: [&str; 8] = [
+pub const TABLES: [&str; 9] = [
     "saga",
     "outbox",
     "checkpoint",
@@ -35,6 +35,7 @@ pub const TABLES: [&str; 8] = [
     "deadletter",
     "parked",
     "meta",
+    "history",
 ];
 
 /// Storage errors.

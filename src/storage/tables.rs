@@ -13,6 +13,7 @@
 //! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON |
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` |
+//! | `history` | `t 0 saga 0 correlation_id 0 n:u64` | [`HistoryEntry`] as JSON (the last [`HISTORY_KEEP`] per instance) |
 //!
 //! Everything here runs inside a caller's transaction; nothing commits on its own, so a
 //! caller composes state, outbox, timers, markers and checkpoint into one atomic commit.
@@ -40,6 +41,37 @@ pub struct OutboxRecord {
     pub traceparent: Option<String>,
     /// Body bytes (JSON text).
     pub body: String,
+}
+
+/// Transitions kept per instance for `runner inspect`.
+pub const HISTORY_KEEP: u64 = 20;
+
+/// One applied transition, kept for operators.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    /// The instance's applied-input counter after this transition.
+    pub n: u64,
+    /// Event name handled.
+    pub event: String,
+    /// The input's event id.
+    pub event_id: String,
+    /// State before.
+    pub from: String,
+    /// State after.
+    pub to: String,
+    /// Input timestamp, ms since the epoch.
+    pub at_ms: u64,
+    /// Where the input came from (`stream:seq`, `timer`, `redrive:<id>`).
+    pub source: String,
+    /// Outputs emitted.
+    pub emitted: usize,
+}
+
+fn history_key(tenant: &str, saga: &str, corr: &str, n: u64) -> Vec<u8> {
+    let mut k = instance_key(tenant, saga, corr);
+    k.push(0);
+    k.extend_from_slice(&n.to_be_bytes());
+    k
 }
 
 /// A pending timer.
@@ -177,6 +209,7 @@ pub struct Tables<'t, K: TransactionKind> {
     deadletter: Table<'t>,
     parked: Table<'t>,
     meta: Table<'t>,
+    history: Table<'t>,
 }
 
 impl<'t, K: TransactionKind> Tables<'t, K> {
@@ -192,6 +225,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             deadletter: txn.open_table(Some("deadletter"))?,
             parked: txn.open_table(Some("parked"))?,
             meta: txn.open_table(Some("meta"))?,
+            history: txn.open_table(Some("history"))?,
         })
     }
 
@@ -314,6 +348,22 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
         Ok(out)
     }
 
+    /// The kept transitions of one instance, oldest first.
+    pub fn history(&self, tenant: &str, saga: &str, corr: &str) -> Result<Vec<HistoryEntry>> {
+        let prefix = history_key(tenant, saga, corr, 0);
+        let stem = &prefix[..prefix.len() - 8];
+        let mut cur = self.txn.cursor(&self.history)?;
+        let mut out = Vec::new();
+        for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&prefix) {
+            let (k, v) = item?;
+            if k.len() != prefix.len() || !k.starts_with(stem) {
+                break;
+            }
+            out.push(json(&v, "history")?);
+        }
+        Ok(out)
+    }
+
     fn meta(&self, name: &str) -> Result<u64> {
         let v: Option<Vec<u8>> = self.txn.get(&self.meta, name.as_bytes())?;
         v.map(|b| u64_of(&b, name))
@@ -424,6 +474,30 @@ impl<'t> Tables<'t, RW> {
         Ok(self
             .txn
             .put(&self.parked, key, id.to_be_bytes(), WriteFlags::UPSERT)?)
+    }
+
+    /// Records a transition and forgets the ones older than [`HISTORY_KEEP`].
+    pub fn push_history(
+        &self,
+        tenant: &str,
+        saga: &str,
+        corr: &str,
+        e: &HistoryEntry,
+    ) -> Result<()> {
+        self.txn.put(
+            &self.history,
+            history_key(tenant, saga, corr, e.n),
+            to_json(e)?,
+            WriteFlags::UPSERT,
+        )?;
+        if e.n > HISTORY_KEEP {
+            self.txn.del(
+                &self.history,
+                history_key(tenant, saga, corr, e.n - HISTORY_KEEP),
+                None,
+            )?;
+        }
+        Ok(())
     }
 
     /// Unparks an instance key.

@@ -77,10 +77,7 @@ pub fn inputs(state: &AppState) -> Vec<Input> {
 }
 
 fn limits(state: &AppState) -> Limits {
-    Limits {
-        allowed_tenants: state.config.tenancy.allowed.clone(),
-        max_message_bytes: state.config.saga.max_message_bytes.get() as usize,
-    }
+    Limits::from_config(&state.config)
 }
 
 /// Spawns the consumer loops and the timer loop on `tracker`; they stop taking work when

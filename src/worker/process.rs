@@ -19,7 +19,7 @@ use serde_json::{Value as Json, json};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
 use crate::storage::tables::{
-    DEFAULT_PARTITION, DeadLetter, DeadLetterStatus, OutboxRecord, TimerEntry,
+    DEFAULT_PARTITION, DeadLetter, DeadLetterStatus, HistoryEntry, OutboxRecord, TimerEntry,
 };
 use crate::storage::{Result, Tables};
 
@@ -76,6 +76,17 @@ pub struct Limits {
     pub allowed_tenants: Vec<String>,
     /// Largest accepted body.
     pub max_message_bytes: usize,
+}
+
+impl Limits {
+    /// The limits configured for this process.
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            allowed_tenants: c.tenancy.allowed.clone(),
+            max_message_bytes: usize::try_from(c.saga.max_message_bytes.get())
+                .unwrap_or(usize::MAX),
+        }
+    }
 }
 
 /// Applies inputs to the tables of one write transaction.
@@ -304,6 +315,20 @@ impl<'a> Processor<'a> {
                 if !event_id.is_empty() {
                     tx.mark_applied(tenant, saga, &event_id, self.now_ms)?;
                 }
+                let entry = HistoryEntry {
+                    n: applied.instance.applied,
+                    event: applied.event.clone(),
+                    event_id,
+                    from: instance
+                        .as_ref()
+                        .map(|i| i.state.clone())
+                        .unwrap_or_default(),
+                    to: applied.instance.state.clone(),
+                    at_ms: applied.instance.updated_ms,
+                    source: raw.source.clone(),
+                    emitted: applied.work.len(),
+                };
+                tx.push_history(tenant, saga, corr, &entry)?;
                 self.tally.transitions.push((saga.to_string(), "applied"));
             }
             Ok(Err(
