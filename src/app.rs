@@ -93,7 +93,7 @@ pub struct AppState {
     /// Metrics registry.
     pub metrics: Metrics,
     /// Start/drain state.
-    pub lifecycle: Lifecycle,
+    pub lifecycle: Arc<Lifecycle>,
     /// The manifests in force; swapped whole on reload.
     catalog: RwLock<Arc<Catalog>>,
     /// When the process started.
@@ -232,10 +232,7 @@ pub fn node_id(configured: &str, env: impl Fn(&str) -> Option<String>) -> String
 }
 
 /// Starts everything and runs until drained.
-pub async fn run(
-    config: Config,
-    lifecycle_hook: impl FnOnce(Arc<AppState>),
-) -> Result<Exit, StartError> {
+pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, StartError> {
     let node_id = node_id(&config.node.id, |k| std::env::var(k).ok());
     let mode = config.runner.mode;
     tracing::info!(message = "Starting.", node.id = %node_id, mode = mode.as_str(), version = VERSION, revision = GIT_REVISION);
@@ -267,13 +264,13 @@ pub async fn run(
                 message: format!("manifest loader failed: {e}"),
             }])
         })?;
-    for w in &report.diagnostics {
-        tracing::warn!(message = "Manifest warning.", diagnostic = %w);
-    }
     let catalog = match report.catalog {
         Some(c) => c,
         None => return Err(StartError::Manifests(report.diagnostics)),
     };
+    for w in &report.diagnostics {
+        tracing::warn!(message = "Manifest warning.", diagnostic = %w);
+    }
 
     let metrics = Metrics::new(VERSION, GIT_REVISION, mode.as_str())?;
     metrics
@@ -299,7 +296,7 @@ pub async fn run(
         broker,
         store,
         metrics,
-        lifecycle: Lifecycle::new(),
+        lifecycle,
         catalog: RwLock::new(Arc::new(catalog)),
         started_at: SystemTime::now(),
     });
@@ -341,7 +338,6 @@ pub async fn run(
 
     state.lifecycle.mark_started();
     tracing::info!(message = "Ready.", mode = mode.as_str());
-    lifecycle_hook(state.clone());
 
     state.lifecycle.work_token().cancelled().await;
     state.metrics.draining.set(1);

@@ -49,11 +49,9 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let exit = app::run(config, |state| {
-            tokio::spawn(runner::shutdown::watch_signals(state));
-        })
-        .await?;
-        Ok(exit)
+        let lifecycle = std::sync::Arc::new(app::Lifecycle::new());
+        runner::shutdown::install(lifecycle.clone()).context("installing signal handlers")?;
+        Ok(app::run(config, lifecycle).await?)
     })
 }
 

@@ -14,6 +14,13 @@ async fn status(url: &str) -> u16 {
     }
 }
 
+/// A minimal valid manifest declaring one saga called `name`.
+fn saga_named(name: &str) -> String {
+    std::fs::read_to_string(common::repo_root().join("tests/manifests/ledger.yaml"))
+        .unwrap()
+        .replace("name: ledger", &format!("name: {name}"))
+}
+
 fn manifests_dir(yaml: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("m.yaml"), yaml).unwrap();
@@ -145,7 +152,7 @@ async fn sigterm_drains_and_exits_zero() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admin_token_and_reload() {
     let nats = NatsServer::start();
-    let manifests = manifests_dir("format: 1\nsagas:\n  - name: first\n");
+    let manifests = manifests_dir(&saga_named("first"));
     let token = "0123456789abcdef-secret";
     let runner = RunnerProc::start(
         &[
@@ -208,11 +215,7 @@ async fn admin_token_and_reload() {
     assert_eq!(info["manifests"]["sagas"][0]["name"], "first");
 
     // A valid one is swapped in.
-    std::fs::write(
-        manifests.path().join("m.yaml"),
-        "format: 1\nsagas:\n  - name: second\n",
-    )
-    .unwrap();
+    std::fs::write(manifests.path().join("m.yaml"), saga_named("second")).unwrap();
     let r = client
         .post(format!("{base}/admin/reload"))
         .bearer_auth(token)

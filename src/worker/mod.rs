@@ -119,23 +119,36 @@ pub async fn apply_batch(
     let key = checkpoint_key.to_string();
     state
         .store
-        .write(move |t| {
-            let cp = t.checkpoint(&key)?;
-            let mut p = Processor::new(&catalog, &limits, now_ms());
-            let mut last = cp;
-            for (seq, raw) in &batch {
-                if *seq <= last {
-                    continue;
-                }
-                p.input(t, raw)?;
-                last = *seq;
-            }
-            if last > cp {
-                t.set_checkpoint(&key, last)?;
-            }
-            Ok((last, p.tally))
-        })
+        .run(move |s| apply_inputs(s, &catalog, &limits, &key, &batch))
         .await
+}
+
+/// Applies inputs in one write transaction (blocking): those at or below the checkpoint of
+/// `checkpoint_key` are skipped as already applied; the checkpoint advances to the last
+/// one in the same commit. Returns the new checkpoint and what happened.
+pub fn apply_inputs(
+    store: &crate::storage::Store,
+    catalog: &crate::manifest::Catalog,
+    limits: &Limits,
+    checkpoint_key: &str,
+    batch: &[(u64, RawInput)],
+) -> crate::storage::Result<(u64, Tally)> {
+    store.write_blocking(|t| {
+        let cp = t.checkpoint(checkpoint_key)?;
+        let mut p = Processor::new(catalog, limits, now_ms());
+        let mut last = cp;
+        for (seq, raw) in batch {
+            if *seq <= last {
+                continue;
+            }
+            p.input(t, raw)?;
+            last = *seq;
+        }
+        if last > cp {
+            t.set_checkpoint(checkpoint_key, last)?;
+        }
+        Ok((last, p.tally))
+    })
 }
 
 async fn consume(

@@ -180,7 +180,11 @@ impl RunnerProc {
     /// Starts `runner run` with `extra` args (plus JSON logs, a free admin port and a temporary
     /// data dir) and waits until it logs its admin address.
     pub fn start(extra: &[&str], envs: &[(&str, &str)]) -> Self {
-        let data_dir = tempfile::tempdir().unwrap();
+        Self::start_in(tempfile::tempdir().unwrap(), extra, envs)
+    }
+
+    /// Like [`RunnerProc::start`] on an existing data directory (for restarts).
+    pub fn start_in(data_dir: tempfile::TempDir, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(runner_bin());
         cmd.current_dir(repo_root())
             .args([
@@ -220,6 +224,7 @@ impl RunnerProc {
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
         let addr: SocketAddr = v["admin.addr"].as_str().unwrap().parse().unwrap();
         p.admin = format!("http://{addr}");
+        p.wait_for_log("\"message\":\"Ready.\"", Duration::from_secs(60));
         p
     }
 
@@ -273,6 +278,28 @@ impl RunnerProc {
             .status()
             .unwrap();
         assert!(ok.success());
+    }
+}
+
+impl RunnerProc {
+    /// SIGKILLs the process and hands back its data directory.
+    pub fn kill(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.data_dir, dir)
+    }
+
+    /// Drains it with SIGTERM, checks it exits 0, and hands back its data directory.
+    pub fn stop(mut self) -> tempfile::TempDir {
+        self.signal("TERM");
+        assert_eq!(
+            self.wait_exit(Duration::from_secs(60)),
+            Some(0),
+            "runner did not drain cleanly"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.data_dir, dir)
     }
 }
 

@@ -1,0 +1,206 @@
+//! Timers across restarts, cancelled timers, and a NATS outage mid-run.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    NatsServer, RunnerProc, aggregate_event, effect_result, jetstream, publish_json, read_stream,
+    wait_for_messages,
+};
+use serde_json::json;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn placed(id: &str, ts: u64) -> (String, serde_json::Value) {
+    let ev = aggregate_event(
+        "acme",
+        "Order",
+        id,
+        "OrderPlaced",
+        ts,
+        json!({
+            "customer_id": "c", "amount_cents": 500, "items": [{"sku": "s", "qty": 1}],
+        }),
+    );
+    (format!("tenant.acme.aggregate.Order.{id}"), ev)
+}
+
+fn start(dir: tempfile::TempDir, url: &str) -> RunnerProc {
+    RunnerProc::start_in(
+        dir,
+        &[
+            "--mode",
+            "saga",
+            "--nats-url",
+            url,
+            "--manifest",
+            "manifests",
+        ],
+        &[],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let runner = start(tempfile::tempdir().unwrap(), &url);
+    let js = jetstream(&url).await;
+
+    // The payment timeout is 15 minutes after the order's own timestamp: place the orders
+    // 15 minutes minus 6 seconds ago so the timers fall due in about 6 seconds.
+    let ts = now_ms() - 900_000 + 6_000;
+    for id in ["o-late", "o-paid"] {
+        let (s, b) = placed(id, ts);
+        publish_json(&js, &s, &b).await;
+    }
+    let charges = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.effect.charge_card.*",
+        2,
+        Duration::from_secs(30),
+    )
+    .await;
+    let paid = charges
+        .iter()
+        .find(|c| c.body["payload"]["order_id"] == "o-paid")
+        .unwrap();
+    let (s, b) = effect_result(
+        &paid.body,
+        "Succeeded",
+        ts + 1_000,
+        json!({"payment_id": "p-1"}),
+    );
+    publish_json(&js, &s, &b).await;
+    wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.effect.reserve_stock.*",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // Restart before the timers are due: they are in libmdbx, not in memory.
+    let dir = runner.kill();
+    let pending = {
+        let store = runner::storage::Store::open(&runner::config::StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        })
+        .unwrap();
+        store.read_blocking(|t| t.timers_pending()).unwrap()
+    };
+    assert_eq!(
+        pending, 1,
+        "o-late's timer pending; o-paid's was cancelled by the payment"
+    );
+    let runner = start(dir, &url);
+
+    let cancels = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.command.Order.*",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(cancels[0].subject, "tenant.acme.command.Order.o-late");
+    assert_eq!(cancels[0].body["payload"]["reason"], "payment_timeout");
+    // Well past both due times, o-paid's cancelled timer has still not fired.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let commands = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.command.Order.*").await;
+    assert_eq!(commands.len(), 1, "{commands:?}");
+
+    let metrics = reqwest::get(format!("{}/metrics", runner.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("runner_timers_fired_total 1"), "{metrics}");
+    assert!(metrics.contains("runner_timer_fire_lag_seconds_count 1"));
+    assert!(metrics.contains("runner_timers_pending 0"));
+    let dir = runner.stop();
+
+    // inspect shows the instance with its transitions.
+    let (code, out) = common::run_to_exit(
+        &[
+            "inspect",
+            "--tenant",
+            "acme",
+            "--saga",
+            "order",
+            "--id",
+            "o-late",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let view: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(view["instance"]["state"], "cancelled");
+    assert_eq!(view["instance"]["version"], 1);
+    let events: Vec<_> = view["recent_transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["event"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["OrderPlaced", "timer.payment_timeout"]);
+    assert_eq!(view["timers"], json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
+    let mut nats = NatsServer::start();
+    let url = nats.url();
+    let runner = start(tempfile::tempdir().unwrap(), &url);
+    let total = 600;
+    {
+        let js = jetstream(&url).await;
+        for i in 0..total / 2 {
+            let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
+            publish_json(&js, &s, &b).await;
+        }
+    }
+    // Stop NATS while the first half is in flight, then bring it back.
+    nats.stop();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    nats.start_again();
+    let js = jetstream(&url).await;
+    for i in total / 2..total {
+        let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
+        publish_json(&js, &s, &b).await;
+    }
+    let charges = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.effect.charge_card.*",
+        total as usize,
+        Duration::from_secs(60),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let charges_after = read_stream(&js, "WORKFLOW_COMMANDS", ">").await;
+    assert_eq!(charges.len(), total as usize);
+    assert_eq!(charges_after.len(), total as usize, "duplicates appeared");
+    let mut ids: Vec<_> = charges_after
+        .iter()
+        .map(|c| c.body["payload"]["order_id"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), total as usize);
+    runner.stop();
+}
