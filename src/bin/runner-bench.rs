@@ -1,0 +1,434 @@
+//! `runner-bench`: load generator and measuring tool for Runner.
+//!
+//! - `e2e`: publishes deposits for the `ledger` test saga (one command out per event in)
+//!   against a running `runner`, and measures transitions per second and the latency from
+//!   an input's publication to its output being stored by JetStream (seen by a core
+//!   subscription on the output subjects).
+//! - `raw`: the same message flow with no Runner — consume each input from the stream in
+//!   batches, publish one output with `Nats-Msg-Id` (acks awaited in windows), acknowledge
+//!   the inputs — which is the messaging limit the runner is compared against.
+//! - `orders`: publishes sample orders for the example manifests and plays the payment
+//!   service (every `charge_card` gets a Succeeded result), for the quick start.
+//!
+//! Timing is measured here, by a separate process, never inside tests.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use async_nats::jetstream::{self, consumer::pull, stream};
+use clap::{Parser, Subcommand};
+use futures::StreamExt;
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    name = "runner-bench",
+    about = "Load generator and measuring tool for Runner"
+)]
+struct Cli {
+    /// NATS URL.
+    #[arg(long, default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Drive the ledger saga through a running runner and measure it.
+    E2e {
+        /// Events to publish.
+        #[arg(long, default_value_t = 20_000)]
+        events: u64,
+        /// Distinct saga instances (accounts).
+        #[arg(long, default_value_t = 1_000)]
+        accounts: u64,
+        /// Payload padding in bytes.
+        #[arg(long, default_value_t = 0)]
+        pad: usize,
+        /// Publish at most this many events per second (0: as fast as acks allow).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Tenant token.
+        #[arg(long, default_value = "bench")]
+        tenant: String,
+    },
+    /// The same flow with no Runner: the messaging limit.
+    Raw {
+        /// Events.
+        #[arg(long, default_value_t = 20_000)]
+        events: u64,
+        /// Payload padding in bytes.
+        #[arg(long, default_value_t = 0)]
+        pad: usize,
+    },
+    /// Publish sample orders and answer their payment commands.
+    Orders {
+        /// Orders per tenant.
+        #[arg(long, default_value_t = 20)]
+        orders: u64,
+        /// Tenants.
+        #[arg(long, value_delimiter = ',', default_value = "acme,globex")]
+        tenants: Vec<String>,
+        /// How long to keep answering payment commands.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        answer_for: Duration,
+    },
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn event(
+    tenant: &str,
+    typ: &str,
+    id: &str,
+    event_type: &str,
+    payload: serde_json::Value,
+) -> serde_json::Value {
+    json!({
+        "v": 1,
+        "event_id": uuid::Uuid::now_v7().to_string(),
+        "tenant_id": tenant,
+        "event_type": event_type,
+        "aggregate_type": typ,
+        "aggregate_id": id,
+        "timestamp_ms": now_ms(),
+        "payload": payload,
+        "metadata": {},
+    })
+}
+
+/// Publishes bodies with windows of outstanding acks.
+struct Publisher {
+    js: jetstream::Context,
+    pending: Vec<jetstream::context::PublishAckFuture>,
+    window: usize,
+}
+
+impl Publisher {
+    async fn send(
+        &mut self,
+        subject: String,
+        body: &serde_json::Value,
+        msg_id: &str,
+    ) -> Result<()> {
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+        self.pending.push(
+            self.js
+                .publish_with_headers(subject, h, serde_json::to_vec(body)?.into())
+                .await?,
+        );
+        if self.pending.len() >= self.window {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+    async fn flush(&mut self) -> Result<()> {
+        for p in self.pending.drain(..) {
+            p.await?;
+        }
+        Ok(())
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let client = async_nats::connect(&cli.nats_url)
+        .await
+        .with_context(|| format!("connecting to {}", cli.nats_url))?;
+    let js = jetstream::new(client.clone());
+    match cli.cmd {
+        Cmd::E2e {
+            events,
+            accounts,
+            pad,
+            rate,
+            tenant,
+        } => e2e(client, js, events, accounts, pad, rate, &tenant).await,
+        Cmd::Raw { events, pad } => raw(js, events, pad).await,
+        Cmd::Orders {
+            orders,
+            tenants,
+            answer_for,
+        } => orders_demo(client, js, orders, &tenants, answer_for).await,
+    }
+}
+
+async fn e2e(
+    client: async_nats::Client,
+    js: jetstream::Context,
+    events: u64,
+    accounts: u64,
+    pad: usize,
+    rate: u64,
+    tenant: &str,
+) -> Result<()> {
+    let sent: Arc<Mutex<HashMap<(String, u64), Instant>>> = Arc::new(Mutex::new(HashMap::new()));
+    let mut sub = client
+        .subscribe(format!("tenant.{tenant}.command.Account.*"))
+        .await?;
+    client.flush().await?;
+    let sent_rx = sent.clone();
+    let collector = tokio::spawn(async move {
+        let mut lat = Vec::with_capacity(events as usize);
+        let mut last = Instant::now();
+        while (lat.len() as u64) < events {
+            let Ok(Some(msg)) = tokio::time::timeout(Duration::from_secs(30), sub.next()).await
+            else {
+                break;
+            };
+            let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
+            let account = msg
+                .subject
+                .rsplit('.')
+                .next()
+                .unwrap_or_default()
+                .to_string();
+            let n = body["payload"]["n"]
+                .as_u64()
+                .or_else(|| body["payload"]["n"].as_str().and_then(|s| s.parse().ok()))
+                .unwrap_or(0);
+            if let Some(t0) = sent_rx
+                .lock()
+                .map_err(|_| ())
+                .ok()
+                .and_then(|m| m.get(&(account, n)).copied())
+            {
+                lat.push(t0.elapsed().as_secs_f64() * 1000.0);
+                last = Instant::now();
+            }
+        }
+        (lat, last)
+    });
+    let padding = "x".repeat(pad);
+    let mut publisher = Publisher {
+        js,
+        pending: Vec::new(),
+        window: 256,
+    };
+    let started = Instant::now();
+    let per_account = events.div_ceil(accounts);
+    let mut published = 0;
+    'outer: for n in 1..=per_account {
+        for a in 0..accounts {
+            if published == events {
+                break 'outer;
+            }
+            if rate > 0 {
+                let due = started + Duration::from_secs_f64(published as f64 / rate as f64);
+                tokio::time::sleep_until(due.into()).await;
+            }
+            let id = format!("a{a}");
+            let body = event(
+                tenant,
+                "Account",
+                &id,
+                "Deposited",
+                json!({"n": n, "amount": 1, "pad": padding}),
+            );
+            sent.lock()
+                .map_err(|_| anyhow::anyhow!("lock"))?
+                .insert((id.clone(), n), Instant::now());
+            let msg_id = body["event_id"].as_str().unwrap_or_default().to_string();
+            publisher
+                .send(
+                    format!("tenant.{tenant}.aggregate.Account.{id}"),
+                    &body,
+                    &msg_id,
+                )
+                .await?;
+            published += 1;
+        }
+    }
+    publisher.flush().await?;
+    let (mut lat, last) = collector.await?;
+    let elapsed = last.duration_since(started).as_secs_f64();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "e2e: events={events} outputs={} elapsed={elapsed:.2}s transitions_per_s={:.0} latency_ms p50={:.2} p90={:.2} p99={:.2}",
+        lat.len(),
+        lat.len() as f64 / elapsed,
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.9),
+        percentile(&lat, 0.99),
+    );
+    Ok(())
+}
+
+async fn raw(js: jetstream::Context, events: u64, pad: usize) -> Result<()> {
+    let in_stream = js
+        .get_or_create_stream(stream::Config {
+            name: "BENCH_RAW_IN".into(),
+            subjects: vec!["bench.raw.in.>".into()],
+            ..Default::default()
+        })
+        .await?;
+    js.get_or_create_stream(stream::Config {
+        name: "BENCH_RAW_OUT".into(),
+        subjects: vec!["bench.raw.out.>".into()],
+        ..Default::default()
+    })
+    .await?;
+    let padding = "x".repeat(pad);
+    let mut publisher = Publisher {
+        js: js.clone(),
+        pending: Vec::new(),
+        window: 256,
+    };
+    for i in 0..events {
+        let body = event(
+            "bench",
+            "Account",
+            &format!("a{}", i % 1000),
+            "Deposited",
+            json!({"n": i, "amount": 1, "pad": padding}),
+        );
+        let id = body["event_id"].as_str().unwrap_or_default().to_string();
+        publisher
+            .send(format!("bench.raw.in.a{}", i % 1000), &body, &id)
+            .await?;
+    }
+    publisher.flush().await?;
+    let consumer = in_stream
+        .create_consumer(pull::Config {
+            durable_name: Some("raw".into()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await?;
+    let started = Instant::now();
+    let mut done = 0;
+    let mut out = Publisher {
+        js: js.clone(),
+        pending: Vec::new(),
+        window: 1024,
+    };
+    while done < events {
+        let mut batch = consumer
+            .fetch()
+            .max_messages(500)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        let mut msgs = Vec::new();
+        while let Some(m) = batch.next().await {
+            msgs.push(m.map_err(|e| anyhow::anyhow!(e))?);
+        }
+        for m in &msgs {
+            let body: serde_json::Value = serde_json::from_slice(&m.payload)?;
+            let id = format!("out-{}", body["event_id"].as_str().unwrap_or_default());
+            out.send(
+                format!(
+                    "bench.raw.out.{}",
+                    body["aggregate_id"].as_str().unwrap_or("x")
+                ),
+                &body["payload"],
+                &id,
+            )
+            .await?;
+        }
+        out.flush().await?;
+        for m in &msgs {
+            m.ack().await.map_err(|e| anyhow::anyhow!(e))?;
+        }
+        done += msgs.len() as u64;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "raw: events={events} elapsed={elapsed:.2}s messages_per_s={:.0}",
+        events as f64 / elapsed
+    );
+    js.delete_stream("BENCH_RAW_IN").await?;
+    js.delete_stream("BENCH_RAW_OUT").await?;
+    Ok(())
+}
+
+async fn orders_demo(
+    client: async_nats::Client,
+    js: jetstream::Context,
+    orders: u64,
+    tenants: &[String],
+    answer_for: Duration,
+) -> Result<()> {
+    let mut commands = client.subscribe("tenant.*.effect.charge_card.*").await?;
+    client.flush().await?;
+    let mut publisher = Publisher {
+        js: js.clone(),
+        pending: Vec::new(),
+        window: 256,
+    };
+    for t in tenants {
+        for i in 0..orders {
+            let id = format!("order-{i}");
+            let body = event(
+                t,
+                "Order",
+                &id,
+                "OrderPlaced",
+                json!({
+                    "customer_id": format!("customer-{i}"),
+                    "amount_cents": 1000 + i,
+                    "items": [{"sku": "book", "qty": 1}],
+                }),
+            );
+            let msg_id = body["event_id"].as_str().unwrap_or_default().to_string();
+            publisher
+                .send(format!("tenant.{t}.aggregate.Order.{id}"), &body, &msg_id)
+                .await?;
+        }
+    }
+    publisher.flush().await?;
+    println!(
+        "orders: published {} OrderPlaced events",
+        orders * tenants.len() as u64
+    );
+    let deadline = Instant::now() + answer_for;
+    let mut answered = 0;
+    while let Ok(Some(msg)) = tokio::time::timeout_at(deadline.into(), commands.next()).await {
+        let cmd: serde_json::Value = serde_json::from_slice(&msg.payload)?;
+        let (t, cid) = (
+            cmd["tenant_id"].as_str().unwrap_or("_"),
+            cmd["command_id"].as_str().unwrap_or_default(),
+        );
+        let result = json!({
+            "v": 1,
+            "event_id": uuid::Uuid::now_v7().to_string(),
+            "tenant_id": t,
+            "command_id": cid,
+            "effect_name": "charge_card",
+            "result_type": "Succeeded",
+            "payload": {"payment_id": format!("pay-{cid}")},
+            "attempts": 1,
+            "timestamp_ms": now_ms(),
+            "metadata": cmd["metadata"],
+        });
+        let msg_id = result["event_id"].as_str().unwrap_or_default().to_string();
+        publisher
+            .send(
+                format!("tenant.{t}.effect_result.charge_card.{cid}"),
+                &result,
+                &msg_id,
+            )
+            .await?;
+        answered += 1;
+    }
+    publisher.flush().await?;
+    println!("orders: answered {answered} charge_card commands with Succeeded");
+    Ok(())
+}
