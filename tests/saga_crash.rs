@@ -30,18 +30,7 @@ impl Lcg {
 }
 
 fn start(dir: tempfile::TempDir, url: &str) -> RunnerProc {
-    RunnerProc::start_in(
-        dir,
-        &[
-            "--mode",
-            "saga",
-            "--nats-url",
-            url,
-            "--manifest",
-            "tests/manifests/ledger.yaml",
-        ],
-        &[],
-    )
+    RunnerProc::saga(dir, url, "tests/manifests/ledger.yaml", &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

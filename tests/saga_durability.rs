@@ -33,18 +33,7 @@ fn placed(id: &str, ts: u64) -> (String, serde_json::Value) {
 }
 
 fn start(dir: tempfile::TempDir, url: &str) -> RunnerProc {
-    RunnerProc::start_in(
-        dir,
-        &[
-            "--mode",
-            "saga",
-            "--nats-url",
-            url,
-            "--manifest",
-            "manifests",
-        ],
-        &[],
-    )
+    RunnerProc::saga(dir, url, "manifests", &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

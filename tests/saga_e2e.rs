@@ -51,17 +51,7 @@ fn assert_unique_ids(seen: &[common::Seen]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_of_two_tenants_reach_their_states_and_emit_once() {
     let nats = NatsServer::start();
-    let mut runner = RunnerProc::start(
-        &[
-            "--mode",
-            "saga",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            "manifests",
-        ],
-        &[],
-    );
+    let mut runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &[]);
     let js = jetstream(&nats.url()).await;
 
     let tenants = ["acme", "globex"];

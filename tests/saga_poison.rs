@@ -58,17 +58,7 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         ("RUNNER__TENANCY__ALLOWED", "acme,globex"),
         ("RUNNER__SAGA__MAX_MESSAGE_BYTES", "2KiB"),
     ];
-    let runner = RunnerProc::start(
-        &[
-            "--mode",
-            "saga",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            "manifests",
-        ],
-        &env,
-    );
+    let runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &env);
     let data_dir = runner.data_dir.path().to_str().unwrap().to_string();
     let js = jetstream(&nats.url()).await;
 

@@ -183,6 +183,15 @@ impl RunnerProc {
         Self::start_in(tempfile::tempdir().unwrap(), extra, envs)
     }
 
+    /// `runner run --mode saga` on `dir` against `url` with the given manifests.
+    pub fn saga(dir: tempfile::TempDir, url: &str, manifests: &str, envs: &[(&str, &str)]) -> Self {
+        Self::start_in(
+            dir,
+            &["--mode", "saga", "--nats-url", url, "--manifest", manifests],
+            envs,
+        )
+    }
+
     /// Like [`RunnerProc::start`] on an existing data directory (for restarts).
     pub fn start_in(data_dir: tempfile::TempDir, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(runner_bin());
