@@ -612,3 +612,41 @@ fn tenant_mismatch_is_poison() {
     let err = apply(&c, "doc", "d2", Some(&a0.instance), &input);
     assert!(matches!(err, Err(StepError::Poison { .. })));
 }
+
+#[test]
+fn effect_results_go_only_to_the_saga_that_sent_the_command() {
+    let shared = r#"
+format: 1
+effects: [{ name: ping, provider: noop }]
+sagas:
+  - name: alpha
+    version: 1
+    triggers:
+      - { subject: aggregate.X.*, correlation: event.aggregate_id, start: true }
+      - { subject: effect_result.ping.*, correlation: event.metadata.correlation_id }
+    initial_state: a
+    states:
+      a: { on: { Go: { emit: [{ effect: { name: ping } }], goto: b } } }
+      b: { on: { ping.Succeeded: { goto: c } } }
+      c: { terminal: true }
+  - name: beta
+    version: 1
+    triggers:
+      - { subject: aggregate.X.*, correlation: event.aggregate_id, start: true }
+      - { subject: effect_result.ping.*, correlation: event.metadata.correlation_id }
+    initial_state: a
+    states:
+      a: { on: { Go: { emit: [{ effect: { name: ping } }], goto: b } } }
+      b: { on: { ping.Succeeded: { goto: c } } }
+      c: { terminal: true }
+"#;
+    let c = catalog(&[("s.yaml", shared)]);
+    let go = agg("X", "k1", "Go", 0, json!({}));
+    let routes = route(&c, &go).unwrap();
+    assert_eq!(routes.len(), 2, "both sagas start on Go");
+    let a = apply(&c, "alpha", "k1", None, &go).unwrap();
+    let result = effect_result(&a.work[0].body, "Succeeded", 1, json!({}));
+    let routes = route(&c, &result).unwrap();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].saga, "alpha");
+}

@@ -399,8 +399,16 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
     }
     let event = event_json(input, &p.name);
     let state = json!({});
+    // An effect result names the saga that sent the command: only that saga gets it, so two
+    // sagas sharing an effect and a correlation id never see each other's results.
+    let sender = (p.kind == InputKind::EffectResult)
+        .then(|| input.body.pointer("/metadata/saga").and_then(Json::as_str))
+        .flatten();
     let mut out = Vec::new();
     for name in catalog.saga_names() {
+        if sender.is_some_and(|s| s != name) {
+            continue;
+        }
         let versions: Vec<_> = catalog.sagas().filter(|s| s.name == name).collect();
         let found = versions.iter().rev().find_map(|s| {
             s.triggers
