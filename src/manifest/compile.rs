@@ -344,7 +344,7 @@ impl SagaCompiler<'_, '_> {
                 );
                 None
             }
-            (true, true) => self.machine(s).map(SagaKind::Machine),
+            (true, true) => self.machine(s, &triggers).map(SagaKind::Machine),
             (false, false) => self.orchestration(s, &mut triggers).map(SagaKind::Steps),
         };
         let migration = s.migration.as_ref().and_then(|m| {
@@ -395,7 +395,7 @@ impl SagaCompiler<'_, '_> {
         })
     }
 
-    fn machine(&mut self, s: &SagaDecl) -> Option<Machine> {
+    fn machine(&mut self, s: &SagaDecl, triggers: &[Trigger]) -> Option<Machine> {
         let mut ok = true;
         let mut states = BTreeMap::new();
         let mut state_at = BTreeMap::new();
@@ -459,6 +459,12 @@ impl SagaCompiler<'_, '_> {
             }
             for (event, list) in &decl.on.0 {
                 handled.insert(event.value.clone());
+                if !deliverable(triggers, &event.value, self.effects) {
+                    self.d.warn(
+                        at(event),
+                        format!("no trigger of this saga delivers `{}`", event.value),
+                    );
+                }
                 if state.on.contains_key(&event.value) {
                     self.d.error(
                         at(event),
@@ -783,6 +789,30 @@ impl SagaCompiler<'_, '_> {
             _ => Some((s, f)),
         }
     }
+}
+
+/// Whether some trigger can deliver an input whose event name is `name`: timers always
+/// arrive; `<effect>.<result>` needs a trigger on that effect's results; anything else a
+/// trigger on aggregate or workflow events of that type (or of any type).
+fn deliverable(triggers: &[Trigger], name: &str, effects: &BTreeSet<&str>) -> bool {
+    if name.starts_with("timer.") {
+        return true;
+    }
+    let ok = |subject: &str| {
+        triggers.iter().any(|t| {
+            t.matches_subject(subject) && t.event_type.as_deref().is_none_or(|e| e == name)
+        })
+    };
+    if let Some((effect, _)) = name.split_once('.')
+        && effects.contains(effect)
+    {
+        return ok(&format!("effect_result.{effect}.x"));
+    }
+    triggers.iter().any(|t| {
+        let first = t.pattern.first().map(String::as_str);
+        matches!(first, Some("aggregate" | "workflow_event" | "*" | ">"))
+            && t.event_type.as_deref().is_none_or(|e| e == name)
+    })
 }
 
 fn literal(t: Template) -> Option<serde_json::Value> {
