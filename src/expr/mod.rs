@@ -118,7 +118,7 @@ impl Expr {
         let program = ENV.compile(source).map_err(|errs| {
             let first = errs.errors.first();
             let (line, column) = first
-                .map(|e| (e.pos.0.max(1) as u32, e.pos.1.max(0) as u32 + 1))
+                .map(|e| (e.pos.0.max(1) as u32, e.pos.1.max(1) as u32))
                 .unwrap_or((1, 1));
             ExprError::Syntax {
                 line,

@@ -166,7 +166,30 @@ impl SagaCompiler<'_, '_> {
         match Expr::compile(&src.value) {
             Ok(e) => Some(e),
             Err(err) => {
-                self.d.error(at(src), format!("{what}: {err}"));
+                let loc = at(src);
+                let mut column = loc.column();
+                // Point into the expression when the YAML scalar is on one line: plain
+                // (its span is the text itself) or quoted (one more character before it).
+                if let ExprError::Syntax {
+                    line: 1, column: c, ..
+                } = &err
+                {
+                    let text_len = src.value.chars().count() as u64;
+                    let span_len = loc.span().len();
+                    if span_len == text_len {
+                        column += u64::from(*c) - 1;
+                    } else if span_len == text_len + 2 {
+                        column += u64::from(*c);
+                    }
+                }
+                let message = format!("{what}: {err}");
+                self.d.out.push(Diagnostic {
+                    file: self.d.file.to_path_buf(),
+                    line: loc.line(),
+                    column,
+                    severity: Severity::Error,
+                    message,
+                });
                 None
             }
         }

@@ -80,14 +80,13 @@ pub enum StepStatus {
     Compensated,
 }
 
-struct Run<'a, 'b, 'c> {
+struct Run<'a, 'b> {
     o: &'a Orchestration,
     inst: &'a mut Instance,
     pr: Progress,
     event: &'a Json,
     p: &'a Parsed,
     em: &'a mut Emitter<'b>,
-    _c: std::marker::PhantomData<&'c ()>,
 }
 
 pub(crate) fn step(
@@ -112,7 +111,6 @@ pub(crate) fn step(
         event,
         p,
         em,
-        _c: std::marker::PhantomData,
     };
     let res = if started {
         run.start_stage(0)
@@ -124,7 +122,7 @@ pub(crate) fn step(
     res
 }
 
-impl<'a> Run<'a, '_, '_> {
+impl<'a> Run<'a, '_> {
     fn step_def(&self, name: &str) -> Result<&'a Step, StepError> {
         let o: &'a Orchestration = self.o;
         o.steps
