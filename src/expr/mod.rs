@@ -220,8 +220,32 @@ pub struct Vars<'v> {
 impl<'v> Vars<'v> {
     /// Binds `event`, `state` and `saga`.
     pub fn new(event: &'v Json, state: &'v Json, saga: &'v Json) -> Self {
+        Self::with_event_fields(event, &[], state, saga)
+    }
+
+    /// Like [`Vars::new`], with extra string fields added to the `event` object (when it is
+    /// an object) without copying it.
+    pub fn with_event_fields(
+        event: &'v Json,
+        extra: &[(&'v str, &'v str)],
+        state: &'v Json,
+        saga: &'v Json,
+    ) -> Self {
         let mut ctx = Context::with_env(ENV.clone());
-        ctx.add_variable_as_val("event", json_to_val(event));
+        let event_val: Box<dyn Val + 'v> = match event {
+            Json::Object(map) if !extra.is_empty() => {
+                let mut m: HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> = map
+                    .iter()
+                    .map(|(k, v)| (CelMapKey::from(k.as_str()), json_to_val(v)))
+                    .collect();
+                for (k, v) in extra {
+                    m.insert(CelMapKey::from(*k), Box::new(CelString::from(*v)));
+                }
+                Box::new(CelMap::from(m))
+            }
+            other => json_to_val(other),
+        };
+        ctx.add_variable_as_val("event", event_val);
         ctx.add_variable_as_val("state", json_to_val(state));
         ctx.add_variable_as_val("saga", json_to_val(saga));
         Self { ctx }

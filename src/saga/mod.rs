@@ -367,13 +367,24 @@ fn valid_token(s: &str) -> bool {
     !s.is_empty() && !s.contains(['.', '*', '>']) && !s.chars().any(char::is_whitespace)
 }
 
-fn event_json(input: &Input, name: &str) -> Json {
-    let mut ev = input.body.clone();
-    if let Json::Object(m) = &mut ev {
-        m.insert("subject".into(), Json::String(input.subject.clone()));
-        m.insert("name".into(), Json::String(name.to_owned()));
+/// The `event` variable: the input's envelope plus its `subject` and event `name`,
+/// borrowed rather than copied.
+pub(crate) struct Ev<'a> {
+    pub(crate) body: &'a Json,
+    fields: [(&'static str, &'a str); 2],
+}
+
+impl<'a> Ev<'a> {
+    fn new(input: &'a Input, name: &'a str) -> Self {
+        Self {
+            body: &input.body,
+            fields: [("subject", &input.subject), ("name", name)],
+        }
     }
-    ev
+
+    pub(crate) fn vars<'v>(&'v self, state: &'v Json, saga: &'v Json) -> Vars<'v> {
+        Vars::with_event_fields(self.body, &self.fields, state, saga)
+    }
 }
 
 fn saga_json(saga: &str, tenant: &str, correlation_id: &str, version: u32, state: &str) -> Json {
@@ -397,7 +408,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             correlation_id: str_field(&input.body, "correlation_id")?.to_owned(),
         }]);
     }
-    let event = event_json(input, &p.name);
+    let event = Ev::new(input, &p.name);
     let state = json!({});
     // An effect result names the saga that sent the command: only that saga gets it, so two
     // sagas sharing an effect and a correlation id never see each other's results.
@@ -420,7 +431,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             continue;
         };
         let sj = saga_json(name, &p.tenant, "", saga.version, "");
-        let vars = Vars::new(&event, &state, &sj);
+        let vars = event.vars(&state, &sj);
         let corr = trigger
             .correlation
             .eval_string(&vars)
@@ -705,7 +716,7 @@ pub fn apply(
             _ => return Err(StepError::StaleTimer(name.to_owned())),
         }
     }
-    let event = event_json(input, &p.name);
+    let event = Ev::new(input, &p.name);
     let mut em = Emitter {
         catalog,
         p: &p,
@@ -719,7 +730,7 @@ pub fn apply(
     if started && let Some(t) = &def.data {
         let sj = saga_json(saga, &p.tenant, correlation_id, def.version, "");
         let empty = json!({});
-        let vars = Vars::new(&event, &empty, &sj);
+        let vars = event.vars(&empty, &sj);
         inst.data = t
             .render(&vars)
             .map_err(|e| StepError::poison(format!("initial data: {e}")))?;
@@ -751,7 +762,7 @@ pub fn apply(
 fn machine_step(
     m: &crate::manifest::catalog::Machine,
     inst: &mut Instance,
-    event: &Json,
+    event: &Ev<'_>,
     p: &Parsed,
     em: &mut Emitter<'_>,
 ) -> Result<(), StepError> {
@@ -774,7 +785,7 @@ fn machine_step(
         &inst.state,
     );
     let chosen = {
-        let vars = Vars::new(event, &inst.data, &sj);
+        let vars = event.vars(&inst.data, &sj);
         let mut chosen = None;
         for t in candidates {
             let pass = match &t.when {
@@ -827,7 +838,7 @@ fn machine_step(
         &inst.state,
     );
     let data = inst.data.clone();
-    let vars = Vars::new(event, &data, &sj);
+    let vars = event.vars(&data, &sj);
     for e in &t.emit {
         em.emit(e, &vars)?;
     }
