@@ -92,7 +92,10 @@ sagas:
     version: 1
     triggers: [{ subject: aggregate.Trip.*, event_type: Go, correlation: event.aggregate_id, start: true }]
     steps:
-      - { name: a, effect: { name: book_a }, compensation: { effect: { name: undo_a } } }
+      - name: a
+        effect: { name: book_a }
+        retry: { retry_limit: 4, base_backoff: 5, max_backoff: 100, enable_jitter: false }
+        compensation: { effect: { name: undo_a }, retry: { retry_limit: 9, max_backoff: 100 } }
       - { name: b, effect: { name: book_b }, compensation: { effect: { name: undo_b } } }
       - { name: c, effect: { name: book_c }, compensation: { effect: { name: undo_c } } }
   - name: cmd
@@ -123,6 +126,8 @@ fn failed_step_compensates_completed_steps_in_reverse() {
     let a0 = step(&c, "chain", None, &agg("Trip", "t1", "Go", 0, json!({}))).unwrap();
     assert!(a0.started);
     assert_eq!(subjects(&a0), ["effect.book_a"]);
+    // The step's retry policy travels in the effect command: the effect worker retries.
+    assert_eq!(a0.work[0].body["metadata"]["retry"]["retry_limit"], 4);
     let a1 = step(
         &c,
         "chain",
@@ -156,6 +161,7 @@ fn failed_step_compensates_completed_steps_in_reverse() {
     )
     .unwrap();
     assert_eq!(subjects(&a4), ["effect.undo_a"]);
+    assert_eq!(a4.work[0].body["metadata"]["retry"]["retry_limit"], 9);
     let a5 = step(
         &c,
         "chain",

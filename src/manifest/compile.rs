@@ -15,8 +15,8 @@ use super::catalog::{
     TimerSpec, TimerWhen, Transition, Trigger,
 };
 use super::model::{
-    CommandCall, EffectCall, EmitDecl, EventCall, ManifestFile, SagaDecl, Sp, StepDecl,
-    TemplateNode,
+    CommandCall, EffectCall, EmitDecl, EventCall, ManifestFile, RetryPolicy, SagaDecl, Sp,
+    StepDecl, TemplateNode,
 };
 use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
 use crate::expr::{Expr, ExprError, Template};
@@ -728,17 +728,23 @@ impl SagaCompiler<'_, '_> {
     }
 
     fn step(&mut self, st: &StepDecl) -> Option<Step> {
-        let action = self.action(&st.effect, &st.command, at(&st.name), &st.name.value)?;
+        let action = with_retry(
+            self.action(&st.effect, &st.command, at(&st.name), &st.name.value)?,
+            st.retry,
+        );
         let (success, failure) =
             self.result_names(&action, &st.success, &st.failure, at(&st.name))?;
         let compensation = match &st.compensation {
             Some(c) => {
-                let a = self.action(
-                    &c.effect,
-                    &c.command,
-                    at(&st.name),
-                    &format!("{} compensation", st.name.value),
-                )?;
+                let a = with_retry(
+                    self.action(
+                        &c.effect,
+                        &c.command,
+                        at(&st.name),
+                        &format!("{} compensation", st.name.value),
+                    )?,
+                    c.retry,
+                );
                 let (s, f) = self.result_names(&a, &c.success, &c.failure, at(&st.name))?;
                 Some(Compensation {
                     action: a,
@@ -836,6 +842,23 @@ fn deliverable(triggers: &[Trigger], name: &str, effects: &BTreeSet<&str>) -> bo
         matches!(first, Some("aggregate" | "workflow_event" | "*" | ">"))
             && t.event_type.as_deref().is_none_or(|e| e == name)
     })
+}
+
+/// A step's (or compensation's) retry policy is what its effect command carries, unless the
+/// call itself names one: the effect worker applies it, the saga does not retry effects.
+fn with_retry(action: Emit, retry: Option<RetryPolicy>) -> Emit {
+    match action {
+        Emit::Effect {
+            name,
+            payload,
+            retry: None,
+        } => Emit::Effect {
+            name,
+            payload,
+            retry,
+        },
+        other => other,
+    }
 }
 
 fn literal(t: Template) -> Option<serde_json::Value> {
