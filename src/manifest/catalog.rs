@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::model::{CircuitBreaker, Outcome, RetryPolicy};
-use crate::expr::{Expr, Template};
+use crate::expr::{Expr, Needs, Template};
 
 /// A declared effect.
 #[derive(Debug, Clone)]
@@ -43,6 +43,8 @@ pub struct Saga {
     pub kind: SagaKind,
     /// Migration from `version - 1`, when declared.
     pub migration: Option<Migration>,
+    /// What all of this version's expressions can read (bound for each evaluation).
+    pub needs: Needs,
 }
 
 /// How a saga is written.
@@ -228,6 +230,49 @@ pub struct Migration {
     pub data: Option<Expr>,
     /// State renames.
     pub states: BTreeMap<String, String>,
+}
+
+impl Emit {
+    /// Adds what this item's templates read to `needs`.
+    pub fn add_needs(&self, needs: &mut Needs) {
+        match self {
+            Emit::Effect { payload, .. } | Emit::Event { payload, .. } => payload.add_needs(needs),
+            Emit::Command { aggregate_id, payload, .. } => {
+                aggregate_id.add_needs(needs);
+                payload.add_needs(needs);
+            }
+        }
+    }
+}
+
+impl SagaKind {
+    /// Adds what every expression of the machine or orchestration reads to `needs`.
+    pub fn add_needs(&self, needs: &mut Needs) {
+        match self {
+            SagaKind::Machine(m) => {
+                for t in m.states.values().flat_map(|s| s.on.values()).flatten() {
+                    if let Some(w) = &t.when {
+                        needs.merge(w.needs());
+                    }
+                    t.set.iter().for_each(|(_, tpl)| tpl.add_needs(needs));
+                    t.emit.iter().for_each(|e| e.add_needs(needs));
+                    for timer in &t.timers {
+                        if let TimerWhen::At(e) = &timer.when {
+                            needs.merge(e.needs());
+                        }
+                    }
+                }
+            }
+            SagaKind::Steps(o) => {
+                for step in &o.steps {
+                    step.action.add_needs(needs);
+                    if let Some(c) = &step.compensation {
+                        c.action.add_needs(needs);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Style of a saga, for summaries.

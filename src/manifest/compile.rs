@@ -19,7 +19,7 @@ use super::model::{
     StepDecl, TemplateNode,
 };
 use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
-use crate::expr::{Expr, ExprError, Template};
+use crate::expr::{Expr, ExprError, Needs, Template};
 
 /// Providers the effect worker knows.
 pub const PROVIDERS: [&str; 3] = ["noop", "http", "nats_publish"];
@@ -408,6 +408,15 @@ impl SagaCompiler<'_, '_> {
             ok = false;
         }
         let kind = kind?;
+        let mut needs = Needs::default();
+        triggers.iter().for_each(|t| needs.merge(t.correlation.needs()));
+        if let Some(d) = &data {
+            d.add_needs(&mut needs);
+        }
+        kind.add_needs(&mut needs);
+        if let Some(e) = migration.as_ref().and_then(|m| m.data.as_ref()) {
+            needs.merge(e.needs());
+        }
         ok.then(|| Saga {
             name: s.name.value.clone(),
             version: s.version.value,
@@ -415,6 +424,7 @@ impl SagaCompiler<'_, '_> {
             data,
             kind,
             migration,
+            needs,
         })
     }
 

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use crate::expr::{ExprError, Vars};
+use crate::expr::{ExprError, Needs, Vars};
 use crate::manifest::Catalog;
 use crate::manifest::catalog::{Emit, Saga, SagaKind, TimerWhen, subject_matches};
 use crate::manifest::model::{Outcome, RetryPolicy};
@@ -382,8 +382,8 @@ impl<'a> Ev<'a> {
         }
     }
 
-    pub(crate) fn vars<'v>(&'v self, state: &'v Json, saga: &'v Json) -> Vars<'v> {
-        Vars::with_event_fields(self.body, &self.fields, state, saga)
+    pub(crate) fn vars<'v>(&'v self, state: &'v Json, saga: &'v Json, needs: &Needs) -> Vars<'v> {
+        Vars::pruned(self.body, &self.fields, state, saga, needs)
     }
 }
 
@@ -431,7 +431,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             continue;
         };
         let sj = saga_json(name, &p.tenant, "", saga.version, "");
-        let vars = event.vars(&state, &sj);
+        let vars = event.vars(&state, &sj, trigger.correlation.needs());
         let corr = trigger
             .correlation
             .eval_string(&vars)
@@ -730,7 +730,7 @@ pub fn apply(
     if started && let Some(t) = &def.data {
         let sj = saga_json(saga, &p.tenant, correlation_id, def.version, "");
         let empty = json!({});
-        let vars = event.vars(&empty, &sj);
+        let vars = event.vars(&empty, &sj, &def.needs);
         inst.data = t
             .render(&vars)
             .map_err(|e| StepError::poison(format!("initial data: {e}")))?;
@@ -740,7 +740,7 @@ pub fn apply(
             if started {
                 inst.state = m.initial.clone();
             }
-            machine_step(m, &mut inst, &event, &p, &mut em)?;
+            machine_step(m, &mut inst, &event, &p, &mut em, &def.needs)?;
         }
         SagaKind::Steps(o) => orchestrate::step(o, &mut inst, &event, &p, &mut em, started)?,
     }
@@ -765,6 +765,7 @@ fn machine_step(
     event: &Ev<'_>,
     p: &Parsed,
     em: &mut Emitter<'_>,
+    needs: &Needs,
 ) -> Result<(), StepError> {
     let no_transition = || StepError::NoTransition {
         state: inst.state.clone(),
@@ -785,7 +786,7 @@ fn machine_step(
         &inst.state,
     );
     let chosen = {
-        let vars = event.vars(&inst.data, &sj);
+        let vars = event.vars(&inst.data, &sj, needs);
         let mut chosen = None;
         for t in candidates {
             let pass = match &t.when {
@@ -838,7 +839,7 @@ fn machine_step(
         &inst.state,
     );
     let data = inst.data.clone();
-    let vars = event.vars(&data, &sj);
+    let vars = event.vars(&data, &sj, needs);
     for e in &t.emit {
         em.emit(e, &vars)?;
     }

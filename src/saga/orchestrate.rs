@@ -138,7 +138,7 @@ impl<'a> Run<'a, '_> {
             self.inst.version,
             &self.inst.state,
         );
-        let vars = self.event.vars(&self.inst.data, &sj);
+        let vars = self.event.vars(&self.inst.data, &sj, &self.em.saga.needs);
         self.em.emit(action, &vars)
     }
 
