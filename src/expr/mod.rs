@@ -296,7 +296,9 @@ impl Need {
         match (path.split_first(), &mut *self) {
             (_, Need::Whole) => {}
             (None, _) => *self = Need::Whole,
-            (Some((first, rest)), Need::Fields(f)) => f.entry(first.clone()).or_default().mark(rest),
+            (Some((first, rest)), Need::Fields(f)) => {
+                f.entry(first.clone()).or_default().mark(rest)
+            }
             (Some((first, rest)), Need::Nothing) => {
                 let mut child = Need::Nothing;
                 child.mark(rest);
@@ -330,7 +332,11 @@ impl Need {
 impl Needs {
     /// Everything of every variable.
     pub fn everything() -> Self {
-        Self { event: Need::Whole, state: Need::Whole, saga: Need::Whole }
+        Self {
+            event: Need::Whole,
+            state: Need::Whole,
+            saga: Need::Whole,
+        }
     }
 
     /// Adds what `other` needs.
@@ -355,9 +361,10 @@ fn object_needed<'v>(
     need: &Need,
 ) -> HashMap<CelMapKey<'v>, Box<dyn Val + 'v>> {
     match need {
-        Need::Whole => {
-            map.iter().map(|(k, v)| (CelMapKey::from(k.as_str()), json_to_val(v))).collect()
-        }
+        Need::Whole => map
+            .iter()
+            .map(|(k, v)| (CelMapKey::from(k.as_str()), json_to_val(v)))
+            .collect(),
         Need::Fields(fields) => fields
             .iter()
             .filter_map(|(k, n)| {
@@ -911,7 +918,8 @@ mod tests {
         let event = json!({"event_type": "X", "aggregate_id": "a-1", "payload": {"n": 3, "m": {"k": [1, 2]},
             "items": [{"sku": "s", "qty": 2}], "s": "txt"}, "metadata": {"correlation_id": "c"}});
         let state = json!({"total": 10, "items": [{"sku": "s"}], "nested": {"deep": {"x": 1}}});
-        let saga = json!({"name": "s", "tenant": "t", "version": 1, "state": "a", "correlation_id": "c"});
+        let saga =
+            json!({"name": "s", "tenant": "t", "version": 1, "state": "a", "correlation_id": "c"});
         let exprs = [
             "event.payload.n + state.total",
             "has(event.payload.m) && has(event.payload.zz) == false",

@@ -237,7 +237,11 @@ impl Emit {
     pub fn add_needs(&self, needs: &mut Needs) {
         match self {
             Emit::Effect { payload, .. } | Emit::Event { payload, .. } => payload.add_needs(needs),
-            Emit::Command { aggregate_id, payload, .. } => {
+            Emit::Command {
+                aggregate_id,
+                payload,
+                ..
+            } => {
                 aggregate_id.add_needs(needs);
                 payload.add_needs(needs);
             }

@@ -409,7 +409,9 @@ impl SagaCompiler<'_, '_> {
         }
         let kind = kind?;
         let mut needs = Needs::default();
-        triggers.iter().for_each(|t| needs.merge(t.correlation.needs()));
+        triggers
+            .iter()
+            .for_each(|t| needs.merge(t.correlation.needs()));
         if let Some(d) = &data {
             d.add_needs(&mut needs);
         }

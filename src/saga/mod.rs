@@ -831,29 +831,43 @@ fn machine_step(
         inst.state = next.clone();
     }
     // Work and timers see the updated state and the new state name.
-    let sj = saga_json(
-        &inst.saga,
-        &inst.tenant,
-        &inst.correlation_id,
-        inst.version,
-        &inst.state,
-    );
-    let data = inst.data.clone();
-    let vars = event.vars(&data, &sj, needs);
-    for e in &t.emit {
-        em.emit(e, &vars)?;
+    let mut dues = Vec::with_capacity(t.timers.len());
+    let uses_vars =
+        !t.emit.is_empty() || t.timers.iter().any(|x| matches!(x.when, TimerWhen::At(_)));
+    let sj = if uses_vars {
+        saga_json(
+            &inst.saga,
+            &inst.tenant,
+            &inst.correlation_id,
+            inst.version,
+            &inst.state,
+        )
+    } else {
+        Json::Null
+    };
+    {
+        let vars = uses_vars.then(|| event.vars(&inst.data, &sj, needs));
+        for e in &t.emit {
+            if let Some(vars) = &vars {
+                em.emit(e, vars)?;
+            }
+        }
+        for timer in &t.timers {
+            let due = match (&timer.when, &vars) {
+                (TimerWhen::Delay(ms), _) => p.timestamp_ms.saturating_add(*ms),
+                (TimerWhen::At(e), Some(vars)) => e.eval_u64(vars).map_err(|x| {
+                    StepError::poison(format!("time of timer `{}`: {x}", timer.name))
+                })?,
+                (TimerWhen::At(_), None) => p.timestamp_ms,
+            };
+            dues.push((timer.name.as_str(), due));
+        }
     }
     for name in &t.cancel_timers {
         em.cancel_timer(inst, name);
     }
-    for timer in &t.timers {
-        let due = match &timer.when {
-            TimerWhen::Delay(ms) => p.timestamp_ms.saturating_add(*ms),
-            TimerWhen::At(e) => e
-                .eval_u64(&vars)
-                .map_err(|x| StepError::poison(format!("time of timer `{}`: {x}", timer.name)))?,
-        };
-        em.set_timer(inst, &timer.name, due);
+    for (name, due) in dues {
+        em.set_timer(inst, name, due);
     }
     if let Some(outcome) = m.states.get(&inst.state).and_then(|s| s.terminal) {
         inst.status = outcome.into();
