@@ -6,7 +6,17 @@
 //! that fails keeps the previous catalog in force.
 //!
 //! This module is the stable interface the rest of the binary uses (`runner validate`,
-//! `/admin/reload`, `/info`). The saga model and the engine grow behind it.
+//! `/admin/reload`, `/info`). Inside:
+//!
+//! | module | role |
+//! |---|---|
+//! | [`model`] | the file format (serde + schemars; keeps line/column of names and expressions) |
+//! | `compile` | every check of `runner validate`; builds the catalog |
+//! | [`catalog`] | the compiled, immutable form the engine ([`crate::saga`]) executes |
+//!
+//! Test-case files (`*.tests.yaml`) live beside manifests and are skipped by [`load`].
+//! Before swapping catalogs, the service should call [`Catalog::stranded`] with the
+//! (saga, version) pairs of its in-flight instances and refuse a reload that strands any.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
