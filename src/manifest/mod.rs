@@ -227,10 +227,12 @@ pub fn yaml_message(e: &serde_saphyr::Error) -> String {
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default();
     let rest = first.strip_prefix("error: ").unwrap_or(first);
-    match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
-        Some((loc, msg)) if loc.contains("column") => msg.to_string(),
-        _ => rest.to_string(),
-    }
+    let msg = match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((loc, msg)) if loc.contains("column") => msg,
+        _ => rest,
+    };
+    // Advice about parser options is for library users, not manifest authors.
+    msg.split(", set DuplicateKeyPolicy").next().unwrap_or(msg).to_string()
 }
 
 /// Lists the manifest files under `paths`: files as given, directories searched recursively
