@@ -232,7 +232,10 @@ pub fn yaml_message(e: &serde_saphyr::Error) -> String {
         _ => rest,
     };
     // Advice about parser options is for library users, not manifest authors.
-    msg.split(", set DuplicateKeyPolicy").next().unwrap_or(msg).to_string()
+    msg.split(", set DuplicateKeyPolicy")
+        .next()
+        .unwrap_or(msg)
+        .to_string()
 }
 
 /// Lists the manifest files under `paths`: files as given, directories searched recursively
