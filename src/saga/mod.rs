@@ -388,13 +388,34 @@ impl<'a> Ev<'a> {
 }
 
 fn saga_json(saga: &str, tenant: &str, correlation_id: &str, version: u32, state: &str) -> Json {
-    json!({
-        "name": saga,
-        "tenant": tenant,
-        "correlation_id": correlation_id,
-        "version": version,
-        "state": state,
-    })
+    obj([
+        ("name", text(saga)),
+        ("tenant", text(tenant)),
+        ("correlation_id", text(correlation_id)),
+        ("version", Json::from(version)),
+        ("state", text(state)),
+    ])
+}
+
+/// A JSON object from owned values (`json!` would re-serialize each value).
+fn obj<const N: usize>(fields: [(&str, Json); N]) -> Json {
+    Json::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+fn text(s: &str) -> Json {
+    Json::String(s.to_owned())
+}
+
+fn retry_json(r: &RetryPolicy) -> Json {
+    obj([
+        ("retry_limit", Json::from(r.retry_limit)),
+        (
+            "base_backoff",
+            r.base_backoff.map_or(Json::Null, Json::from),
+        ),
+        ("max_backoff", Json::from(r.max_backoff)),
+        ("enable_jitter", Json::Bool(r.enable_jitter)),
+    ])
 }
 
 /// Which saga instances an input concerns. A timer input names its instance; any other
@@ -492,10 +513,7 @@ impl Emitter<'_> {
             m.insert("trace_id".into(), Json::String(t.clone()));
         }
         if let Some(r) = extra {
-            m.insert(
-                "retry".into(),
-                serde_json::to_value(r).unwrap_or(Json::Null),
-            );
+            m.insert("retry".into(), retry_json(r));
         }
         Json::Object(m)
     }
@@ -515,14 +533,14 @@ impl Emitter<'_> {
                     .map_err(|x| fail("effect payload", x))?;
                 let effect = self.catalog.effect(name);
                 let retry = retry.or_else(|| effect.and_then(|e| e.retry));
-                let mut body = json!({
-                    "v": ENVELOPE_VERSION,
-                    "tenant_id": self.p.tenant,
-                    "command_id": id,
-                    "effect_name": name,
-                    "payload": payload,
-                    "metadata": self.metadata(retry.as_ref()),
-                });
+                let mut body = obj([
+                    ("v", Json::from(ENVELOPE_VERSION)),
+                    ("tenant_id", text(&self.p.tenant)),
+                    ("command_id", text(&id)),
+                    ("effect_name", text(name)),
+                    ("payload", payload),
+                    ("metadata", self.metadata(retry.as_ref())),
+                ]);
                 if let (Some(t), Json::Object(m)) = (effect.and_then(|e| e.timeout_ms), &mut body) {
                     m.insert("timeout_ms".into(), Json::from(t));
                 }
@@ -564,16 +582,16 @@ impl Emitter<'_> {
                     kind: WorkKind::AggregateCommand,
                     subject: format!("command.{aggregate_type}.{agg_id}"),
                     msg_id: id.clone(),
-                    body: json!({
-                        "v": ENVELOPE_VERSION,
-                        "tenant_id": self.p.tenant,
-                        "command_id": id,
-                        "command_type": command,
-                        "aggregate_type": aggregate_type,
-                        "aggregate_id": agg_id,
-                        "payload": payload,
-                        "metadata": self.metadata(None),
-                    }),
+                    body: obj([
+                        ("v", Json::from(ENVELOPE_VERSION)),
+                        ("tenant_id", text(&self.p.tenant)),
+                        ("command_id", text(&id)),
+                        ("command_type", text(command)),
+                        ("aggregate_type", text(aggregate_type)),
+                        ("aggregate_id", Json::String(agg_id)),
+                        ("payload", payload),
+                        ("metadata", self.metadata(None)),
+                    ]),
                 }
             }
             Emit::Event {
@@ -585,17 +603,17 @@ impl Emitter<'_> {
                     kind: WorkKind::WorkflowEvent,
                     subject: format!("workflow_event.{}.{}", self.saga.name, self.correlation_id),
                     msg_id: id.clone(),
-                    body: json!({
-                        "v": ENVELOPE_VERSION,
-                        "event_id": id,
-                        "tenant_id": self.p.tenant,
-                        "event_type": event_type,
-                        "saga": self.saga.name,
-                        "correlation_id": self.correlation_id,
-                        "timestamp_ms": self.p.timestamp_ms,
-                        "payload": payload,
-                        "metadata": self.metadata(None),
-                    }),
+                    body: obj([
+                        ("v", Json::from(ENVELOPE_VERSION)),
+                        ("event_id", text(&id)),
+                        ("tenant_id", text(&self.p.tenant)),
+                        ("event_type", text(event_type)),
+                        ("saga", text(&self.saga.name)),
+                        ("correlation_id", text(self.correlation_id)),
+                        ("timestamp_ms", Json::from(self.p.timestamp_ms)),
+                        ("payload", payload),
+                        ("metadata", self.metadata(None)),
+                    ]),
                 }
             }
         };
