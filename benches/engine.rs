@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use runner::manifest;
-use runner::saga::{Input, apply};
+use runner::saga::{Input, apply, apply_owned};
 use serde_json::json;
 
 fn inputs(catalog: &manifest::Catalog) -> [Input; 4] {
@@ -53,16 +53,10 @@ fn order_happy_path(c: &mut Criterion) {
     group.throughput(Throughput::Elements(4));
     group.bench_function("order_happy_path_4_transitions", |b| {
         b.iter(|| {
-            let mut a = apply(&catalog, "order", "o-1", None, black_box(&placed)).unwrap();
+            let mut a = apply_owned(&catalog, "order", "o-1", None, black_box(&placed)).unwrap();
             for input in [&r1, &r2, &r3] {
-                a = apply(
-                    &catalog,
-                    "order",
-                    "o-1",
-                    Some(&a.instance),
-                    black_box(input),
-                )
-                .unwrap();
+                let inst = Some(a.instance);
+                a = apply_owned(&catalog, "order", "o-1", inst, black_box(input)).unwrap();
             }
             a
         })

@@ -670,6 +670,18 @@ pub fn apply(
     instance: Option<&Instance>,
     input: &Input,
 ) -> Result<Applied, StepError> {
+    apply_owned(catalog, saga, correlation_id, instance.cloned(), input)
+}
+
+/// [`apply`] taking the stored instance by value (as decoded from storage), which spares
+/// copying it. Same results, byte for byte.
+pub fn apply_owned(
+    catalog: &Catalog,
+    saga: &str,
+    correlation_id: &str,
+    instance: Option<Instance>,
+    input: &Input,
+) -> Result<Applied, StepError> {
     let p = input.parse()?;
     let (def, mut inst, started) = match instance {
         Some(i) => {
@@ -688,7 +700,7 @@ pub fn apply(
             if i.status.is_final() {
                 return Err(StepError::Finished(i.status));
             }
-            (def, i.clone(), false)
+            (def, i, false)
         }
         None => {
             let def = catalog
