@@ -107,6 +107,8 @@ pub struct State {
     pub on: BTreeMap<String, Vec<Transition>>,
     /// `Some` for a terminal state: the status an instance ends with.
     pub terminal: Option<Outcome>,
+    /// Per event: what the guards and updates of its transitions can read.
+    pub on_needs: BTreeMap<String, Needs>,
 }
 
 /// One transition.
@@ -124,6 +126,28 @@ pub struct Transition {
     pub cancel_timers: Vec<String>,
     /// Next state (`None`: stay).
     pub goto: Option<String>,
+    /// What this transition's expressions can read.
+    pub needs: Needs,
+}
+
+impl Transition {
+    /// Computes what this transition's expressions can read.
+    pub fn compute_needs(&self) -> Needs {
+        let mut needs = Needs::default();
+        if let Some(w) = &self.when {
+            needs.merge(w.needs());
+        }
+        self.set
+            .iter()
+            .for_each(|(_, tpl)| tpl.add_needs(&mut needs));
+        self.emit.iter().for_each(|e| e.add_needs(&mut needs));
+        for timer in &self.timers {
+            if let TimerWhen::At(e) = &timer.when {
+                needs.merge(e.needs());
+            }
+        }
+        needs
+    }
 }
 
 /// Work to emit.
@@ -255,16 +279,7 @@ impl SagaKind {
         match self {
             SagaKind::Machine(m) => {
                 for t in m.states.values().flat_map(|s| s.on.values()).flatten() {
-                    if let Some(w) = &t.when {
-                        needs.merge(w.needs());
-                    }
-                    t.set.iter().for_each(|(_, tpl)| tpl.add_needs(needs));
-                    t.emit.iter().for_each(|e| e.add_needs(needs));
-                    for timer in &t.timers {
-                        if let TimerWhen::At(e) = &timer.when {
-                            needs.merge(e.needs());
-                        }
-                    }
+                    needs.merge(&t.compute_needs());
                 }
             }
             SagaKind::Steps(o) => {

@@ -583,6 +583,12 @@ impl SagaCompiler<'_, '_> {
                     }
                     compiled.push(tr);
                 }
+                let mut on_needs = Needs::default();
+                for tr in &mut compiled {
+                    tr.needs = tr.compute_needs();
+                    on_needs.merge(&tr.needs);
+                }
+                state.on_needs.insert(event.value.clone(), on_needs);
                 state.on.insert(event.value.clone(), compiled);
             }
             states.insert(name.value.clone(), state);

@@ -816,7 +816,12 @@ fn machine_step(
         &inst.state,
     );
     let chosen = {
-        let vars = event.vars(&inst.data, &sj, needs);
+        // Guards and updates read only what this event's transitions can read.
+        let vars = event.vars(
+            &inst.data,
+            &sj,
+            state.on_needs.get(&p.name).unwrap_or(needs),
+        );
         let mut chosen = None;
         for t in candidates {
             let pass = match &t.when {
@@ -876,7 +881,7 @@ fn machine_step(
         Json::Null
     };
     {
-        let vars = uses_vars.then(|| event.vars(&inst.data, &sj, needs));
+        let vars = uses_vars.then(|| event.vars(&inst.data, &sj, &t.needs));
         for e in &t.emit {
             if let Some(vars) = &vars {
                 em.emit(e, vars)?;
