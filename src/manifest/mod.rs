@@ -148,6 +148,11 @@ impl Catalog {
         self.sagas.values().flat_map(|v| v.values())
     }
 
+    /// The loaded versions of one saga, oldest first.
+    pub fn versions(&self, name: &str) -> impl DoubleEndedIterator<Item = &Arc<catalog::Saga>> {
+        self.sagas.get(name).into_iter().flat_map(|v| v.values())
+    }
+
     /// Names of the loaded sagas.
     pub fn saga_names(&self) -> impl Iterator<Item = &str> {
         self.sagas.keys().map(String::as_str)

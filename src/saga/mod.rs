@@ -441,8 +441,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
         if sender.is_some_and(|s| s != name) {
             continue;
         }
-        let versions: Vec<_> = catalog.sagas().filter(|s| s.name == name).collect();
-        let found = versions.iter().rev().find_map(|s| {
+        let found = catalog.versions(name).rev().find_map(|s| {
             s.triggers
                 .iter()
                 .find(|t| trigger_matches(t, &input.subject, &p.name))
