@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use runner::manifest::{self, Catalog};
-use runner::saga::{Input, Instance, apply, route};
+use runner::saga::{Input, Instance, apply, apply_owned, route};
 use serde_json::{Value, json};
 
 struct Rng(u64);
@@ -115,7 +115,13 @@ fn run(catalog: &Catalog, seed: u64, steps: usize, round_trip: bool) -> String {
                     inst
                 }
             });
-            match apply(catalog, &r.saga, &r.correlation_id, stored.as_ref(), &input) {
+            // The round-trip run also takes the by-value path, which must agree byte for byte.
+            let applied = if round_trip {
+                apply_owned(catalog, &r.saga, &r.correlation_id, stored, &input)
+            } else {
+                apply(catalog, &r.saga, &r.correlation_id, stored.as_ref(), &input)
+            };
+            match applied {
                 Ok(a) => {
                     commands.extend(
                         a.work

@@ -92,7 +92,10 @@ sagas:
     version: 1
     triggers: [{ subject: aggregate.Trip.*, event_type: Go, correlation: event.aggregate_id, start: true }]
     steps:
-      - { name: a, effect: { name: book_a }, compensation: { effect: { name: undo_a } } }
+      - name: a
+        effect: { name: book_a }
+        retry: { retry_limit: 4, base_backoff: 5, max_backoff: 100, enable_jitter: false }
+        compensation: { effect: { name: undo_a }, retry: { retry_limit: 9, max_backoff: 100 } }
       - { name: b, effect: { name: book_b }, compensation: { effect: { name: undo_b } } }
       - { name: c, effect: { name: book_c }, compensation: { effect: { name: undo_c } } }
   - name: cmd
@@ -123,6 +126,8 @@ fn failed_step_compensates_completed_steps_in_reverse() {
     let a0 = step(&c, "chain", None, &agg("Trip", "t1", "Go", 0, json!({}))).unwrap();
     assert!(a0.started);
     assert_eq!(subjects(&a0), ["effect.book_a"]);
+    // The step's retry policy travels in the effect command: the effect worker retries.
+    assert_eq!(a0.work[0].body["metadata"]["retry"]["retry_limit"], 4);
     let a1 = step(
         &c,
         "chain",
@@ -156,6 +161,7 @@ fn failed_step_compensates_completed_steps_in_reverse() {
     )
     .unwrap();
     assert_eq!(subjects(&a4), ["effect.undo_a"]);
+    assert_eq!(a4.work[0].body["metadata"]["retry"]["retry_limit"], 9);
     let a5 = step(
         &c,
         "chain",
@@ -611,4 +617,42 @@ fn tenant_mismatch_is_poison() {
     let input = agg("Doc", "d2", "Approved", 1, json!({"score": 5}));
     let err = apply(&c, "doc", "d2", Some(&a0.instance), &input);
     assert!(matches!(err, Err(StepError::Poison { .. })));
+}
+
+#[test]
+fn effect_results_go_only_to_the_saga_that_sent_the_command() {
+    let shared = r#"
+format: 1
+effects: [{ name: ping, provider: noop }]
+sagas:
+  - name: alpha
+    version: 1
+    triggers:
+      - { subject: aggregate.X.*, correlation: event.aggregate_id, start: true }
+      - { subject: effect_result.ping.*, correlation: event.metadata.correlation_id }
+    initial_state: a
+    states:
+      a: { on: { Go: { emit: [{ effect: { name: ping } }], goto: b } } }
+      b: { on: { ping.Succeeded: { goto: c } } }
+      c: { terminal: true }
+  - name: beta
+    version: 1
+    triggers:
+      - { subject: aggregate.X.*, correlation: event.aggregate_id, start: true }
+      - { subject: effect_result.ping.*, correlation: event.metadata.correlation_id }
+    initial_state: a
+    states:
+      a: { on: { Go: { emit: [{ effect: { name: ping } }], goto: b } } }
+      b: { on: { ping.Succeeded: { goto: c } } }
+      c: { terminal: true }
+"#;
+    let c = catalog(&[("s.yaml", shared)]);
+    let go = agg("X", "k1", "Go", 0, json!({}));
+    let routes = route(&c, &go).unwrap();
+    assert_eq!(routes.len(), 2, "both sagas start on Go");
+    let a = apply(&c, "alpha", "k1", None, &go).unwrap();
+    let result = effect_result(&a.work[0].body, "Succeeded", 1, json!({}));
+    let routes = route(&c, &result).unwrap();
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0].saga, "alpha");
 }

@@ -124,3 +124,16 @@ sagas:
         "{err:?}"
     );
 }
+
+#[test]
+fn catalog_can_be_shared_across_threads() {
+    fn assert_send_sync<T: Send + Sync + 'static>() {}
+    assert_send_sync::<manifest::Catalog>();
+    assert_send_sync::<runner::saga::Applied>();
+    let catalog = std::sync::Arc::new(manifest::load(&[root().join("manifests")]).catalog.unwrap());
+    let c2 = catalog.clone();
+    let names = std::thread::spawn(move || c2.saga_names().count())
+        .join()
+        .unwrap();
+    assert_eq!(names, catalog.saga_names().count());
+}

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::model::{CircuitBreaker, Outcome, RetryPolicy};
-use crate::expr::{Expr, Template};
+use crate::expr::{Expr, Needs, Template};
 
 /// A declared effect.
 #[derive(Debug, Clone)]
@@ -43,6 +43,8 @@ pub struct Saga {
     pub kind: SagaKind,
     /// Migration from `version - 1`, when declared.
     pub migration: Option<Migration>,
+    /// What all of this version's expressions can read (bound for each evaluation).
+    pub needs: Needs,
 }
 
 /// How a saga is written.
@@ -105,6 +107,8 @@ pub struct State {
     pub on: BTreeMap<String, Vec<Transition>>,
     /// `Some` for a terminal state: the status an instance ends with.
     pub terminal: Option<Outcome>,
+    /// Per event: what the guards and updates of its transitions can read.
+    pub on_needs: BTreeMap<String, Needs>,
 }
 
 /// One transition.
@@ -122,6 +126,28 @@ pub struct Transition {
     pub cancel_timers: Vec<String>,
     /// Next state (`None`: stay).
     pub goto: Option<String>,
+    /// What this transition's expressions can read.
+    pub needs: Needs,
+}
+
+impl Transition {
+    /// Computes what this transition's expressions can read.
+    pub fn compute_needs(&self) -> Needs {
+        let mut needs = Needs::default();
+        if let Some(w) = &self.when {
+            needs.merge(w.needs());
+        }
+        self.set
+            .iter()
+            .for_each(|(_, tpl)| tpl.add_needs(&mut needs));
+        self.emit.iter().for_each(|e| e.add_needs(&mut needs));
+        for timer in &self.timers {
+            if let TimerWhen::At(e) = &timer.when {
+                needs.merge(e.needs());
+            }
+        }
+        needs
+    }
 }
 
 /// Work to emit.
@@ -228,6 +254,44 @@ pub struct Migration {
     pub data: Option<Expr>,
     /// State renames.
     pub states: BTreeMap<String, String>,
+}
+
+impl Emit {
+    /// Adds what this item's templates read to `needs`.
+    pub fn add_needs(&self, needs: &mut Needs) {
+        match self {
+            Emit::Effect { payload, .. } | Emit::Event { payload, .. } => payload.add_needs(needs),
+            Emit::Command {
+                aggregate_id,
+                payload,
+                ..
+            } => {
+                aggregate_id.add_needs(needs);
+                payload.add_needs(needs);
+            }
+        }
+    }
+}
+
+impl SagaKind {
+    /// Adds what every expression of the machine or orchestration reads to `needs`.
+    pub fn add_needs(&self, needs: &mut Needs) {
+        match self {
+            SagaKind::Machine(m) => {
+                for t in m.states.values().flat_map(|s| s.on.values()).flatten() {
+                    needs.merge(&t.compute_needs());
+                }
+            }
+            SagaKind::Steps(o) => {
+                for step in &o.steps {
+                    step.action.add_needs(needs);
+                    if let Some(c) = &step.compensation {
+                        c.action.add_needs(needs);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Style of a saga, for summaries.

@@ -15,11 +15,11 @@ use super::catalog::{
     TimerSpec, TimerWhen, Transition, Trigger,
 };
 use super::model::{
-    CommandCall, EffectCall, EmitDecl, EventCall, ManifestFile, SagaDecl, Sp, StepDecl,
-    TemplateNode,
+    CommandCall, EffectCall, EmitDecl, EventCall, ManifestFile, RetryPolicy, SagaDecl, Sp,
+    StepDecl, TemplateNode,
 };
 use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
-use crate::expr::{Expr, ExprError, Template};
+use crate::expr::{Expr, ExprError, Needs, Template};
 
 /// Providers the effect worker knows.
 pub const PROVIDERS: [&str; 3] = ["noop", "http", "nats_publish"];
@@ -166,7 +166,30 @@ impl SagaCompiler<'_, '_> {
         match Expr::compile(&src.value) {
             Ok(e) => Some(e),
             Err(err) => {
-                self.d.error(at(src), format!("{what}: {err}"));
+                let loc = at(src);
+                let mut column = loc.column();
+                // Point into the expression when the YAML scalar is on one line: plain
+                // (its span is the text itself) or quoted (one more character before it).
+                if let ExprError::Syntax {
+                    line: 1, column: c, ..
+                } = &err
+                {
+                    let text_len = src.value.chars().count() as u64;
+                    let span_len = loc.span().len();
+                    if span_len == text_len {
+                        column += u64::from(*c) - 1;
+                    } else if span_len == text_len + 2 {
+                        column += u64::from(*c);
+                    }
+                }
+                let message = format!("{what}: {err}");
+                self.d.out.push(Diagnostic {
+                    file: self.d.file.to_path_buf(),
+                    line: loc.line(),
+                    column,
+                    severity: Severity::Error,
+                    message,
+                });
                 None
             }
         }
@@ -344,7 +367,7 @@ impl SagaCompiler<'_, '_> {
                 );
                 None
             }
-            (true, true) => self.machine(s).map(SagaKind::Machine),
+            (true, true) => self.machine(s, &triggers).map(SagaKind::Machine),
             (false, false) => self.orchestration(s, &mut triggers).map(SagaKind::Steps),
         };
         let migration = s.migration.as_ref().and_then(|m| {
@@ -385,6 +408,17 @@ impl SagaCompiler<'_, '_> {
             ok = false;
         }
         let kind = kind?;
+        let mut needs = Needs::default();
+        triggers
+            .iter()
+            .for_each(|t| needs.merge(t.correlation.needs()));
+        if let Some(d) = &data {
+            d.add_needs(&mut needs);
+        }
+        kind.add_needs(&mut needs);
+        if let Some(e) = migration.as_ref().and_then(|m| m.data.as_ref()) {
+            needs.merge(e.needs());
+        }
         ok.then(|| Saga {
             name: s.name.value.clone(),
             version: s.version.value,
@@ -392,10 +426,11 @@ impl SagaCompiler<'_, '_> {
             data,
             kind,
             migration,
+            needs,
         })
     }
 
-    fn machine(&mut self, s: &SagaDecl) -> Option<Machine> {
+    fn machine(&mut self, s: &SagaDecl, triggers: &[Trigger]) -> Option<Machine> {
         let mut ok = true;
         let mut states = BTreeMap::new();
         let mut state_at = BTreeMap::new();
@@ -459,6 +494,12 @@ impl SagaCompiler<'_, '_> {
             }
             for (event, list) in &decl.on.0 {
                 handled.insert(event.value.clone());
+                if !deliverable(triggers, &event.value, self.effects) {
+                    self.d.warn(
+                        at(event),
+                        format!("no trigger of this saga delivers `{}`", event.value),
+                    );
+                }
                 if state.on.contains_key(&event.value) {
                     self.d.error(
                         at(event),
@@ -542,6 +583,12 @@ impl SagaCompiler<'_, '_> {
                     }
                     compiled.push(tr);
                 }
+                let mut on_needs = Needs::default();
+                for tr in &mut compiled {
+                    tr.needs = tr.compute_needs();
+                    on_needs.merge(&tr.needs);
+                }
+                state.on_needs.insert(event.value.clone(), on_needs);
                 state.on.insert(event.value.clone(), compiled);
             }
             states.insert(name.value.clone(), state);
@@ -699,17 +746,23 @@ impl SagaCompiler<'_, '_> {
     }
 
     fn step(&mut self, st: &StepDecl) -> Option<Step> {
-        let action = self.action(&st.effect, &st.command, at(&st.name), &st.name.value)?;
+        let action = with_retry(
+            self.action(&st.effect, &st.command, at(&st.name), &st.name.value)?,
+            st.retry,
+        );
         let (success, failure) =
             self.result_names(&action, &st.success, &st.failure, at(&st.name))?;
         let compensation = match &st.compensation {
             Some(c) => {
-                let a = self.action(
-                    &c.effect,
-                    &c.command,
-                    at(&st.name),
-                    &format!("{} compensation", st.name.value),
-                )?;
+                let a = with_retry(
+                    self.action(
+                        &c.effect,
+                        &c.command,
+                        at(&st.name),
+                        &format!("{} compensation", st.name.value),
+                    )?,
+                    c.retry,
+                );
                 let (s, f) = self.result_names(&a, &c.success, &c.failure, at(&st.name))?;
                 Some(Compensation {
                     action: a,
@@ -782,6 +835,47 @@ impl SagaCompiler<'_, '_> {
             }
             _ => Some((s, f)),
         }
+    }
+}
+
+/// Whether some trigger can deliver an input whose event name is `name`: timers always
+/// arrive; `<effect>.<result>` needs a trigger on that effect's results; anything else a
+/// trigger on aggregate or workflow events of that type (or of any type).
+fn deliverable(triggers: &[Trigger], name: &str, effects: &BTreeSet<&str>) -> bool {
+    if name.starts_with("timer.") {
+        return true;
+    }
+    let ok = |subject: &str| {
+        triggers.iter().any(|t| {
+            t.matches_subject(subject) && t.event_type.as_deref().is_none_or(|e| e == name)
+        })
+    };
+    if let Some((effect, _)) = name.split_once('.')
+        && effects.contains(effect)
+    {
+        return ok(&format!("effect_result.{effect}.x"));
+    }
+    triggers.iter().any(|t| {
+        let first = t.pattern.first().map(String::as_str);
+        matches!(first, Some("aggregate" | "workflow_event" | "*" | ">"))
+            && t.event_type.as_deref().is_none_or(|e| e == name)
+    })
+}
+
+/// A step's (or compensation's) retry policy is what its effect command carries, unless the
+/// call itself names one: the effect worker applies it, the saga does not retry effects.
+fn with_retry(action: Emit, retry: Option<RetryPolicy>) -> Emit {
+    match action {
+        Emit::Effect {
+            name,
+            payload,
+            retry: None,
+        } => Emit::Effect {
+            name,
+            payload,
+            retry,
+        },
+        other => other,
     }
 }
 

@@ -6,7 +6,17 @@
 //! that fails keeps the previous catalog in force.
 //!
 //! This module is the stable interface the rest of the binary uses (`runner validate`,
-//! `/admin/reload`, `/info`). The saga model and the engine grow behind it.
+//! `/admin/reload`, `/info`). Inside:
+//!
+//! | module | role |
+//! |---|---|
+//! | [`model`] | the file format (serde + schemars; keeps line/column of names and expressions) |
+//! | `compile` | every check of `runner validate`; builds the catalog |
+//! | [`catalog`] | the compiled, immutable form the engine ([`crate::saga`]) executes |
+//!
+//! Test-case files (`*.tests.yaml`) live beside manifests and are skipped by [`load`].
+//! Before swapping catalogs, the service should call [`Catalog::stranded`] with the
+//! (saga, version) pairs of its in-flight instances and refuse a reload that strands any.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -138,6 +148,11 @@ impl Catalog {
         self.sagas.values().flat_map(|v| v.values())
     }
 
+    /// The loaded versions of one saga, oldest first.
+    pub fn versions(&self, name: &str) -> impl DoubleEndedIterator<Item = &Arc<catalog::Saga>> {
+        self.sagas.get(name).into_iter().flat_map(|v| v.values())
+    }
+
     /// Names of the loaded sagas.
     pub fn saga_names(&self) -> impl Iterator<Item = &str> {
         self.sagas.keys().map(String::as_str)
@@ -217,10 +232,15 @@ pub fn yaml_message(e: &serde_saphyr::Error) -> String {
     let text = e.to_string();
     let first = text.lines().next().unwrap_or_default();
     let rest = first.strip_prefix("error: ").unwrap_or(first);
-    match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
-        Some((loc, msg)) if loc.contains("column") => msg.to_string(),
-        _ => rest.to_string(),
-    }
+    let msg = match rest.strip_prefix("line ").and_then(|r| r.split_once(": ")) {
+        Some((loc, msg)) if loc.contains("column") => msg,
+        _ => rest,
+    };
+    // Advice about parser options is for library users, not manifest authors.
+    msg.split(", set DuplicateKeyPolicy")
+        .next()
+        .unwrap_or(msg)
+        .to_string()
 }
 
 /// Lists the manifest files under `paths`: files as given, directories searched recursively

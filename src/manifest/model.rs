@@ -3,7 +3,7 @@
 //! These types are the single source of truth for the format: the loader deserializes them
 //! (keeping line and column of every name and expression, so later checks can point at the
 //! right place) and `schema/manifest.schema.json` is generated from them with `schemars`.
-//! Nothing here is evaluated; [`super::compile`] turns it into the runnable catalog.
+//! Nothing here is evaluated; [`super::load`] compiles it into the runnable [`super::Catalog`].
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

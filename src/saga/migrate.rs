@@ -58,7 +58,7 @@ pub fn migrate(catalog: &Catalog, instance: &Instance) -> Result<Instance, Migra
             instance.version,
             &instance.state,
         );
-        let vars = Vars::new(&event, &instance.data, &sj);
+        let vars = Vars::pruned(&event, &[], &instance.data, &sj, e.needs());
         out.data = e.eval(&vars).map_err(MigrateError::Data)?;
     }
     if let Some(new) = m.states.get(&instance.state) {

@@ -29,7 +29,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
-use crate::expr::{ExprError, Vars};
+use crate::expr::{ExprError, Needs, Vars};
 use crate::manifest::Catalog;
 use crate::manifest::catalog::{Emit, Saga, SagaKind, TimerWhen, subject_matches};
 use crate::manifest::model::{Outcome, RetryPolicy};
@@ -367,23 +367,55 @@ fn valid_token(s: &str) -> bool {
     !s.is_empty() && !s.contains(['.', '*', '>']) && !s.chars().any(char::is_whitespace)
 }
 
-fn event_json(input: &Input, name: &str) -> Json {
-    let mut ev = input.body.clone();
-    if let Json::Object(m) = &mut ev {
-        m.insert("subject".into(), Json::String(input.subject.clone()));
-        m.insert("name".into(), Json::String(name.to_owned()));
+/// The `event` variable: the input's envelope plus its `subject` and event `name`,
+/// borrowed rather than copied.
+pub(crate) struct Ev<'a> {
+    pub(crate) body: &'a Json,
+    fields: [(&'static str, &'a str); 2],
+}
+
+impl<'a> Ev<'a> {
+    fn new(input: &'a Input, name: &'a str) -> Self {
+        Self {
+            body: &input.body,
+            fields: [("subject", &input.subject), ("name", name)],
+        }
     }
-    ev
+
+    pub(crate) fn vars<'v>(&'v self, state: &'v Json, saga: &'v Json, needs: &Needs) -> Vars<'v> {
+        Vars::pruned(self.body, &self.fields, state, saga, needs)
+    }
 }
 
 fn saga_json(saga: &str, tenant: &str, correlation_id: &str, version: u32, state: &str) -> Json {
-    json!({
-        "name": saga,
-        "tenant": tenant,
-        "correlation_id": correlation_id,
-        "version": version,
-        "state": state,
-    })
+    obj([
+        ("name", text(saga)),
+        ("tenant", text(tenant)),
+        ("correlation_id", text(correlation_id)),
+        ("version", Json::from(version)),
+        ("state", text(state)),
+    ])
+}
+
+/// A JSON object from owned values (`json!` would re-serialize each value).
+fn obj<const N: usize>(fields: [(&str, Json); N]) -> Json {
+    Json::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+fn text(s: &str) -> Json {
+    Json::String(s.to_owned())
+}
+
+fn retry_json(r: &RetryPolicy) -> Json {
+    obj([
+        ("retry_limit", Json::from(r.retry_limit)),
+        (
+            "base_backoff",
+            r.base_backoff.map_or(Json::Null, Json::from),
+        ),
+        ("max_backoff", Json::from(r.max_backoff)),
+        ("enable_jitter", Json::Bool(r.enable_jitter)),
+    ])
 }
 
 /// Which saga instances an input concerns. A timer input names its instance; any other
@@ -397,12 +429,19 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             correlation_id: str_field(&input.body, "correlation_id")?.to_owned(),
         }]);
     }
-    let event = event_json(input, &p.name);
+    let event = Ev::new(input, &p.name);
     let state = json!({});
+    // An effect result names the saga that sent the command: only that saga gets it, so two
+    // sagas sharing an effect and a correlation id never see each other's results.
+    let sender = (p.kind == InputKind::EffectResult)
+        .then(|| input.body.pointer("/metadata/saga").and_then(Json::as_str))
+        .flatten();
     let mut out = Vec::new();
     for name in catalog.saga_names() {
-        let versions: Vec<_> = catalog.sagas().filter(|s| s.name == name).collect();
-        let found = versions.iter().rev().find_map(|s| {
+        if sender.is_some_and(|s| s != name) {
+            continue;
+        }
+        let found = catalog.versions(name).rev().find_map(|s| {
             s.triggers
                 .iter()
                 .find(|t| trigger_matches(t, &input.subject, &p.name))
@@ -412,7 +451,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             continue;
         };
         let sj = saga_json(name, &p.tenant, "", saga.version, "");
-        let vars = Vars::new(&event, &state, &sj);
+        let vars = event.vars(&state, &sj, trigger.correlation.needs());
         let corr = trigger
             .correlation
             .eval_string(&vars)
@@ -473,10 +512,7 @@ impl Emitter<'_> {
             m.insert("trace_id".into(), Json::String(t.clone()));
         }
         if let Some(r) = extra {
-            m.insert(
-                "retry".into(),
-                serde_json::to_value(r).unwrap_or(Json::Null),
-            );
+            m.insert("retry".into(), retry_json(r));
         }
         Json::Object(m)
     }
@@ -496,14 +532,14 @@ impl Emitter<'_> {
                     .map_err(|x| fail("effect payload", x))?;
                 let effect = self.catalog.effect(name);
                 let retry = retry.or_else(|| effect.and_then(|e| e.retry));
-                let mut body = json!({
-                    "v": ENVELOPE_VERSION,
-                    "tenant_id": self.p.tenant,
-                    "command_id": id,
-                    "effect_name": name,
-                    "payload": payload,
-                    "metadata": self.metadata(retry.as_ref()),
-                });
+                let mut body = obj([
+                    ("v", Json::from(ENVELOPE_VERSION)),
+                    ("tenant_id", text(&self.p.tenant)),
+                    ("command_id", text(&id)),
+                    ("effect_name", text(name)),
+                    ("payload", payload),
+                    ("metadata", self.metadata(retry.as_ref())),
+                ]);
                 if let (Some(t), Json::Object(m)) = (effect.and_then(|e| e.timeout_ms), &mut body) {
                     m.insert("timeout_ms".into(), Json::from(t));
                 }
@@ -545,16 +581,16 @@ impl Emitter<'_> {
                     kind: WorkKind::AggregateCommand,
                     subject: format!("command.{aggregate_type}.{agg_id}"),
                     msg_id: id.clone(),
-                    body: json!({
-                        "v": ENVELOPE_VERSION,
-                        "tenant_id": self.p.tenant,
-                        "command_id": id,
-                        "command_type": command,
-                        "aggregate_type": aggregate_type,
-                        "aggregate_id": agg_id,
-                        "payload": payload,
-                        "metadata": self.metadata(None),
-                    }),
+                    body: obj([
+                        ("v", Json::from(ENVELOPE_VERSION)),
+                        ("tenant_id", text(&self.p.tenant)),
+                        ("command_id", text(&id)),
+                        ("command_type", text(command)),
+                        ("aggregate_type", text(aggregate_type)),
+                        ("aggregate_id", Json::String(agg_id)),
+                        ("payload", payload),
+                        ("metadata", self.metadata(None)),
+                    ]),
                 }
             }
             Emit::Event {
@@ -566,17 +602,17 @@ impl Emitter<'_> {
                     kind: WorkKind::WorkflowEvent,
                     subject: format!("workflow_event.{}.{}", self.saga.name, self.correlation_id),
                     msg_id: id.clone(),
-                    body: json!({
-                        "v": ENVELOPE_VERSION,
-                        "event_id": id,
-                        "tenant_id": self.p.tenant,
-                        "event_type": event_type,
-                        "saga": self.saga.name,
-                        "correlation_id": self.correlation_id,
-                        "timestamp_ms": self.p.timestamp_ms,
-                        "payload": payload,
-                        "metadata": self.metadata(None),
-                    }),
+                    body: obj([
+                        ("v", Json::from(ENVELOPE_VERSION)),
+                        ("event_id", text(&id)),
+                        ("tenant_id", text(&self.p.tenant)),
+                        ("event_type", text(event_type)),
+                        ("saga", text(&self.saga.name)),
+                        ("correlation_id", text(self.correlation_id)),
+                        ("timestamp_ms", Json::from(self.p.timestamp_ms)),
+                        ("payload", payload),
+                        ("metadata", self.metadata(None)),
+                    ]),
                 }
             }
         };
@@ -633,6 +669,18 @@ pub fn apply(
     instance: Option<&Instance>,
     input: &Input,
 ) -> Result<Applied, StepError> {
+    apply_owned(catalog, saga, correlation_id, instance.cloned(), input)
+}
+
+/// [`apply`] taking the stored instance by value (as decoded from storage), which spares
+/// copying it. Same results, byte for byte.
+pub fn apply_owned(
+    catalog: &Catalog,
+    saga: &str,
+    correlation_id: &str,
+    instance: Option<Instance>,
+    input: &Input,
+) -> Result<Applied, StepError> {
     let p = input.parse()?;
     let (def, mut inst, started) = match instance {
         Some(i) => {
@@ -651,7 +699,7 @@ pub fn apply(
             if i.status.is_final() {
                 return Err(StepError::Finished(i.status));
             }
-            (def, i.clone(), false)
+            (def, i, false)
         }
         None => {
             let def = catalog
@@ -697,7 +745,7 @@ pub fn apply(
             _ => return Err(StepError::StaleTimer(name.to_owned())),
         }
     }
-    let event = event_json(input, &p.name);
+    let event = Ev::new(input, &p.name);
     let mut em = Emitter {
         catalog,
         p: &p,
@@ -711,7 +759,7 @@ pub fn apply(
     if started && let Some(t) = &def.data {
         let sj = saga_json(saga, &p.tenant, correlation_id, def.version, "");
         let empty = json!({});
-        let vars = Vars::new(&event, &empty, &sj);
+        let vars = event.vars(&empty, &sj, &def.needs);
         inst.data = t
             .render(&vars)
             .map_err(|e| StepError::poison(format!("initial data: {e}")))?;
@@ -721,7 +769,7 @@ pub fn apply(
             if started {
                 inst.state = m.initial.clone();
             }
-            machine_step(m, &mut inst, &event, &p, &mut em)?;
+            machine_step(m, &mut inst, &event, &p, &mut em, &def.needs)?;
         }
         SagaKind::Steps(o) => orchestrate::step(o, &mut inst, &event, &p, &mut em, started)?,
     }
@@ -743,9 +791,10 @@ pub fn apply(
 fn machine_step(
     m: &crate::manifest::catalog::Machine,
     inst: &mut Instance,
-    event: &Json,
+    event: &Ev<'_>,
     p: &Parsed,
     em: &mut Emitter<'_>,
+    needs: &Needs,
 ) -> Result<(), StepError> {
     let no_transition = || StepError::NoTransition {
         state: inst.state.clone(),
@@ -766,7 +815,12 @@ fn machine_step(
         &inst.state,
     );
     let chosen = {
-        let vars = Vars::new(event, &inst.data, &sj);
+        // Guards and updates read only what this event's transitions can read.
+        let vars = event.vars(
+            &inst.data,
+            &sj,
+            state.on_needs.get(&p.name).unwrap_or(needs),
+        );
         let mut chosen = None;
         for t in candidates {
             let pass = match &t.when {
@@ -811,29 +865,43 @@ fn machine_step(
         inst.state = next.clone();
     }
     // Work and timers see the updated state and the new state name.
-    let sj = saga_json(
-        &inst.saga,
-        &inst.tenant,
-        &inst.correlation_id,
-        inst.version,
-        &inst.state,
-    );
-    let data = inst.data.clone();
-    let vars = Vars::new(event, &data, &sj);
-    for e in &t.emit {
-        em.emit(e, &vars)?;
+    let mut dues = Vec::with_capacity(t.timers.len());
+    let uses_vars =
+        !t.emit.is_empty() || t.timers.iter().any(|x| matches!(x.when, TimerWhen::At(_)));
+    let sj = if uses_vars {
+        saga_json(
+            &inst.saga,
+            &inst.tenant,
+            &inst.correlation_id,
+            inst.version,
+            &inst.state,
+        )
+    } else {
+        Json::Null
+    };
+    {
+        let vars = uses_vars.then(|| event.vars(&inst.data, &sj, &t.needs));
+        for e in &t.emit {
+            if let Some(vars) = &vars {
+                em.emit(e, vars)?;
+            }
+        }
+        for timer in &t.timers {
+            let due = match (&timer.when, &vars) {
+                (TimerWhen::Delay(ms), _) => p.timestamp_ms.saturating_add(*ms),
+                (TimerWhen::At(e), Some(vars)) => e.eval_u64(vars).map_err(|x| {
+                    StepError::poison(format!("time of timer `{}`: {x}", timer.name))
+                })?,
+                (TimerWhen::At(_), None) => p.timestamp_ms,
+            };
+            dues.push((timer.name.as_str(), due));
+        }
     }
     for name in &t.cancel_timers {
         em.cancel_timer(inst, name);
     }
-    for timer in &t.timers {
-        let due = match &timer.when {
-            TimerWhen::Delay(ms) => p.timestamp_ms.saturating_add(*ms),
-            TimerWhen::At(e) => e
-                .eval_u64(&vars)
-                .map_err(|x| StepError::poison(format!("time of timer `{}`: {x}", timer.name)))?,
-        };
-        em.set_timer(inst, &timer.name, due);
+    for (name, due) in dues {
+        em.set_timer(inst, name, due);
     }
     if let Some(outcome) = m.states.get(&inst.state).and_then(|s| s.terminal) {
         inst.status = outcome.into();

@@ -28,8 +28,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
 use super::retry::{JitterKey, delay_ms};
-use super::{Emitter, InputKind, Instance, Parsed, Status, StepError, saga_json};
-use crate::expr::Vars;
+use super::{Emitter, Ev, InputKind, Instance, Parsed, Status, StepError, saga_json};
 use crate::manifest::catalog::{Emit, Orchestration, Step};
 
 /// Where an orchestration stands.
@@ -80,20 +79,19 @@ pub enum StepStatus {
     Compensated,
 }
 
-struct Run<'a, 'b, 'c> {
+struct Run<'a, 'b> {
     o: &'a Orchestration,
     inst: &'a mut Instance,
     pr: Progress,
-    event: &'a Json,
+    event: &'a Ev<'a>,
     p: &'a Parsed,
     em: &'a mut Emitter<'b>,
-    _c: std::marker::PhantomData<&'c ()>,
 }
 
 pub(crate) fn step(
     o: &Orchestration,
     inst: &mut Instance,
-    event: &Json,
+    event: &Ev<'_>,
     p: &Parsed,
     em: &mut Emitter<'_>,
     started: bool,
@@ -112,7 +110,6 @@ pub(crate) fn step(
         event,
         p,
         em,
-        _c: std::marker::PhantomData,
     };
     let res = if started {
         run.start_stage(0)
@@ -124,7 +121,7 @@ pub(crate) fn step(
     res
 }
 
-impl<'a> Run<'a, '_, '_> {
+impl<'a> Run<'a, '_> {
     fn step_def(&self, name: &str) -> Result<&'a Step, StepError> {
         let o: &'a Orchestration = self.o;
         o.steps
@@ -141,7 +138,7 @@ impl<'a> Run<'a, '_, '_> {
             self.inst.version,
             &self.inst.state,
         );
-        let vars = Vars::new(self.event, &self.inst.data, &sj);
+        let vars = self.event.vars(&self.inst.data, &sj, &self.em.saga.needs);
         self.em.emit(action, &vars)
     }
 
@@ -278,7 +275,12 @@ impl<'a> Run<'a, '_, '_> {
         if step.success.contains(&name) {
             self.set_status(&step.name, StepStatus::Succeeded);
             self.pr.completed.push(step.name.clone());
-            let payload = self.event.get("payload").cloned().unwrap_or(Json::Null);
+            let payload = self
+                .event
+                .body
+                .get("payload")
+                .cloned()
+                .unwrap_or(Json::Null);
             if !self.inst.data.is_object() {
                 self.inst.data = json!({});
             }
