@@ -126,6 +126,12 @@ impl AppState {
         }
     }
 
+    /// Running instances whose saga version `catalog` could not run or migrate, as
+    /// diagnostics (empty when none, or when storage cannot be read — then the error is one).
+    pub async fn stranded_by(&self, catalog: &Catalog) -> Vec<Diagnostic> {
+        stranded_in(&self.store, catalog).await
+    }
+
     /// Re-reads and validates the configured manifests; swaps them in only when valid.
     pub async fn reload_manifests(&self) -> ReloadOutcome {
         let paths = self.config.runner.manifests.clone();
@@ -143,7 +149,23 @@ impl AppState {
                 };
             }
         };
+        let stranded = match &report.catalog {
+            Some(c) => self.stranded_by(c).await,
+            None => Vec::new(),
+        };
         match report.catalog {
+            Some(_) if !stranded.is_empty() => {
+                self.metrics
+                    .manifest_reloads
+                    .with_label_values(&["rejected"])
+                    .inc();
+                tracing::warn!(
+                    message = "Manifest reload rejected: it would strand running instances."
+                );
+                ReloadOutcome::Rejected {
+                    diagnostics: stranded,
+                }
+            }
             Some(c) => {
                 let c = Arc::new(c);
                 match self.catalog.write() {
@@ -180,6 +202,24 @@ impl AppState {
                 }
             }
         }
+    }
+}
+
+/// Running instances in `store` that `catalog` would strand, as diagnostics.
+pub async fn stranded_in(store: &Store, catalog: &Catalog) -> Vec<Diagnostic> {
+    match store.read(|t| t.running_versions()).await {
+        Ok(in_use) => catalog
+            .stranded(&in_use)
+            .iter()
+            .map(|s| s.to_diagnostic())
+            .collect(),
+        Err(e) => vec![Diagnostic {
+            file: "<store>".into(),
+            line: 0,
+            column: 0,
+            severity: manifest::Severity::Error,
+            message: format!("cannot read running instances: {e}"),
+        }],
     }
 }
 
@@ -268,6 +308,10 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         Some(c) => c,
         None => return Err(StartError::Manifests(report.diagnostics)),
     };
+    let stranded = stranded_in(&store, &catalog).await;
+    if !stranded.is_empty() {
+        return Err(StartError::Manifests(stranded));
+    }
     for w in &report.diagnostics {
         tracing::warn!(message = "Manifest warning.", diagnostic = %w);
     }

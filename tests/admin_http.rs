@@ -277,3 +277,60 @@ fn assert_prometheus_text(text: &str) {
     }
     assert!(samples > 5, "too few samples");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_refuses_to_strand_running_instances() {
+    let nats = NatsServer::start();
+    let manifests = manifests_dir(&saga_named("ledger"));
+    let runner = common::RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &[],
+    );
+    let js = common::jetstream(&nats.url()).await;
+    let ev = common::aggregate_event(
+        "bank",
+        "Account",
+        "a-1",
+        "Deposited",
+        1_800_000_000_000,
+        serde_json::json!({"n": 1, "amount": 5}),
+    );
+    common::publish_json(&js, "tenant.bank.aggregate.Account.a-1", &ev).await;
+    common::wait_for_messages(&js, "WORKFLOW_COMMANDS", ">", 1, Duration::from_secs(30)).await;
+
+    // Version 2 alone, with no migration from 1: the running instance would be stranded.
+    let v2 = saga_named("ledger").replace("version: 1", "version: 2");
+    std::fs::write(manifests.path().join("m.yaml"), &v2).unwrap();
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{}/admin/reload", runner.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 422);
+    let body: serde_json::Value = r.json().await.unwrap();
+    let err = body["errors"][0].as_str().unwrap();
+    assert!(
+        err.contains("`ledger` version 1 has running instances"),
+        "{err}"
+    );
+
+    // Versions 1 and 2 side by side: accepted; the instance stays on 1.
+    let both = format!(
+        "{}\n{}",
+        saga_named("ledger"),
+        v2.replace("format: 1\nsagas:\n", "")
+    );
+    std::fs::write(manifests.path().join("m.yaml"), &both).unwrap();
+    let r = client
+        .post(format!("{}/admin/reload", runner.admin))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["manifests"]["sagas"].as_array().unwrap().len(), 2);
+}

@@ -189,6 +189,23 @@ impl Catalog {
     }
 }
 
+impl Stranded {
+    /// The problem as a diagnostic (no file: it concerns stored instances).
+    pub fn to_diagnostic(&self) -> Diagnostic {
+        Diagnostic {
+            file: PathBuf::from("<store>"),
+            line: 0,
+            column: 0,
+            severity: Severity::Error,
+            message: format!(
+                "saga `{}` version {} has running instances, and these manifests neither load \
+                 that version nor declare a migration from it",
+                self.saga, self.version
+            ),
+        }
+    }
+}
+
 /// An in-use saga version that a catalog cannot run or migrate.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Stranded {

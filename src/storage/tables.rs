@@ -246,6 +246,17 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
         Ok(out)
     }
 
+    /// The distinct (saga, version) pairs of instances still running (scans the table).
+    pub fn running_versions(&self) -> Result<Vec<(String, u32)>> {
+        let mut set = std::collections::BTreeSet::new();
+        for i in self.instances()? {
+            if !i.status.is_final() {
+                set.insert((i.saga, i.version));
+            }
+        }
+        Ok(set.into_iter().collect())
+    }
+
     /// Last applied stream sequence of `consumer` (0 when none).
     pub fn checkpoint(&self, consumer: &str) -> Result<u64> {
         let v: Option<Vec<u8>> = self.txn.get(&self.checkpoint, consumer.as_bytes())?;
