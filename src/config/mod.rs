@@ -63,6 +63,9 @@ pub struct SagaConfig {
     pub relay_poll: HumanDuration,
     /// How often the timer loop looks for due timers when none is known to be due sooner.
     pub timer_poll: HumanDuration,
+    /// How long per-event dedupe markers are kept. They catch one event published twice
+    /// under two stream sequences; the checkpoint already covers re-reads of one sequence.
+    pub dedupe_retention: HumanDuration,
 }
 
 impl Default for SagaConfig {
@@ -74,6 +77,7 @@ impl Default for SagaConfig {
             relay_window: 1024,
             relay_poll: HumanDuration::secs(1),
             timer_poll: HumanDuration::millis(200),
+            dedupe_retention: HumanDuration::secs(7 * 24 * 3600),
         }
     }
 }

@@ -257,4 +257,44 @@ mod table_tests {
             .expect("write");
         assert_eq!(store.read_blocking(|t| t.checkpoint("c")).expect("read"), 7);
     }
+
+    #[test]
+    fn dedupe_markers_expire_in_chunks() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..StorageConfig::default()
+        };
+        let store = Store::open(&cfg).expect("opens");
+        store
+            .write_blocking(|t| {
+                for i in 0..10u64 {
+                    // Even markers are old (t=100), odd ones recent (t=10_000).
+                    let at = if i % 2 == 0 { 100 } else { 10_000 };
+                    t.mark_applied("acme", "order", &format!("e{i}"), at)?;
+                }
+                Ok(())
+            })
+            .expect("marks");
+        let mut from = Vec::new();
+        let mut deleted = 0;
+        loop {
+            let start = std::mem::take(&mut from);
+            let (n, next) = store
+                .write_blocking(|t| t.sweep_dedupe(5_000, &start, 3))
+                .expect("sweep");
+            deleted += n;
+            match next {
+                Some(k) => from = k,
+                None => break,
+            }
+        }
+        assert_eq!(deleted, 5);
+        for i in 0..10u64 {
+            let kept = store
+                .read_blocking(|t| t.is_applied("acme", "order", &format!("e{i}")))
+                .expect("read");
+            assert_eq!(kept, i % 2 == 1, "marker e{i}");
+        }
+    }
 }

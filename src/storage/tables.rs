@@ -511,6 +511,34 @@ impl<'t> Tables<'t, RW> {
         Ok(())
     }
 
+    /// Deletes up to `limit` dedupe markers recorded before `older_than_ms`, scanning from
+    /// `from` (a key; empty for the start). Returns how many were deleted and the key to
+    /// continue from (`None` when the scan reached the end).
+    pub fn sweep_dedupe(
+        &self,
+        older_than_ms: u64,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<(usize, Option<Vec<u8>>)> {
+        let mut cur = self.txn.cursor(&self.dedupe)?;
+        let mut doomed = Vec::new();
+        let mut next = None;
+        for (scanned, item) in cur.iter_from::<Vec<u8>, Vec<u8>>(from).enumerate() {
+            let (k, v) = item?;
+            if scanned >= limit {
+                next = Some(k);
+                break;
+            }
+            if u64_of(&v, "dedupe marker")? < older_than_ms {
+                doomed.push(k);
+            }
+        }
+        for k in &doomed {
+            self.txn.del(&self.dedupe, k, None)?;
+        }
+        Ok((doomed.len(), next))
+    }
+
     /// Unparks an instance key.
     pub fn unpark(&self, tenant: &str, saga: &str, corr: &str) -> Result<()> {
         self.txn

@@ -91,7 +91,41 @@ pub fn spawn(
     for input in inputs(&state) {
         tracker.spawn(consume(state.clone(), input, relay.clone(), cancel.clone()));
     }
-    tracker.spawn(timers(state, relay, cancel));
+    tracker.spawn(timers(state.clone(), relay, cancel.clone()));
+    tracker.spawn(sweep_dedupe(state, cancel));
+}
+
+/// Markers examined per sweep transaction.
+const SWEEP_CHUNK: usize = 10_000;
+
+/// Deletes expired dedupe markers, a chunk per transaction, once a minute.
+async fn sweep_dedupe(state: Arc<AppState>, cancel: CancellationToken) {
+    let retention = state.config.saga.dedupe_retention.get().as_millis() as u64;
+    let mut from: Vec<u8> = Vec::new();
+    loop {
+        let cutoff = now_ms().saturating_sub(retention);
+        let start = std::mem::take(&mut from);
+        match state
+            .store
+            .write(move |t| t.sweep_dedupe(cutoff, &start, SWEEP_CHUNK))
+            .await
+        {
+            Ok((deleted, next)) => {
+                if deleted > 0 {
+                    tracing::debug!(message = "Expired dedupe markers deleted.", deleted);
+                }
+                if let Some(k) = next {
+                    from = k;
+                    continue;
+                }
+            }
+            Err(e) => tracing::warn!(message = "Dedupe sweep failed; will retry.", error = %e),
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+    }
 }
 
 fn record(state: &AppState, tally: &Tally) {
