@@ -88,7 +88,8 @@ impl Default for SagaConfig {
 pub struct RunnerConfig {
     /// Roles of this process: "saga", "effect" or "combined".
     pub mode: Mode,
-    /// Manifest files or directories.
+    /// Manifest files or directories (a list, or one comma-separated string).
+    #[serde(deserialize_with = "types::paths_or_list")]
     pub manifests: Vec<PathBuf>,
     /// Longest time a drain may take before the process exits anyway (with status 1).
     pub drain_timeout: HumanDuration,

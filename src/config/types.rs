@@ -161,6 +161,16 @@ pub(crate) fn string_or_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Stri
     })
 }
 
+/// [`string_or_list`] for paths.
+pub(crate) fn paths_or_list<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<std::path::PathBuf>, D::Error> {
+    Ok(string_or_list(d)?
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
