@@ -50,6 +50,10 @@ pub enum Command {
         /// Manifest files or directories (searched for *.yaml / *.yml).
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+        /// Also check against the store in this data directory: refuse manifests that
+        /// would strand running instances (a saga version neither loaded nor migratable).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Run the test cases kept beside manifests (`*.tests.yaml`) against the pure engine.
     ///

@@ -10,7 +10,7 @@ use runner::config::{self, Overrides};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Validate { paths } => validate(&paths),
+        Command::Validate { paths, data_dir } => validate(&paths, data_dir.as_deref()),
         Command::Test { paths } => run_tests(&paths),
         Command::Inspect {
             store,
@@ -127,8 +127,34 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn validate(paths: &[std::path::PathBuf]) -> ExitCode {
-    let report = runner::manifest::load(paths);
+fn validate(paths: &[std::path::PathBuf], data_dir: Option<&std::path::Path>) -> ExitCode {
+    let mut report = runner::manifest::load(paths);
+    if let (Some(dir), Some(catalog)) = (data_dir, &report.catalog) {
+        let cfg = runner::config::StorageConfig {
+            data_dir: dir.to_path_buf(),
+            ..Default::default()
+        };
+        let stranded = runner::storage::Store::open(&cfg)
+            .and_then(|store| store.read_blocking(|t| t.running_versions()))
+            .map(|in_use| {
+                catalog
+                    .stranded(&in_use)
+                    .iter()
+                    .map(|s| s.to_diagnostic())
+                    .collect::<Vec<_>>()
+            });
+        match stranded {
+            Ok(found) if found.is_empty() => {}
+            Ok(found) => {
+                report.diagnostics.extend(found);
+                report.catalog = None;
+            }
+            Err(e) => {
+                eprintln!("runner: cannot read the store in {}: {e}", dir.display());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     for d in &report.diagnostics {
         eprintln!("{d}");
     }

@@ -316,6 +316,24 @@ async fn reload_refuses_to_strand_running_instances() {
         err.contains("`ledger` version 1 has running instances"),
         "{err}"
     );
+    // `runner validate --data-dir` says the same against the live store.
+    let data_dir = runner.data_dir.path().to_str().unwrap().to_string();
+    let manifest = manifests.path().join("m.yaml");
+    let (code, out) = common::run_to_exit(
+        &[
+            "validate",
+            "--data-dir",
+            &data_dir,
+            manifest.to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("<store>:0:0: error: saga `ledger` version 1 has running instances"),
+        "{out}"
+    );
 
     // Versions 1 and 2 side by side: accepted; the instance stays on 1.
     let both = format!(
