@@ -7,6 +7,11 @@ use runner::app::{self, Exit};
 use runner::cli::{Cli, Command, DlqAction, RunArgs, StoreArgs};
 use runner::config::{self, Overrides};
 
+/// mimalloc: the per-input work allocates many small, short-lived buffers (JSON values,
+/// keys); glibc malloc showed up as a sixth of the saga worker's profile.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {

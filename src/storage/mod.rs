@@ -297,4 +297,39 @@ mod table_tests {
             assert_eq!(kept, i % 2 == 1, "marker e{i}");
         }
     }
+
+    #[test]
+    fn history_keeps_the_last_transitions_in_order() {
+        use tables::{HISTORY_KEEP, HistoryEntry};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..StorageConfig::default()
+        };
+        let store = Store::open(&cfg).expect("opens");
+        store
+            .write_blocking(|t| {
+                for n in 1..=25u64 {
+                    let e = HistoryEntry {
+                        n,
+                        event: format!("e{n}"),
+                        event_id: String::new(),
+                        from: String::new(),
+                        to: String::new(),
+                        at_ms: n,
+                        source: String::new(),
+                        emitted: 0,
+                    };
+                    t.push_history("acme", "order", "o-1", &e)?;
+                    t.push_history("acme", "order", "o-2", &e)?;
+                }
+                Ok(())
+            })
+            .expect("writes");
+        let h = store
+            .read_blocking(|t| t.history("acme", "order", "o-1"))
+            .expect("reads");
+        let ns: Vec<u64> = h.iter().map(|e| e.n).collect();
+        assert_eq!(ns, (25 - HISTORY_KEEP + 1..=25).collect::<Vec<_>>());
+    }
 }

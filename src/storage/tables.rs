@@ -13,7 +13,7 @@
 //! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON |
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` |
-//! | `history` | `t 0 saga 0 correlation_id 0 n:u64` | [`HistoryEntry`] as JSON (the last [`HISTORY_KEEP`] per instance) |
+//! | `history` | `t 0 saga 0 correlation_id 0 slot:u64` | [`HistoryEntry`] as JSON; slot = n mod [`HISTORY_KEEP`], so each instance keeps its last transitions in a ring |
 //!
 //! Everything here runs inside a caller's transaction; nothing commits on its own, so a
 //! caller composes state, outbox, timers, markers and checkpoint into one atomic commit.
@@ -370,8 +370,9 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             if k.len() != prefix.len() || !k.starts_with(stem) {
                 break;
             }
-            out.push(json(&v, "history")?);
+            out.push(json::<HistoryEntry>(&v, "history")?);
         }
+        out.sort_by_key(|e| e.n);
         Ok(out)
     }
 
@@ -487,7 +488,7 @@ impl<'t> Tables<'t, RW> {
             .put(&self.parked, key, id.to_be_bytes(), WriteFlags::UPSERT)?)
     }
 
-    /// Records a transition and forgets the ones older than [`HISTORY_KEEP`].
+    /// Records a transition, replacing the one [`HISTORY_KEEP`] transitions older.
     pub fn push_history(
         &self,
         tenant: &str,
@@ -495,20 +496,11 @@ impl<'t> Tables<'t, RW> {
         corr: &str,
         e: &HistoryEntry,
     ) -> Result<()> {
-        self.txn.put(
-            &self.history,
-            history_key(tenant, saga, corr, e.n),
-            to_json(e)?,
-            WriteFlags::UPSERT,
-        )?;
-        if e.n > HISTORY_KEEP {
-            self.txn.del(
-                &self.history,
-                history_key(tenant, saga, corr, e.n - HISTORY_KEEP),
-                None,
-            )?;
-        }
-        Ok(())
+        // One write per transition: the slot of entry n - HISTORY_KEEP is overwritten.
+        let key = history_key(tenant, saga, corr, e.n % HISTORY_KEEP);
+        Ok(self
+            .txn
+            .put(&self.history, key, to_json(e)?, WriteFlags::UPSERT)?)
     }
 
     /// Deletes up to `limit` dedupe markers recorded before `older_than_ms`, scanning from
