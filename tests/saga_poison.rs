@@ -90,6 +90,10 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
     // A later input of the parked key is held, not applied.
     let (s, b) = good("acme", "o-bad");
     publish_json(&js, &s, &b).await;
+    // An aggregate id far longer than any storage key may be: poison, not a stuck batch.
+    let long_id = "x".repeat(1200);
+    let (s, b) = good("acme", &long_id);
+    publish_json(&js, &s, &b).await;
     let (s, b) = good("globex", "o-4");
     publish_json(&js, &s, &b).await;
 
@@ -109,7 +113,7 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
     assert_eq!(ids, ["o-1", "o-4"]);
 
     // Each poison kind is in the dead-letter stream with its reason…
-    let dlq = wait_for_messages(&js, "RUNNER_DLQ", ">", 6, Duration::from_secs(30)).await;
+    let dlq = wait_for_messages(&js, "RUNNER_DLQ", ">", 7, Duration::from_secs(30)).await;
     let kinds: Vec<_> = dlq
         .iter()
         .map(|m| m.body["kind"].as_str().unwrap().to_string())
@@ -122,8 +126,17 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
             "unknown_tenant",
             "too_large",
             "expression",
-            "parked"
+            "parked",
+            "too_large"
         ]
+    );
+    assert!(
+        dlq[6].body["reason"]
+            .as_str()
+            .unwrap()
+            .contains("1200 bytes"),
+        "{}",
+        dlq[6].body
     );
     for m in &dlq {
         assert!(!m.body["reason"].as_str().unwrap().is_empty());
@@ -133,7 +146,7 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
     assert_eq!(dlq[2].subject, "tenant.evil.deadletter.unknown_tenant");
     // …and in the store, listed while the node runs.
     let listed = dlq_list(&data_dir, &[]);
-    assert_eq!(listed.len(), 6);
+    assert_eq!(listed.len(), 7);
     let expression = listed.iter().find(|l| l.2 == "expression").unwrap().clone();
     assert_eq!(expression.3, "order/o-bad");
     let held = listed.iter().find(|l| l.2 == "parked").unwrap().clone();

@@ -23,6 +23,11 @@ use crate::storage::tables::{
 };
 use crate::storage::{Result, Tables};
 
+/// Longest tenant token accepted.
+pub const MAX_TENANT_BYTES: usize = 128;
+/// Longest correlation id or event id accepted.
+pub const MAX_ID_BYTES: usize = 512;
+
 /// One input as it came off a stream.
 #[derive(Debug, Clone)]
 pub struct RawInput {
@@ -44,7 +49,8 @@ pub mod kind {
     pub const TENANT_MISMATCH: &str = "tenant_mismatch";
     /// Tenant not in `tenancy.allowed`.
     pub const UNKNOWN_TENANT: &str = "unknown_tenant";
-    /// Body larger than `saga.max_message_bytes`.
+    /// Body larger than `saga.max_message_bytes`, or a tenant, correlation id or event id
+    /// longer than the key limits.
     pub const TOO_LARGE: &str = "too_large";
     /// An expression failed (guard, correlation, template) or the engine refused the input.
     pub const EXPRESSION: &str = "expression";
@@ -132,6 +138,13 @@ impl<'a> Processor<'a> {
                 None,
             );
         };
+        if tenant.len() > MAX_TENANT_BYTES {
+            let why = format!(
+                "tenant token is {} bytes; the limit is {MAX_TENANT_BYTES}",
+                tenant.len()
+            );
+            return self.dead_letter(tx, raw, dl_tenant, kind::TOO_LARGE, why, None);
+        }
         if raw.body.len() > self.limits.max_message_bytes {
             let why = format!(
                 "body is {} bytes; the limit is {}",
@@ -266,6 +279,19 @@ impl<'a> Processor<'a> {
             .and_then(Json::as_str)
             .unwrap_or_default()
             .to_string();
+        // Keys are bounded (libmdbx refuses keys over about 2 KiB, which would fail the whole
+        // batch again and again): an over-long id is poison, not a storage error.
+        if corr.len() > MAX_ID_BYTES || event_id.len() > MAX_ID_BYTES {
+            let why = format!(
+                "correlation id ({} bytes) or event id ({} bytes) is over the {MAX_ID_BYTES}-byte limit",
+                corr.len(),
+                event_id.len()
+            );
+            self.tally
+                .transitions
+                .push((saga.to_string(), "dead_lettered"));
+            return self.dead_letter(tx, raw, tenant, kind::TOO_LARGE, why, None);
+        }
         if !event_id.is_empty() && tx.is_applied(tenant, saga, &event_id)? {
             self.tally.transitions.push((saga.to_string(), "duplicate"));
             return Ok(());
