@@ -3,8 +3,11 @@
 //! Storage is the source of truth. The relay reads records in sequence order, publishes a
 //! window of them with `Nats-Msg-Id` set to each record's deterministic id (plus
 //! `Runner-Tenant` and the causing input's `traceparent`), waits for the acknowledgements,
-//! and only then deletes the acknowledged prefix in one write transaction. A crash between
-//! publish and delete republishes; JetStream's duplicate window drops the repeat.
+//! and only then marks the acknowledged prefix as published ([`RelayHandle::acked_through`]).
+//! Published records are deleted later, by the saga worker inside its next batch
+//! transaction (saving a durable commit per window), or by the relay itself when it is idle,
+//! draining, or far ahead. A crash before the deletion republishes them; JetStream's
+//! duplicate window drops the repeat.
 //!
 //! Delivery: at least once, in outbox order on first publication. During a NATS outage the
 //! relay retries with backoff forever; nothing is dropped. It wakes on every commit
@@ -13,6 +16,7 @@
 //! On drain it keeps publishing until the outbox is empty, then returns.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -24,10 +28,15 @@ use crate::storage::Store;
 use crate::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
 use crate::telemetry::Metrics;
 
-/// Wakes the relay early.
+/// Shared between the relay and the writers of the outbox: wakes the relay early, and
+/// tells writers which published records they may delete.
 #[derive(Clone, Default, Debug)]
 pub struct RelayHandle {
     notify: Arc<Notify>,
+    /// Every record with this sequence or lower has been acknowledged by JetStream.
+    acked: Arc<AtomicU64>,
+    /// Every record with this sequence or lower has been deleted (durably).
+    deleted: Arc<AtomicU64>,
 }
 
 impl RelayHandle {
@@ -39,7 +48,20 @@ impl RelayHandle {
     pub fn wake(&self) {
         self.notify.notify_one();
     }
+    /// The sequence through which records are published and may be deleted, when some
+    /// are published but not yet deleted.
+    pub fn deletable_through(&self) -> Option<u64> {
+        let acked = self.acked.load(Ordering::SeqCst);
+        (acked > self.deleted.load(Ordering::SeqCst)).then_some(acked)
+    }
+    /// Records that everything through `upto` was deleted in a committed transaction.
+    pub fn note_deleted(&self, upto: u64) {
+        self.deleted.fetch_max(upto, Ordering::SeqCst);
+    }
 }
+
+/// When the relay is this many windows ahead of the deletions, it deletes itself.
+const MAX_WINDOWS_UNDELETED: u64 = 8;
 
 /// The relay task.
 pub struct Relay {
@@ -78,9 +100,10 @@ impl Relay {
         let mut backoff = Duration::from_millis(50);
         loop {
             let window = self.window;
+            let from = self.handle.acked.load(Ordering::SeqCst) + 1;
             let batch = match self
                 .store
-                .read(move |t| t.outbox_batch(DEFAULT_PARTITION, window))
+                .read(move |t| t.outbox_batch(DEFAULT_PARTITION, from, window))
                 .await
             {
                 Ok(b) => b,
@@ -91,8 +114,17 @@ impl Relay {
                     continue;
                 }
             };
+            let far_ahead = self.handle.deletable_through().is_some_and(|upto| {
+                upto - self.handle.deleted.load(Ordering::SeqCst)
+                    > MAX_WINDOWS_UNDELETED * window as u64
+            });
+            if batch.is_empty() || far_ahead {
+                self.delete_published().await;
+            }
             if batch.is_empty() {
-                self.metrics.outbox_depth.set(0);
+                if let Ok(depth) = self.store.read(|t| t.outbox_depth()).await {
+                    self.metrics.outbox_depth.set(depth as i64);
+                }
                 if stop.is_cancelled() {
                     return;
                 }
@@ -106,20 +138,12 @@ impl Relay {
             match self.publish(&batch).await {
                 Ok(acked) => {
                     backoff = Duration::from_millis(50);
-                    let seqs: Vec<u64> = batch[..acked].iter().map(|(s, _)| *s).collect();
-                    let n = seqs.len() as u64;
-                    if let Err(e) = self
-                        .store
-                        .write(move |t| t.delete_outbox(DEFAULT_PARTITION, &seqs))
-                        .await
-                    {
-                        // The records stay and are republished; de-duplication drops them.
-                        tracing::error!(message = "Relay cannot delete published records.", error = %e);
+                    if acked > 0 {
+                        self.handle
+                            .acked
+                            .fetch_max(batch[acked - 1].0, Ordering::SeqCst);
                     }
-                    self.metrics.relay_published.inc_by(n);
-                    if let Ok(depth) = self.store.read(|t| t.outbox_depth()).await {
-                        self.metrics.outbox_depth.set(depth as i64);
-                    }
+                    self.metrics.relay_published.inc_by(acked as u64);
                     if acked < batch.len() {
                         self.metrics.relay_errors.inc();
                         tokio::time::sleep(backoff).await;
@@ -132,6 +156,24 @@ impl Relay {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(2));
                 }
+            }
+        }
+    }
+
+    /// Deletes what is published and not yet deleted, in a transaction of its own.
+    async fn delete_published(&self) {
+        let Some(upto) = self.handle.deletable_through() else {
+            return;
+        };
+        match self
+            .store
+            .write(move |t| t.delete_outbox_through(DEFAULT_PARTITION, upto))
+            .await
+        {
+            Ok(_) => self.handle.note_deleted(upto),
+            // The records stay and are republished after a restart; de-duplication drops them.
+            Err(e) => {
+                tracing::error!(message = "Relay cannot delete published records.", error = %e)
             }
         }
     }

@@ -281,11 +281,17 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
         v.map(|b| u64_of(&b, "parked")).transpose()
     }
 
-    /// Up to `limit` outbox records of `partition` in sequence order, with their sequences.
-    pub fn outbox_batch(&self, partition: u16, limit: usize) -> Result<Vec<(u64, OutboxRecord)>> {
+    /// Up to `limit` outbox records of `partition` with sequence `from` or later, in sequence
+    /// order, with their sequences.
+    pub fn outbox_batch(
+        &self,
+        partition: u16,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, OutboxRecord)>> {
         let mut cur = self.txn.cursor(&self.outbox)?;
         let mut out = Vec::new();
-        for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&outbox_key(partition, 0)) {
+        for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&outbox_key(partition, from)) {
             let (k, v) = item?;
             if k.len() != 10 || k[..2] != partition.to_be_bytes() || out.len() >= limit {
                 break;
@@ -442,6 +448,28 @@ impl<'t> Tables<'t, RW> {
                 .del(&self.outbox, outbox_key(partition, *s), None)?;
         }
         Ok(())
+    }
+
+    /// Removes every record of `partition` with sequence `upto` or lower; returns how many.
+    pub fn delete_outbox_through(&self, partition: u16, upto: u64) -> Result<usize> {
+        let mut doomed = Vec::new();
+        {
+            let mut cur = self.txn.cursor(&self.outbox)?;
+            for item in cur.iter_from::<Vec<u8>, ()>(&outbox_key(partition, 0)) {
+                let (k, ()) = item?;
+                if k.len() != 10
+                    || k[..2] != partition.to_be_bytes()
+                    || u64_of(&k[2..], "outbox key")? > upto
+                {
+                    break;
+                }
+                doomed.push(k);
+            }
+        }
+        for k in &doomed {
+            self.txn.del(&self.outbox, k, None)?;
+        }
+        Ok(doomed.len())
     }
 
     /// Schedules a timer.

@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::app::AppState;
 use crate::relay::{RelayHandle, TRACEPARENT_HEADER};
-use crate::storage::tables::TimerEntry;
+use crate::storage::tables::{DEFAULT_PARTITION, TimerEntry};
 use process::{Limits, Processor, RawInput, Tally};
 
 /// Milliseconds since the epoch by the wall clock.
@@ -148,13 +148,36 @@ pub async fn apply_batch(
     checkpoint_key: &str,
     batch: Vec<(u64, RawInput)>,
 ) -> crate::storage::Result<(u64, Tally)> {
+    apply_batch_with(state, checkpoint_key, batch, None).await
+}
+
+/// [`apply_batch`] that also deletes the outbox records the relay has published, when a
+/// relay handle is given, saving the relay a durable commit of its own.
+pub async fn apply_batch_with(
+    state: &Arc<AppState>,
+    checkpoint_key: &str,
+    batch: Vec<(u64, RawInput)>,
+    relay: Option<&RelayHandle>,
+) -> crate::storage::Result<(u64, Tally)> {
     let catalog = state.catalog();
     let limits = limits(state);
     let key = checkpoint_key.to_string();
-    state
+    let published = relay.and_then(RelayHandle::deletable_through);
+    let out = state
         .store
-        .run(move |s| apply_inputs(s, &catalog, &limits, &key, &batch))
-        .await
+        .run(move |s| {
+            s.write_blocking(|t| {
+                if let Some(upto) = published {
+                    t.delete_outbox_through(DEFAULT_PARTITION, upto)?;
+                }
+                apply_in(t, &catalog, &limits, &key, &batch)
+            })
+        })
+        .await?;
+    if let (Some(r), Some(upto)) = (relay, published) {
+        r.note_deleted(upto);
+    }
+    Ok(out)
 }
 
 /// Applies inputs in one write transaction (blocking): those at or below the checkpoint of
@@ -167,22 +190,30 @@ pub fn apply_inputs(
     checkpoint_key: &str,
     batch: &[(u64, RawInput)],
 ) -> crate::storage::Result<(u64, Tally)> {
-    store.write_blocking(|t| {
-        let cp = t.checkpoint(checkpoint_key)?;
-        let mut p = Processor::new(catalog, limits, now_ms());
-        let mut last = cp;
-        for (seq, raw) in batch {
-            if *seq <= last {
-                continue;
-            }
-            p.input(t, raw)?;
-            last = *seq;
+    store.write_blocking(|t| apply_in(t, catalog, limits, checkpoint_key, batch))
+}
+
+fn apply_in(
+    t: &crate::storage::Tables<'_, libmdbx::RW>,
+    catalog: &crate::manifest::Catalog,
+    limits: &Limits,
+    checkpoint_key: &str,
+    batch: &[(u64, RawInput)],
+) -> crate::storage::Result<(u64, Tally)> {
+    let cp = t.checkpoint(checkpoint_key)?;
+    let mut p = Processor::new(catalog, limits, now_ms());
+    let mut last = cp;
+    for (seq, raw) in batch {
+        if *seq <= last {
+            continue;
         }
-        if last > cp {
-            t.set_checkpoint(checkpoint_key, last)?;
-        }
-        Ok((last, p.tally))
-    })
+        p.input(t, raw)?;
+        last = *seq;
+    }
+    if last > cp {
+        t.set_checkpoint(checkpoint_key, last)?;
+    }
+    Ok((last, p.tally))
 }
 
 async fn consume(
@@ -291,7 +322,7 @@ async fn consume(
             if !batch.is_empty() {
                 let n = batch.len();
                 let started = Instant::now();
-                match apply_batch(&state, &input.checkpoint, batch).await {
+                match apply_batch_with(&state, &input.checkpoint, batch, Some(&relay)).await {
                     Ok((cp, tally)) => {
                         metrics
                             .saga_commit_seconds
