@@ -80,6 +80,7 @@ pub enum BrokerError {
 pub struct Broker {
     client: Client,
     js: jetstream::Context,
+    connections: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Broker {
@@ -96,6 +97,10 @@ impl Broker {
                 waited: Duration::ZERO,
                 reason: e.to_string(),
             })?;
+        // Counts (re)connections, so consumers can re-open at once after an outage instead of
+        // waiting for their heartbeats to time out.
+        let (connections_tx, connections_rx) = tokio::sync::watch::channel(0u64);
+        let connections_tx = std::sync::Arc::new(connections_tx);
         let started = Instant::now();
         let deadline = started + cfg.connect_timeout.get();
         let mut delay = Duration::from_millis(100);
@@ -103,13 +108,19 @@ impl Broker {
             let attempt_timeout = deadline
                 .saturating_duration_since(Instant::now())
                 .clamp(Duration::from_millis(100), Duration::from_secs(5));
-            let opts = options(cfg).await?.connection_timeout(attempt_timeout);
+            let opts = options(cfg, connections_tx.clone())
+                .await?
+                .connection_timeout(attempt_timeout);
             match opts.connect(addrs.clone()).await {
                 Ok(client) => {
                     let mut js = jetstream::new(client.clone());
                     js.set_timeout(cfg.request_timeout.get());
                     tracing::info!(message = "Connected to NATS.", nats.urls = %urls);
-                    return Ok(Self { client, js });
+                    return Ok(Self {
+                        client,
+                        js,
+                        connections: connections_rx,
+                    });
                 }
                 Err(e) => {
                     let now = Instant::now();
@@ -138,6 +149,11 @@ impl Broker {
         &self.js
     }
 
+    /// A receiver that changes every time the connection is (re)established.
+    pub fn connections(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.connections.clone()
+    }
+
     /// Whether the client is connected right now.
     pub fn is_connected(&self) -> bool {
         matches!(
@@ -152,7 +168,10 @@ impl Broker {
     }
 }
 
-async fn options(cfg: &NatsConfig) -> Result<ConnectOptions, BrokerError> {
+async fn options(
+    cfg: &NatsConfig,
+    connections: std::sync::Arc<tokio::sync::watch::Sender<u64>>,
+) -> Result<ConnectOptions, BrokerError> {
     let mut o = match &cfg.creds_file {
         Some(p) => ConnectOptions::with_credentials_file(p)
             .await
@@ -166,13 +185,19 @@ async fn options(cfg: &NatsConfig) -> Result<ConnectOptions, BrokerError> {
     o = o
         .name(&cfg.client_name)
         .max_reconnects(None)
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => tracing::info!(message = "NATS connection up."),
-                async_nats::Event::Disconnected => {
-                    tracing::warn!(message = "NATS connection lost; reconnecting.")
+        .event_callback(move |event| {
+            let connections = connections.clone();
+            async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        connections.send_modify(|n| *n += 1);
+                        tracing::info!(message = "NATS connection up.")
+                    }
+                    async_nats::Event::Disconnected => {
+                        tracing::warn!(message = "NATS connection lost; reconnecting.")
+                    }
+                    other => tracing::debug!(message = "NATS client event.", event = %other),
                 }
-                other => tracing::debug!(message = "NATS client event.", event = %other),
             }
         });
     if let Some(t) = &cfg.token {

@@ -226,7 +226,9 @@ async fn consume(
     let max_depth = state.config.saga.max_outbox_depth;
     let metrics = &state.metrics;
     let mut backoff = Duration::from_millis(100);
+    let mut connections = state.broker.connections();
     'connect: while !cancel.is_cancelled() {
+        connections.mark_unchanged();
         let key = input.checkpoint.clone();
         let cp = match state.store.read(move |t| t.checkpoint(&key)).await {
             Ok(cp) => cp,
@@ -283,6 +285,10 @@ async fn consume(
             }
             let next = tokio::select! {
                 _ = cancel.cancelled() => return,
+                Ok(()) = connections.changed() => {
+                    tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
+                    continue 'connect;
+                }
                 c = chunks.next() => c,
             };
             let Some(chunk) = next else {
