@@ -135,6 +135,20 @@ async fn orders_of_two_tenants_reach_their_states_and_emit_once() {
     );
     assert_unique_ids(&all);
 
+    let info: serde_json::Value = reqwest::get(format!("{}/info", runner.admin))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        info["saga_progress"]["checkpoints"]["AGGREGATE_EVENTS"],
+        json!(total)
+    );
+    assert_eq!(
+        info["saga_progress"]["checkpoints"]["WORKFLOW_EVENTS"],
+        json!(total)
+    );
     runner.signal("TERM");
     assert_eq!(runner.wait_exit(Duration::from_secs(30)), Some(0));
     let inst = instances(runner.data_dir.path());

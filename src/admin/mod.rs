@@ -178,6 +178,27 @@ pub fn redact_url(url: &str) -> String {
 async fn info(State(state): State<Arc<AppState>>) -> Response {
     let cfg = &state.config;
     let mode = cfg.runner.mode;
+    // Where the saga worker stands: the committed checkpoint of each input stream, and
+    // what waits in the outbox and the timer table.
+    let keys: Vec<(String, String)> = crate::worker::inputs(&state)
+        .into_iter()
+        .map(|i| (i.stream, i.checkpoint))
+        .collect();
+    let progress = state
+        .store
+        .read(move |t| {
+            let mut positions = serde_json::Map::new();
+            for (stream, key) in &keys {
+                positions.insert(stream.clone(), json!(t.checkpoint(key)?));
+            }
+            Ok(json!({
+                "checkpoints": positions,
+                "outbox_depth": t.outbox_depth()?,
+                "timers_pending": t.timers_pending()?,
+            }))
+        })
+        .await
+        .unwrap_or_else(|e| json!({"error": e.to_string()}));
     let streams: Vec<_> = stream_specs(&cfg.streams)
         .into_iter()
         .map(|s| json!({"name": s.name, "subjects": s.subjects}))
@@ -200,6 +221,7 @@ async fn info(State(state): State<Arc<AppState>>) -> Response {
         "nats": {"urls": cfg.nats.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(), "connected": state.broker.is_connected()},
         "streams": streams,
         "consumers": {"saga": cfg.consumers.saga, "effect": cfg.consumers.effect},
+        "saga_progress": progress,
         "tenancy": {"default_tenant": cfg.tenancy.default_tenant, "allowed": cfg.tenancy.allowed},
         "storage": {"path": state.store.path().display().to_string(), "durability": cfg.storage.durability},
     }))
