@@ -193,3 +193,68 @@ async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
     assert_eq!(ids.len(), total as usize);
     runner.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    let total = 3000u64;
+    // A first start creates the streams; then a backlog is published while no runner runs,
+    // so the next start is in the middle of it when the drain comes.
+    let dir = start(tempfile::tempdir().unwrap(), &url).stop();
+    let mut pending = Vec::new();
+    for i in 0..total {
+        let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            b["event_id"].as_str().unwrap(),
+        );
+        pending.push(
+            js.publish_with_headers(s, h, serde_json::to_vec(&b).unwrap().into())
+                .await
+                .unwrap(),
+        );
+    }
+    for p in pending {
+        p.await.unwrap();
+    }
+    let runner = start(dir, &url);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let dir = runner.stop();
+    let (checkpoint, depth) = {
+        let store = runner::storage::Store::open(&runner::config::StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..Default::default()
+        })
+        .unwrap();
+        store
+            .read_blocking(|t| {
+                Ok((
+                    t.checkpoint("runner-saga:AGGREGATE_EVENTS")?,
+                    t.outbox_depth()?,
+                ))
+            })
+            .unwrap()
+    };
+    let published = read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len() as u64;
+    eprintln!(
+        "drained at checkpoint {checkpoint} of {total}; depth {depth}; published {published}"
+    );
+    assert_eq!(depth, 0, "the drain flushed the outbox");
+    // Everything applied before the drain is on the stream already.
+    assert_eq!(published, checkpoint);
+    // The restart takes up exactly where the drain stopped.
+    let runner = start(dir, &url);
+    let all = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        ">",
+        total as usize,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(all.len() as u64, total);
+    runner.stop();
+}

@@ -99,6 +99,9 @@ impl Relay {
     pub async fn run(self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
         loop {
+            // Read whether the drain had begun *before* reading the outbox: the workers'
+            // last commits happen before it begins, so an empty read after it is final.
+            let stopping = stop.is_cancelled();
             let window = self.window;
             let from = self.handle.acked.load(Ordering::SeqCst) + 1;
             let batch = match self
@@ -125,7 +128,11 @@ impl Relay {
                 if let Ok(depth) = self.store.read(|t| t.outbox_depth()).await {
                     self.metrics.outbox_depth.set(depth as i64);
                 }
-                if stop.is_cancelled() {
+                if stopping {
+                    tracing::info!(
+                        message = "Relay flushed.",
+                        through = self.handle.acked.load(Ordering::SeqCst)
+                    );
                     return;
                 }
                 tokio::select! {

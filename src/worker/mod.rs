@@ -284,7 +284,10 @@ async fn consume(
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let next = tokio::select! {
-                _ = cancel.cancelled() => return,
+                _ = cancel.cancelled() => {
+                    tracing::info!(message = "Consumer stopped for the drain.", stream = %input.stream);
+                    return;
+                }
                 Ok(()) = connections.changed() => {
                     tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
                     continue 'connect;
