@@ -10,8 +10,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::{NatsServer, RunnerProc, aggregate_event, jetstream, read_stream};
-use runner::config::StorageConfig;
-use runner::storage::Store;
 use serde_json::json;
 
 const ACCOUNTS: u64 = 200;
@@ -116,11 +114,7 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     eprintln!("killed {kills} times");
 
     // Reference: each account saw deposits 1..=50 once, in order.
-    let store = Store::open(&StorageConfig {
-        data_dir: dir.path().to_path_buf(),
-        ..StorageConfig::default()
-    })
-    .unwrap();
+    let store = common::open_store(dir.path());
     let instances = store.read_blocking(|t| t.instances()).unwrap();
     // A clean drain leaves nothing behind in the outbox: published records were deleted.
     assert_eq!(store.read_blocking(|t| t.outbox_depth()).unwrap(), 0);

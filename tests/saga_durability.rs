@@ -81,11 +81,7 @@ async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
     // Restart before the timers are due: they are in libmdbx, not in memory.
     let dir = runner.kill();
     let pending = {
-        let store = runner::storage::Store::open(&runner::config::StorageConfig {
-            data_dir: dir.path().to_path_buf(),
-            ..Default::default()
-        })
-        .unwrap();
+        let store = common::open_store(dir.path());
         store.read_blocking(|t| t.timers_pending()).unwrap()
     };
     assert_eq!(
@@ -224,11 +220,7 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     let dir = runner.stop();
     let (checkpoint, depth) = {
-        let store = runner::storage::Store::open(&runner::config::StorageConfig {
-            data_dir: dir.path().to_path_buf(),
-            ..Default::default()
-        })
-        .unwrap();
+        let store = common::open_store(dir.path());
         store
             .read_blocking(|t| {
                 Ok((

@@ -10,8 +10,6 @@ use common::{
     NatsServer, RunnerProc, aggregate_event, effect_result, jetstream, publish_json, read_stream,
     wait_for_messages,
 };
-use runner::config::StorageConfig;
-use runner::storage::Store;
 use serde_json::json;
 
 const TS: u64 = 1_800_000_000_000;
@@ -20,11 +18,7 @@ const TS: u64 = 1_800_000_000_000;
 fn instances(
     data_dir: &std::path::Path,
 ) -> HashMap<(String, String, String), runner::saga::Instance> {
-    let store = Store::open(&StorageConfig {
-        data_dir: data_dir.to_path_buf(),
-        ..StorageConfig::default()
-    })
-    .unwrap();
+    let store = common::open_store(data_dir);
     store
         .read_blocking(|t| t.instances())
         .unwrap()

@@ -5,8 +5,6 @@
 
 mod common;
 
-use runner::config::StorageConfig;
-use runner::storage::Store;
 use runner::worker::apply_inputs;
 use runner::worker::process::{Limits, RawInput};
 use serde_json::json;
@@ -41,11 +39,7 @@ fn late_redeliveries_and_republished_events_apply_once_in_order() {
         max_message_bytes: 1 << 20,
     };
     let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(&StorageConfig {
-        data_dir: dir.path().to_path_buf(),
-        ..StorageConfig::default()
-    })
-    .unwrap();
+    let store = common::open_store(dir.path());
     let ids: Vec<String> = (0..6)
         .map(|i| format!("0190f000-0000-7000-8000-00000000000{i}"))
         .collect();

@@ -233,14 +233,19 @@ mod tests {
 mod table_tests {
     use super::*;
 
-    #[test]
-    fn tables_open_in_read_and_write_transactions() {
+    fn temp_store() -> (tempfile::TempDir, Store) {
         let dir = tempfile::tempdir().expect("tempdir");
         let cfg = StorageConfig {
             data_dir: dir.path().to_path_buf(),
             ..StorageConfig::default()
         };
         let store = Store::open(&cfg).expect("opens");
+        (dir, store)
+    }
+
+    #[test]
+    fn tables_open_in_read_and_write_transactions() {
+        let (_dir, store) = temp_store();
         {
             let txn = store.db().begin_ro_txn().expect("ro");
             for name in TABLES {
@@ -260,12 +265,7 @@ mod table_tests {
 
     #[test]
     fn dedupe_markers_expire_in_chunks() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = StorageConfig {
-            data_dir: dir.path().to_path_buf(),
-            ..StorageConfig::default()
-        };
-        let store = Store::open(&cfg).expect("opens");
+        let (_dir, store) = temp_store();
         store
             .write_blocking(|t| {
                 for i in 0..10u64 {
@@ -301,12 +301,7 @@ mod table_tests {
     #[test]
     fn history_keeps_the_last_transitions_in_order() {
         use tables::{HISTORY_KEEP, HistoryEntry};
-        let dir = tempfile::tempdir().expect("tempdir");
-        let cfg = StorageConfig {
-            data_dir: dir.path().to_path_buf(),
-            ..StorageConfig::default()
-        };
-        let store = Store::open(&cfg).expect("opens");
+        let (_dir, store) = temp_store();
         store
             .write_blocking(|t| {
                 for n in 1..=25u64 {

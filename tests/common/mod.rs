@@ -523,3 +523,12 @@ pub async fn publish_json(
     .await
     .unwrap();
 }
+
+/// Opens the store of a (stopped or running) runner's data directory.
+pub fn open_store(data_dir: &Path) -> runner::storage::Store {
+    runner::storage::Store::open(&runner::config::StorageConfig {
+        data_dir: data_dir.to_path_buf(),
+        ..Default::default()
+    })
+    .unwrap()
+}
