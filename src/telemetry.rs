@@ -87,7 +87,8 @@ pub mod names {
     /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
     /// `completed`, `failed`, `replayed`).
     pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
-    /// Effect commands refused before execution, by outcome (`refused`).
+    /// Effect commands not executed on delivery, by outcome (`refused`: undecodable or
+    /// inconsistent, terminated; `throttled`: over `effect.concurrency_per_effect`, nak'ed).
     pub const EFFECT_COMMANDS_TOTAL: &str = "runner_effect_commands_total";
     /// Effect results published, by effect and result type.
     pub const EFFECT_RESULTS_TOTAL: &str = "runner_effect_results_total";
@@ -315,7 +316,7 @@ impl Metrics {
         )?;
         let effect_commands = counters(
             names::EFFECT_COMMANDS_TOTAL,
-            "Effect commands refused before execution, by outcome.",
+            "Effect commands not executed on delivery, by outcome.",
             &["outcome"],
         )?;
         let effect_results = counters(

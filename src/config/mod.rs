@@ -55,6 +55,9 @@ pub struct Config {
 pub struct EffectConfig {
     /// Most commands one process executes at once (1..=10000).
     pub concurrency: usize,
+    /// Most commands of one effect one process executes at once (1..=`concurrency`); a
+    /// command over the limit is handed back (`nak`) for a short while.
+    pub concurrency_per_effect: usize,
     /// How long JetStream waits for an acknowledgement before redelivering a command
     /// (the worker sends progress acknowledgements while a command runs).
     pub ack_wait: HumanDuration,
@@ -76,6 +79,7 @@ impl Default for EffectConfig {
     fn default() -> Self {
         Self {
             concurrency: 64,
+            concurrency_per_effect: 64,
             ack_wait: HumanDuration::secs(30),
             max_ack_pending: 1024,
             claims_bucket: "RUNNER_EFFECT_CLAIMS".into(),
@@ -530,6 +534,15 @@ impl Config {
                 format!(
                     "{} is out of range; allowed 1 to 10000",
                     self.effect.concurrency
+                ),
+            );
+        }
+        if !(1..=self.effect.concurrency).contains(&self.effect.concurrency_per_effect) {
+            return invalid(
+                "effect.concurrency_per_effect",
+                format!(
+                    "{} is out of range; allowed 1 to effect.concurrency ({})",
+                    self.effect.concurrency_per_effect, self.effect.concurrency
                 ),
             );
         }

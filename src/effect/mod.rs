@@ -307,6 +307,7 @@ struct Ctx {
     http: reqwest::Client,
     breakers: Breakers,
     providers: Mutex<HashMap<String, CachedProvider>>,
+    per_effect: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 /// A compiled provider with the declaration it was compiled from (held, so a reloaded
@@ -314,6 +315,24 @@ struct Ctx {
 type CachedProvider = (Arc<Effect>, Result<Arc<Provider>, String>);
 
 impl Ctx {
+    /// A slot for one more command of `effect`, if it is under its limit.
+    fn effect_slot(&self, effect: &str) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let sem = {
+            let mut g = match self.per_effect.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            g.entry(effect.to_string())
+                .or_insert_with(|| {
+                    Arc::new(Semaphore::new(
+                        self.state.config.effect.concurrency_per_effect,
+                    ))
+                })
+                .clone()
+        };
+        sem.try_acquire_owned().ok()
+    }
+
     fn claim_event(&self, ev: &'static str) {
         self.state
             .metrics
@@ -362,6 +381,7 @@ pub fn spawn(
         http,
         breakers,
         providers: Mutex::new(HashMap::new()),
+        per_effect: Mutex::new(HashMap::new()),
     });
     tracker.spawn(consume(ctx, cancel));
 }
@@ -478,6 +498,16 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             .with_label_values(&["refused"])
             .inc();
         let _ = msg.ack_with(AckKind::Term).await;
+        return;
+    };
+    let Some(_slot) = ctx.effect_slot(&cmd.effect) else {
+        metrics
+            .effect_commands
+            .with_label_values(&["throttled"])
+            .inc();
+        let _ = msg
+            .ack_with(AckKind::Nak(Some(Duration::from_millis(250))))
+            .await;
         return;
     };
     let span_fields = (

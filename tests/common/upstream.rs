@@ -20,6 +20,8 @@ pub struct Reply {
     pub body: Json,
     /// Wait before answering.
     pub delay: Duration,
+    /// `Retry-After` header, in seconds.
+    pub retry_after: Option<u64>,
 }
 
 impl Reply {
@@ -29,6 +31,7 @@ impl Reply {
             status: 200,
             body,
             delay: Duration::ZERO,
+            retry_after: None,
         }
     }
     /// `status` with an error body.
@@ -37,6 +40,7 @@ impl Reply {
             status,
             body: json!({"error": status}),
             delay: Duration::ZERO,
+            retry_after: None,
         }
     }
     /// The same reply after `d`.
@@ -122,7 +126,12 @@ impl Upstream {
             tokio::time::sleep(reply.delay).await;
         }
         let status = StatusCode::from_u16(reply.status).unwrap();
-        (status, axum::Json(reply.body)).into_response()
+        let mut resp = (status, axum::Json(reply.body)).into_response();
+        if let Some(s) = reply.retry_after {
+            resp.headers_mut()
+                .insert("retry-after", s.to_string().parse().unwrap());
+        }
+        resp
     }
 
     /// Every request so far.

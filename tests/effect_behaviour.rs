@@ -1,0 +1,183 @@
+//! Effect worker behaviours beyond the happy path: per-attempt timeouts, `Retry-After`,
+//! calls longer than the ack wait, the NATS request/reply provider, and the drain.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::effects::{command, metric, one_per_command, publish_commands, settle_results};
+use common::upstream::{Reply, Upstream};
+use common::{NatsServer, RunnerProc, jetstream};
+use futures::StreamExt;
+use serde_json::json;
+
+fn manifest(dir: &Path, base: &str) -> PathBuf {
+    let path = dir.join("effects.yaml");
+    let text = format!(
+        r#"format: 1
+effects:
+  - name: slow
+    provider: http
+    settings: {{ url: "{base}/slow" }}
+    timeout_ms: 300
+    retry: {{ retry_limit: 1, base_backoff: 10, enable_jitter: false }}
+  - name: limited
+    provider: http
+    settings: {{ url: "{base}/limited" }}
+    retry: {{ retry_limit: 2, base_backoff: 10, enable_jitter: false }}
+  - name: long
+    provider: http
+    settings:
+      url: "{base}/long"
+      result: "${{ {{'status': state.status, 'took': state.body.took}} }}"
+    timeout_ms: 30000
+  - name: ask
+    provider: nats_request
+    settings:
+      subject: "svc.echo.${{ saga.tenant }}"
+      body: {{ question: "${{ event.payload.n }}" }}
+    timeout_ms: 2000
+"#
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn worker(url: &str, m: &Path) -> RunnerProc {
+    RunnerProc::start(
+        &[
+            "--mode",
+            "effect",
+            "--nats-url",
+            url,
+            "--manifest",
+            m.to_str().unwrap(),
+        ],
+        &[
+            ("RUNNER__EFFECT__LEASE_TTL", "1500ms"),
+            ("RUNNER__EFFECT__ACK_WAIT", "2s"),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_retry_after_long_calls_and_nats_request() {
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|path, _, nth| match path {
+        "/slow" => Reply::ok(json!({})).after(Duration::from_secs(1)),
+        "/limited" if nth == 1 => {
+            let mut r = Reply::status(429);
+            r.retry_after = Some(1);
+            r
+        }
+        "/limited" => Reply::ok(json!({"finally": true})),
+        "/long" => Reply::ok(json!({"took": 5})).after(Duration::from_secs(5)),
+        _ => Reply::status(404),
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path(), &upstream.base);
+    let w = worker(&nats.url(), &m);
+    let js = jetstream(&nats.url()).await;
+    // A service answering on the request subject.
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let mut sub = client.subscribe("svc.echo._").await.unwrap();
+    let responder = client.clone();
+    tokio::spawn(async move {
+        while let Some(m) = sub.next().await {
+            let q: serde_json::Value = serde_json::from_slice(&m.payload).unwrap();
+            let key = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("Idempotency-Key"))
+                .map(|v| v.as_str().to_string());
+            let body = json!({ "answer": q["question"], "key": key });
+            if let Some(reply) = m.reply {
+                responder
+                    .publish(reply, serde_json::to_vec(&body).unwrap().into())
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+
+    let ids = publish_commands(
+        &js,
+        &[
+            command("slow", 1),
+            command("limited", 2),
+            command("long", 3),
+            command("ask", 4),
+        ],
+    )
+    .await;
+    let seen = settle_results(&js, 4, Duration::from_secs(60)).await;
+    let by = one_per_command(&seen);
+
+    let slow = &by[&ids[0]];
+    assert_eq!(slow["result_type"], "TimedOut", "{slow}");
+    assert_eq!(slow["attempts"], 2);
+
+    let limited = &by[&ids[1]];
+    assert_eq!(limited["result_type"], "Succeeded");
+    assert_eq!(limited["payload"]["finally"], true);
+    let hits: Vec<_> = upstream
+        .hits()
+        .into_iter()
+        .filter(|h| h.path == "/limited")
+        .collect();
+    let gap = hits[1].at - hits[0].at;
+    assert!(
+        gap >= Duration::from_millis(990),
+        "Retry-After: 1 honoured, waited {gap:?}"
+    );
+
+    let long = &by[&ids[2]];
+    assert_eq!(long["result_type"], "Succeeded");
+    assert_eq!(long["payload"], json!({"status": 200, "took": 5}));
+    assert_eq!(
+        upstream.count(&ids[2]),
+        1,
+        "a call longer than the ack wait ran once"
+    );
+    assert_eq!(
+        metric(&w.admin, "runner_effect_claims_total{event=\"busy\"}").await,
+        0.0,
+        "progress acks kept the long command from being redelivered"
+    );
+    assert!(metric(&w.admin, "runner_effect_claims_total{event=\"renewed\"}").await >= 3.0);
+
+    let ask = &by[&ids[3]];
+    assert_eq!(ask["result_type"], "Succeeded", "{ask}");
+    assert_eq!(ask["payload"]["answer"], 4);
+    assert_eq!(ask["payload"]["key"], json!(ids[3]));
+    println!("429 + Retry-After: 1 → retried after {gap:?}; 300 ms timeout ×2 → TimedOut");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_finishes_the_call_in_flight() {
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| {
+        Reply::ok(json!({"took": 2})).after(Duration::from_secs(2))
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path(), &upstream.base);
+    let mut w = worker(&nats.url(), &m);
+    let js = jetstream(&nats.url()).await;
+    let id = publish_commands(&js, &[command("long", 1)]).await.remove(0);
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            upstream.count(&id) == 1
+        })
+        .await
+    );
+    w.signal("TERM");
+    assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
+    let seen = settle_results(&js, 1, Duration::from_secs(5)).await;
+    assert_eq!(one_per_command(&seen)[&id]["payload"]["took"], 2);
+    assert_eq!(one_per_command(&seen)[&id]["result_type"], "Succeeded");
+}
