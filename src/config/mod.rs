@@ -55,8 +55,8 @@ pub struct Config {
 pub struct EffectConfig {
     /// Most commands one process executes at once (1..=10000).
     pub concurrency: usize,
-    /// Most commands of one effect one process executes at once (1..=`concurrency`); a
-    /// command over the limit is handed back (`nak`) for a short while.
+    /// Most commands of one effect one process executes at once (1..=10000; `concurrency`
+    /// bounds it anyway); a command over the limit is handed back (`nak`) for a short while.
     pub concurrency_per_effect: usize,
     /// How long JetStream waits for an acknowledgement before redelivering a command
     /// (the worker sends progress acknowledgements while a command runs).
@@ -537,12 +537,12 @@ impl Config {
                 ),
             );
         }
-        if !(1..=self.effect.concurrency).contains(&self.effect.concurrency_per_effect) {
+        if !(1..=10_000).contains(&self.effect.concurrency_per_effect) {
             return invalid(
                 "effect.concurrency_per_effect",
                 format!(
-                    "{} is out of range; allowed 1 to effect.concurrency ({})",
-                    self.effect.concurrency_per_effect, self.effect.concurrency
+                    "{} is out of range; allowed 1 to 10000",
+                    self.effect.concurrency_per_effect
                 ),
             );
         }
