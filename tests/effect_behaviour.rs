@@ -181,3 +181,70 @@ async fn drain_finishes_the_call_in_flight() {
     assert_eq!(one_per_command(&seen)[&id]["payload"]["took"], 2);
     assert_eq!(one_per_command(&seen)[&id]["result_type"], "Succeeded");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_commands_are_dead_lettered_and_never_run() {
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path(), &upstream.base);
+    let w = worker(&nats.url(), &m);
+    let js = jetstream(&nats.url()).await;
+    js.publish("tenant._.effect.limited.x-1", "not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let (_, body) = command("limited", 1);
+    let id = body["command_id"].as_str().unwrap().to_string();
+    js.publish(
+        format!("tenant.acme.effect.limited.{id}"),
+        serde_json::to_vec(&body).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let dls = common::wait_for_messages(
+        &js,
+        "RUNNER_DLQ",
+        "tenant.*.deadletter.*",
+        2,
+        Duration::from_secs(20),
+    )
+    .await;
+    let mut kinds: Vec<_> = dls
+        .iter()
+        .map(|d| {
+            (
+                d.subject.clone(),
+                d.body["kind"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        vec![
+            (
+                "tenant._.deadletter.undecodable".to_string(),
+                "undecodable".to_string()
+            ),
+            (
+                "tenant.acme.deadletter.tenant_mismatch".to_string(),
+                "tenant_mismatch".to_string()
+            ),
+        ]
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(upstream.hits().is_empty(), "nothing reached the upstream");
+    assert!(common::effects::results(&js).await.is_empty());
+    assert_eq!(
+        metric(
+            &w.admin,
+            "runner_effect_commands_total{outcome=\"refused\"}"
+        )
+        .await,
+        2.0
+    );
+}

@@ -29,8 +29,9 @@
 //! upstream that honours it applies a command once. An upstream may see a command twice
 //! when its executor dies mid-call and another takes over after the lease.
 //!
-//! A command that cannot be decoded, whose subject and body disagree, or whose id cannot be
-//! a claim key is terminated (`Term`) and counted; it never reaches an upstream.
+//! A command that cannot be decoded, whose subject and body disagree, whose tenant is not
+//! allowed, or whose id cannot be a claim key is dead-lettered (`tenant.<t>.deadletter.<kind>`)
+//! and terminated (`Term`); it never reaches an upstream.
 
 pub mod breaker;
 pub mod claim;
@@ -479,26 +480,38 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         .and_then(|h| h.get(TRACEPARENT_HEADER))
         .map(|v| v.as_str().to_string());
     let metrics = &ctx.state.metrics;
-    let cmd = match Command::decode(msg.subject.as_str(), &msg.payload, traceparent) {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::error!(message = "Effect command refused; terminated.", error = %e);
-            metrics
-                .effect_commands
-                .with_label_values(&["refused"])
-                .inc();
-            let _ = msg.ack_with(AckKind::Term).await;
+    let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
+        .map_err(|e| {
+            let kind = match &e {
+                CommandError::Mismatch {
+                    field: "tenant", ..
+                } => crate::worker::process::kind::TENANT_MISMATCH,
+                _ => crate::worker::process::kind::UNDECODABLE,
+            };
+            (kind, e.to_string())
+        })
+        .and_then(|c| {
+            let allowed = &ctx.state.config.tenancy.allowed;
+            if !allowed.is_empty() && !allowed.contains(&c.tenant) {
+                return Err((
+                    crate::worker::process::kind::UNKNOWN_TENANT,
+                    format!("tenant {:?} is not in tenancy.allowed", c.tenant),
+                ));
+            }
+            match claim::claim_key(&c.tenant, &c.command_id) {
+                Some(key) => Ok((c, key)),
+                None => Err((
+                    crate::worker::process::kind::UNDECODABLE,
+                    format!("command id {:?} cannot be a claim key", c.command_id),
+                )),
+            }
+        });
+    let (cmd, key) = match decoded {
+        Ok(v) => v,
+        Err((kind, reason)) => {
+            refuse(ctx, &msg, traceparent, kind, &reason).await;
             return;
         }
-    };
-    let Some(key) = claim::claim_key(&cmd.tenant, &cmd.command_id) else {
-        tracing::error!(message = "Effect command id cannot be a claim key; terminated.", tenant = %cmd.tenant, command_id = %cmd.command_id);
-        metrics
-            .effect_commands
-            .with_label_values(&["refused"])
-            .inc();
-        let _ = msg.ack_with(AckKind::Term).await;
-        return;
     };
     let Some(_slot) = ctx.effect_slot(&cmd.effect) else {
         metrics
@@ -629,6 +642,60 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     }
 }
 
+/// Dead-letters a command that can never run (`tenant.<t>.deadletter.<kind>` on the
+/// dead-letter stream, with the reason and the original body), then terminates it. If the
+/// dead letter cannot be published the command is nak'ed and comes back later.
+async fn refuse(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    traceparent: Option<String>,
+    kind: &'static str,
+    reason: &str,
+) {
+    let metrics = &ctx.state.metrics;
+    let subject = msg.subject.as_str();
+    let tenant = subject
+        .split('.')
+        .nth(1)
+        .filter(|t| crate::config::is_subject_token(t))
+        .unwrap_or(ctx.state.config.tenancy.default_tenant.as_str())
+        .to_string();
+    let source = match msg.info() {
+        Ok(i) => format!("{}:{}", i.stream, i.stream_sequence),
+        Err(_) => subject.to_string(),
+    };
+    let body = json!({
+        "v": 1,
+        "tenant_id": tenant,
+        "kind": kind,
+        "reason": reason,
+        "subject": subject,
+        "source": source,
+        "body": String::from_utf8_lossy(&msg.payload),
+        "at_ms": now_ms(),
+    });
+    let dl = StoredResult {
+        subject: format!("tenant.{tenant}.deadletter.{kind}"),
+        msg_id: format!("dl:{source}:effect"),
+        traceparent,
+        body,
+    };
+    if let Err(e) = publish(ctx, &dl).await {
+        tracing::warn!(message = "Cannot dead-letter a refused effect command; will retry.", source = %source, error = %e);
+        let _ = msg
+            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+            .await;
+        return;
+    }
+    tracing::error!(message = "Effect command refused and dead-lettered.", tenant = %tenant, kind, reason, source = %source);
+    metrics
+        .effect_commands
+        .with_label_values(&["refused"])
+        .inc();
+    metrics.deadletters.with_label_values(&[kind]).inc();
+    let _ = msg.ack_with(AckKind::Term).await;
+}
+
 fn effect_label(ctx: &Ctx, name: &str) -> String {
     if ctx.state.catalog().effect(name).is_some() {
         name.to_string()
@@ -746,8 +813,8 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
     let metrics = &ctx.state.metrics;
     let mut attempts = 0u32;
     loop {
+        attempts += 1;
         let result = if ctx.breakers.allow(&effect.name, breaker) {
-            attempts += 1;
             let r = match tokio::time::timeout(
                 timeout,
                 provider.call(&effect.name, &cmd.body, &cmd.command_id, &env),
@@ -781,8 +848,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
             Ok(payload) => return (ResultType::Succeeded, payload, attempts),
             Err(e) => e,
         };
-        let tries = attempts.max(1);
-        let retries_done = tries.saturating_sub(1);
+        let retries_done = attempts.saturating_sub(1);
         if !err.is_retryable() || retries_done >= policy.retry_limit {
             tracing::info!(message = "Effect failed.", effect = %effect.name, command_id = %cmd.command_id, attempts, error = %err);
             let rt = if matches!(err, EffectError::TimedOut(_)) {
@@ -810,7 +876,6 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
         if matches!(err, EffectError::CircuitOpen(_)) {
             // No call went out; wait at least a little so an open circuit is not spun on.
             wait = wait.max(Duration::from_millis(100));
-            attempts += 1;
         }
         tracing::debug!(message = "Effect attempt failed; retrying.", effect = %effect.name, command_id = %cmd.command_id, retry, wait = ?wait, error = %err);
         tokio::time::sleep(wait).await;
