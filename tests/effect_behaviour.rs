@@ -248,3 +248,39 @@ async fn refused_commands_are_dead_lettered_and_never_run() {
         2.0
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_restart_mid_run_loses_and_doubles_no_result() {
+    const N: u64 = 200;
+    let mut nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| {
+        Reply::ok(json!({"took": 0})).after(Duration::from_millis(20))
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path(), &upstream.base);
+    let w = worker(&nats.url(), &m);
+    let js = jetstream(&nats.url()).await;
+    let cmds: Vec<_> = (0..N).map(|n| command("long", n)).collect();
+    let ids = publish_commands(&js, &cmds).await;
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            upstream.hits().len() >= 20
+        })
+        .await
+    );
+    nats.restart();
+    let js = jetstream(&nats.url()).await;
+    let seen = settle_results(&js, N as usize, Duration::from_secs(120)).await;
+    let by = one_per_command(&seen);
+    assert_eq!(by.len(), N as usize, "one result per command");
+    for id in &ids {
+        assert_eq!(by[id]["result_type"], "Succeeded");
+        assert!(upstream.count(id) >= 1);
+    }
+    let repeats = upstream.per_key().values().filter(|n| **n > 1).count();
+    println!(
+        "NATS restart mid-run: {N} results, {repeats} keys called more than once (at least once)"
+    );
+    drop(w);
+}

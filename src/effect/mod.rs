@@ -604,25 +604,45 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         .with_label_values(&[label.as_str()])
         .observe(started.elapsed().as_secs_f64());
     let result = cmd.result(rt, payload, attempts);
-    match ctx.claims.complete(&mut lease, result.clone()).await {
-        Ok(()) => {}
-        Err(e) => {
-            ctx.claim_event(event::FAILED);
-            let fenced = matches!(e, ClaimError::Fenced { .. });
-            tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, attempt = lease.attempt, error = %e);
+    // Recording is retried while the lease lasts: the call's outcome is in hand, and giving
+    // up here would make another executor call the upstream again.
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match ctx.claims.complete(&mut lease, result.clone()).await {
+            Ok(()) => break,
+            Err(e @ ClaimError::Kv { .. })
+                if now_ms().saturating_add(pause.as_millis() as u64) < lease.expires_ms =>
+            {
+                tracing::warn!(message = "Recording the outcome failed; retrying while the lease lasts.", command_id = span_fields.2, error = %e);
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => {
+                ctx.claim_event(event::FAILED);
+                let fenced = matches!(e, ClaimError::Fenced { .. });
+                tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, attempt = lease.attempt, error = %e);
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
+                    .await;
+                return;
+            }
+        }
+    }
+    // The claim is done from here on; a failed publish is retried a few times, and after
+    // that the redelivery republishes the stored result.
+    let mut pause = Duration::from_millis(100);
+    let mut tries = 0;
+    while let Err(e) = publish(ctx, &result).await {
+        tries += 1;
+        if tries >= 5 {
+            tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", command_id = span_fields.2, error = %e);
             let _ = msg
                 .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                 .await;
             return;
         }
-    }
-    if let Err(e) = publish(ctx, &result).await {
-        // The claim is done: the redelivery republishes the stored result.
-        tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", command_id = span_fields.2, error = %e);
-        let _ = msg
-            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-            .await;
-        return;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
     }
     ctx.claim_event(event::COMPLETED);
     metrics
