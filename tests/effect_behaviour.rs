@@ -34,6 +34,13 @@ effects:
       url: "{base}/long"
       result: "${{ {{'status': state.status, 'took': state.body.took}} }}"
     timeout_ms: 30000
+  - name: picky
+    provider: http
+    settings:
+      url: "{base}/picky"
+      method: PUT
+      success_when: "state.body.ok == true"
+    retry: {{ retry_limit: 3, base_backoff: 10 }}
   - name: ask
     provider: nats_request
     settings:
@@ -75,6 +82,7 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
         }
         "/limited" => Reply::ok(json!({"finally": true})),
         "/long" => Reply::ok(json!({"took": 5})).after(Duration::from_secs(5)),
+        "/picky" => Reply::ok(json!({"ok": false})),
         _ => Reply::status(404),
     }))
     .await;
@@ -111,10 +119,11 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
             command("limited", 2),
             command("long", 3),
             command("ask", 4),
+            command("picky", 5),
         ],
     )
     .await;
-    let seen = settle_results(&js, 4, Duration::from_secs(60)).await;
+    let seen = settle_results(&js, 5, Duration::from_secs(60)).await;
     let by = one_per_command(&seen);
 
     let slow = &by[&ids[0]];
@@ -154,6 +163,14 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
     assert_eq!(ask["result_type"], "Succeeded", "{ask}");
     assert_eq!(ask["payload"]["answer"], 4);
     assert_eq!(ask["payload"]["key"], json!(ids[3]));
+    let picky = &by[&ids[4]];
+    assert_eq!(picky["result_type"], "Failed", "{picky}");
+    assert_eq!(picky["payload"]["body"]["ok"], false);
+    assert_eq!(
+        upstream.count(&ids[4]),
+        1,
+        "a 200 failing success_when is fatal, not retried"
+    );
     println!("429 + Retry-After: 1 → retried after {gap:?}; 300 ms timeout ×2 → TimedOut");
 }
 
