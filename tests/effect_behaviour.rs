@@ -301,3 +301,112 @@ async fn a_nats_restart_mid_run_loses_and_doubles_no_result() {
     );
     drop(w);
 }
+
+/// A local SMTP server (Debian's python3-aiosmtpd) printing what it receives to `out`.
+struct SmtpServer {
+    child: std::process::Child,
+    port: u16,
+    out: PathBuf,
+}
+
+impl SmtpServer {
+    fn start(dir: &Path) -> Self {
+        // Debian's package installs for Debian's interpreter, which may not be first on PATH.
+        let python = if Path::new("/usr/bin/python3").exists() {
+            "/usr/bin/python3"
+        } else {
+            "python3"
+        };
+        let ok = std::process::Command::new(python)
+            .args(["-c", "import aiosmtpd"])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(
+            ok,
+            "python3 aiosmtpd not found: install Debian's python3-aiosmtpd (scripts/setup-deps does)"
+        );
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let out = dir.join("smtp.out");
+        let child = std::process::Command::new(python)
+            .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}")])
+            .env("PYTHONUNBUFFERED", "1")
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "aiosmtpd did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self { child, port, out }
+    }
+    fn received(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+impl Drop for SmtpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smtp_effect_sends_one_mail_to_a_real_server() {
+    let nats = NatsServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let smtp = SmtpServer::start(dir.path());
+    let m = dir.path().join("mail.yaml");
+    std::fs::write(
+        &m,
+        format!(
+            r#"format: 1
+effects:
+  - name: mail
+    provider: smtp
+    settings:
+      host: 127.0.0.1
+      port: {}
+      tls: none
+      from: "Runner <runner@example.com>"
+      to: ["ops@example.com"]
+      subject: "Order ${{ event.metadata.correlation_id }}"
+      body: "Amount ${{ event.payload.n }}"
+    timeout_ms: 5000
+"#,
+            smtp.port
+        ),
+    )
+    .unwrap();
+    let _w = worker(&nats.url(), &m);
+    let js = jetstream(&nats.url()).await;
+    let id = publish_commands(&js, &[command("mail", 42)])
+        .await
+        .remove(0);
+    let seen = settle_results(&js, 1, Duration::from_secs(30)).await;
+    let r = &one_per_command(&seen)[&id];
+    assert_eq!(r["result_type"], "Succeeded", "{r}");
+    assert_eq!(r["payload"]["code"], "250");
+    assert!(
+        common::eventually(Duration::from_secs(5), || async {
+            smtp.received().contains(&format!("<{id}@runner>"))
+        })
+        .await,
+        "server got: {}",
+        smtp.received()
+    );
+    let got = smtp.received();
+    assert!(got.contains("Subject: Order c-42"), "{got}");
+    assert!(got.contains("Amount 42"), "{got}");
+    assert_eq!(got.matches("MESSAGE FOLLOWS").count(), 1, "one mail: {got}");
+}

@@ -36,6 +36,7 @@
 pub mod breaker;
 pub mod claim;
 pub mod provider;
+pub mod smtp;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

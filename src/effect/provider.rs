@@ -7,6 +7,7 @@
 //! | `http` | one HTTP request (rustls for TLS) |
 //! | `nats_request` | NATS request/reply to a service subject |
 //! | `nats_publish` | publishes the payload on a subject and succeeds |
+//! | `smtp` | sends one plain-text mail (see [`super::smtp`]) |
 //!
 //! **Templates.** Settings strings may hold `${ expr }` templates (see [`crate::expr`]).
 //! Before the call they see `event` = the command envelope (`event.payload`,
@@ -136,8 +137,10 @@ pub struct SettingsError {
 
 /// Where a secret comes from.
 #[derive(Debug, Clone)]
-enum SecretSource {
+pub enum SecretSource {
+    /// An environment variable.
     Env(String),
+    /// A file (its trimmed content).
     File(std::path::PathBuf),
 }
 
@@ -154,6 +157,8 @@ pub enum Provider {
     NatsRequest(NatsSpec),
     /// NATS publish.
     NatsPublish(NatsSpec),
+    /// One mail through an SMTP server.
+    Smtp(Box<super::smtp::SmtpSpec>, Vec<(String, SecretSource)>),
 }
 
 /// Compiled HTTP settings.
@@ -335,6 +340,41 @@ impl Provider {
                     Provider::NatsPublish(spec)
                 })
             }
+            "smtp" => {
+                let req = |k: &str| c.template(k)?.ok_or_else(|| c.err(k, "is required"));
+                let port = match c.settings.get("port") {
+                    None => 25,
+                    Some(v) => v
+                        .as_u64()
+                        .and_then(|p| u16::try_from(p).ok())
+                        .ok_or_else(|| c.err("port", "must be a port number"))?,
+                };
+                let tls = match c.settings.get("tls").and_then(Json::as_str) {
+                    None | Some("starttls") => super::smtp::SmtpTls::StartTls,
+                    Some("tls") => super::smtp::SmtpTls::Implicit,
+                    Some("none") => super::smtp::SmtpTls::None,
+                    Some(other) => {
+                        return Err(c.err(
+                            "tls",
+                            format!("{other:?} is not one of starttls, tls, none"),
+                        ));
+                    }
+                };
+                Ok(Provider::Smtp(
+                    Box::new(super::smtp::SmtpSpec {
+                        host: req("host")?,
+                        port,
+                        tls,
+                        from: req("from")?,
+                        to: req("to")?,
+                        subject: req("subject")?,
+                        body: req("body")?,
+                        username: c.template("username")?,
+                        password: c.template("password")?,
+                    }),
+                    c.secrets()?,
+                ))
+            }
             other => Err(c.err("provider", format!("unknown provider `{other}`"))),
         }
     }
@@ -418,6 +458,12 @@ impl Provider {
                 Ok(json!({}))
             }
             Provider::Http(spec) => spec.call(effect, command, command_id, env).await,
+            Provider::Smtp(spec, secrets) => {
+                let saga = saga_vars(command, load_secrets(secrets)?);
+                let empty = json!({});
+                let vars = Vars::new(command, &empty, &saga);
+                spec.call(effect, &vars, command_id, env.timeout).await
+            }
             Provider::NatsRequest(spec) | Provider::NatsPublish(spec) => {
                 let secrets = load_secrets(&spec.secrets)?;
                 let saga = saga_vars(command, secrets);

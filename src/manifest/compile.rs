@@ -22,7 +22,14 @@ use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
 use crate::expr::{Expr, ExprError, Needs, Template};
 
 /// Providers the effect worker knows.
-pub const PROVIDERS: [&str; 5] = ["noop", "log", "http", "nats_request", "nats_publish"];
+pub const PROVIDERS: [&str; 6] = [
+    "noop",
+    "log",
+    "http",
+    "nats_request",
+    "nats_publish",
+    "smtp",
+];
 
 /// Default result timeout of command steps and compensations, in milliseconds.
 pub const DEFAULT_STEP_TIMEOUT_MS: u64 = 30_000;
