@@ -410,3 +410,191 @@ effects:
     assert!(got.contains("Amount 42"), "{got}");
     assert_eq!(got.matches("MESSAGE FOLLOWS").count(), 1, "one mail: {got}");
 }
+
+/// A throw-away PostgreSQL server (Debian's postgresql) on a free port, run as the
+/// `postgres` user when the test runs as root (PostgreSQL refuses root).
+struct PgServer {
+    child: std::process::Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PgServer {
+    fn start() -> Self {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|d| d.filter_map(Result::ok).map(|e| e.path().join("bin")).max())
+            .filter(|p| p.join("initdb").exists())
+            .expect("PostgreSQL not found: install Debian's postgresql (scripts/setup-deps does)");
+        let dir = tempfile::tempdir().unwrap();
+        let root = running_as_root();
+        let run = |prog: &Path, args: &[&str]| {
+            let mut c = if root {
+                let mut c = std::process::Command::new("runuser");
+                c.args(["-u", "postgres", "--"]).arg(prog);
+                c
+            } else {
+                std::process::Command::new(prog)
+            };
+            c.args(args);
+            c
+        };
+        if root {
+            std::process::Command::new("chown")
+                .args(["-R", "postgres"])
+                .arg(dir.path())
+                .status()
+                .unwrap();
+        }
+        let data = dir.path().join("data");
+        let st = run(
+            &bin.join("initdb"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+            ],
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+        assert!(st.success(), "initdb failed");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = run(
+            &bin.join("postgres"),
+            &[
+                "-D",
+                data.to_str().unwrap(),
+                "-p",
+                &port.to_string(),
+                "-k",
+                dir.path().to_str().unwrap(),
+                "-c",
+                "listen_addresses=127.0.0.1",
+            ],
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "postgres did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self {
+            child,
+            port,
+            _dir: dir,
+        }
+    }
+    fn url(&self) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            self.port
+        )
+    }
+}
+
+fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_effect_runs_one_parameterised_statement() {
+    let nats = NatsServer::start();
+    let pg = PgServer::start();
+    let (client, conn) = loop {
+        // The server may still be starting up after it opened its port.
+        match tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await {
+            Ok(c) => break c,
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    tokio::spawn(conn);
+    client
+        .batch_execute("CREATE TABLE charges (command_id text PRIMARY KEY, amount int, meta jsonb)")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("pg.yaml");
+    std::fs::write(
+        &m,
+        r#"format: 1
+effects:
+  - name: record
+    provider: postgres
+    settings:
+      url: "${ saga.secrets.dsn }"
+      secrets: { dsn: { env: TEST_PG_DSN } }
+      statement: "INSERT INTO charges VALUES ($1, $2, $3) ON CONFLICT (command_id) DO NOTHING"
+      params: ["${ event.command_id }", "${ event.payload.n }", "${ event.metadata }"]
+    timeout_ms: 5000
+  - name: broken
+    provider: postgres
+    settings:
+      url: "${ saga.secrets.dsn }"
+      secrets: { dsn: { env: TEST_PG_DSN } }
+      statement: "INSERT INTO nowhere VALUES ($1)"
+      params: ["${ event.command_id }"]
+    retry: { retry_limit: 3, base_backoff: 10 }
+"#,
+    )
+    .unwrap();
+    let dsn = pg.url();
+    let _w = RunnerProc::start(
+        &[
+            "--mode",
+            "effect",
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            m.to_str().unwrap(),
+        ],
+        &[("TEST_PG_DSN", dsn.as_str())],
+    );
+    let js = jetstream(&nats.url()).await;
+    let ids = publish_commands(&js, &[command("record", 42), command("broken", 1)]).await;
+    let seen = settle_results(&js, 2, Duration::from_secs(30)).await;
+    let by = one_per_command(&seen);
+    assert_eq!(by[&ids[0]]["result_type"], "Succeeded", "{}", by[&ids[0]]);
+    assert_eq!(by[&ids[0]]["payload"]["rows"], 1);
+    let rows = client
+        .query("SELECT command_id, amount, meta FROM charges", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(0), ids[0]);
+    assert_eq!(rows[0].get::<_, i32>(1), 42);
+    assert_eq!(rows[0].get::<_, serde_json::Value>(2)["saga"], "test");
+    let broken = &by[&ids[1]];
+    assert_eq!(broken["result_type"], "Failed", "{broken}");
+    assert_eq!(broken["attempts"], 1, "an undefined table is fatal");
+    assert_eq!(broken["payload"]["sqlstate"], "42P01");
+    assert!(
+        !broken.to_string().contains("port="),
+        "no connection string in errors"
+    );
+}

@@ -35,6 +35,7 @@
 
 pub mod breaker;
 pub mod claim;
+pub mod postgres;
 pub mod provider;
 pub mod smtp;
 

@@ -8,6 +8,7 @@
 //! | `nats_request` | NATS request/reply to a service subject |
 //! | `nats_publish` | publishes the payload on a subject and succeeds |
 //! | `smtp` | sends one plain-text mail (see [`super::smtp`]) |
+//! | `postgres` | runs one parameterised statement (see [`super::postgres`]) |
 //!
 //! **Templates.** Settings strings may hold `${ expr }` templates (see [`crate::expr`]).
 //! Before the call they see `event` = the command envelope (`event.payload`,
@@ -157,6 +158,11 @@ pub enum Provider {
     NatsRequest(NatsSpec),
     /// NATS publish.
     NatsPublish(NatsSpec),
+    /// One parameterised PostgreSQL statement.
+    Postgres(
+        Box<super::postgres::PostgresSpec>,
+        Vec<(String, SecretSource)>,
+    ),
     /// One mail through an SMTP server.
     Smtp(Box<super::smtp::SmtpSpec>, Vec<(String, SecretSource)>),
 }
@@ -340,6 +346,36 @@ impl Provider {
                     Provider::NatsPublish(spec)
                 })
             }
+            "postgres" => {
+                let statement = match c.settings.get("statement") {
+                    Some(Json::String(s)) if !s.contains("${") => s.clone(),
+                    Some(Json::String(_)) => {
+                        return Err(c.err(
+                            "statement",
+                            "must not hold templates: pass values through `params`",
+                        ));
+                    }
+                    _ => return Err(c.err("statement", "is required (a SQL string)")),
+                };
+                let params = match c.settings.get("params") {
+                    None => Vec::new(),
+                    Some(Json::Array(items)) => items
+                        .iter()
+                        .map(|v| template_of(v).map_err(|e| c.err("params", e.to_string())))
+                        .collect::<Result<_, _>>()?,
+                    Some(_) => return Err(c.err("params", "must be a list")),
+                };
+                Ok(Provider::Postgres(
+                    Box::new(super::postgres::PostgresSpec {
+                        url: c
+                            .template("url")?
+                            .ok_or_else(|| c.err("url", "is required"))?,
+                        statement,
+                        params,
+                    }),
+                    c.secrets()?,
+                ))
+            }
             "smtp" => {
                 let req = |k: &str| c.template(k)?.ok_or_else(|| c.err(k, "is required"));
                 let port = match c.settings.get("port") {
@@ -458,6 +494,12 @@ impl Provider {
                 Ok(json!({}))
             }
             Provider::Http(spec) => spec.call(effect, command, command_id, env).await,
+            Provider::Postgres(spec, secrets) => {
+                let saga = saga_vars(command, load_secrets(secrets)?);
+                let empty = json!({});
+                let vars = Vars::new(command, &empty, &saga);
+                spec.call(effect, &vars).await
+            }
             Provider::Smtp(spec, secrets) => {
                 let saga = saga_vars(command, load_secrets(secrets)?);
                 let empty = json!({});

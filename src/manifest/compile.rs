@@ -22,13 +22,14 @@ use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
 use crate::expr::{Expr, ExprError, Needs, Template};
 
 /// Providers the effect worker knows.
-pub const PROVIDERS: [&str; 6] = [
+pub const PROVIDERS: [&str; 7] = [
     "noop",
     "log",
     "http",
     "nats_request",
     "nats_publish",
     "smtp",
+    "postgres",
 ];
 
 /// Default result timeout of command steps and compensations, in milliseconds.
