@@ -34,6 +34,10 @@ effects:
       url: "{base}/long"
       result: "${{ {{'status': state.status, 'took': state.body.took}} }}"
     timeout_ms: 30000
+  - name: patient
+    provider: http
+    settings: {{ url: "{base}/patient" }}
+    retry: {{ retry_limit: 5, base_backoff: 3000, max_backoff: 30000, enable_jitter: false }}
   - name: picky
     provider: http
     settings:
@@ -596,5 +600,54 @@ effects:
     assert!(
         !broken.to_string().contains("port="),
         "no connection string in errors"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_hands_back_a_command_waiting_between_retries() {
+    let nats = NatsServer::start();
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let h = healthy.clone();
+    let upstream = Upstream::start(Arc::new(move |_, _, _| {
+        if h.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::ok(json!({"took": 1}))
+        } else {
+            Reply::status(503)
+        }
+    }))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let m = manifest(dir.path(), &upstream.base);
+    let mut first = worker(&nats.url(), &m);
+    let js = jetstream(&nats.url()).await;
+    let id = publish_commands(&js, &[command("patient", 1)])
+        .await
+        .remove(0);
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            upstream.count(&id) == 1
+        })
+        .await
+    );
+    // The first worker now waits 6 s before its retry; the drain must not wait for it.
+    let second = worker(&nats.url(), &m);
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    let t = std::time::Instant::now();
+    first.signal("TERM");
+    assert_eq!(first.wait_exit(Duration::from_secs(30)), Some(0));
+    let drained = t.elapsed();
+    assert!(drained < Duration::from_secs(4), "drain took {drained:?}");
+    let seen = settle_results(&js, 1, Duration::from_secs(30)).await;
+    let r = &one_per_command(&seen)[&id];
+    assert_eq!(r["result_type"], "Succeeded", "{r}");
+    assert_eq!(r["attempts"], 1, "the second worker's first call");
+    assert_eq!(upstream.count(&id), 2);
+    assert_eq!(
+        metric(&second.admin, "runner_effect_claims_total{event=\"steal\"}").await,
+        1.0
+    );
+    println!(
+        "drain during a 6 s backoff: exited after {drained:?}, result {:?} after the signal",
+        t.elapsed()
     );
 }

@@ -276,6 +276,15 @@ impl Claims {
         Ok(())
     }
 
+    /// Gives the claim up: the lease is marked expired (CAS on the held revision), so the
+    /// next delivery takes it over at once instead of waiting for the lease to run out.
+    pub async fn release(&self, lease: &mut Lease) -> Result<(), ClaimError> {
+        let value = self
+            .encode(lease.attempt, 0)
+            .map_err(|e| Self::kv_err(&lease.key, "encode", e))?;
+        self.cas(lease, value, "release").await
+    }
+
     /// Marks the command done with its result, CAS on the held revision.
     pub async fn complete(
         &self,

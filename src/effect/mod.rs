@@ -24,6 +24,10 @@
 //! command republishes the stored result under the same `Nats-Msg-Id`, which JetStream
 //! drops as a duplicate within its window (and the saga side drops by event id after it).
 //!
+//! **Drain**: fetching stops; calls in flight finish and are recorded; a command waiting
+//! between retries is handed back at once (its lease expired by CAS, the message nak'ed) so
+//! another replica takes it over instead of the drain waiting out the backoff.
+//!
 //! Delivery: at least once overall; at most one live executor per command; upstreams see
 //! the same `Idempotency-Key` (the command id) on every attempt by every executor, so an
 //! upstream that honours it applies a command once. An upstream may see a command twice
@@ -310,6 +314,8 @@ struct Ctx {
     http: reqwest::Client,
     breakers: Breakers,
     providers: Mutex<HashMap<String, CachedProvider>>,
+    /// Cancelled when the drain begins.
+    drain: CancellationToken,
     per_effect: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
@@ -384,6 +390,7 @@ pub fn spawn(
         http,
         breakers,
         providers: Mutex::new(HashMap::new()),
+        drain: cancel.clone(),
         per_effect: Mutex::new(HashMap::new()),
     });
     tracker.spawn(consume(ctx, cancel));
@@ -594,11 +601,24 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     let started = Instant::now();
     let outcome = run_guarded(ctx, &msg, &cmd, &mut lease).await;
     metrics.effect_in_flight.dec();
-    let Some((rt, payload, attempts)) = outcome else {
-        // Lease lost: someone else owns the command now. Leave the message alone; its
-        // redelivery finds the new owner's claim.
-        let _ = msg.ack_with(AckKind::Nak(Some(ctx.claims.ttl()))).await;
-        return;
+    let (rt, payload, attempts) = match outcome {
+        Guarded::Done(rt, payload, attempts) => (rt, payload, attempts),
+        Guarded::Lost => {
+            // Someone else owns the command now. Its redelivery finds the new owner's claim.
+            let _ = msg.ack_with(AckKind::Nak(Some(ctx.claims.ttl()))).await;
+            return;
+        }
+        Guarded::HandBack => {
+            // Expire the lease at once so another replica takes the command over now.
+            let released = ctx.claims.release(&mut lease).await;
+            tracing::info!(
+                message = "Draining: command handed back between retries.",
+                command_id = span_fields.2,
+                released = released.is_ok()
+            );
+            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            return;
+        }
     };
     let label = effect_label(ctx, &cmd.effect);
     metrics
@@ -745,14 +765,23 @@ async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
     Ok(())
 }
 
-/// Runs the command while renewing the lease and sending progress acks. `None` when the
-/// lease was lost (the call is abandoned).
+/// How a guarded execution ended.
+enum Guarded {
+    /// An outcome to record and publish.
+    Done(ResultType, Json, u32),
+    /// The lease was lost: the call was abandoned.
+    Lost,
+    /// Draining while waiting between retries: give the command back.
+    HandBack,
+}
+
+/// Runs the command while renewing the lease and sending progress acks.
 async fn run_guarded(
     ctx: &Ctx,
     msg: &jetstream::Message,
     cmd: &Command,
     lease: &mut Lease,
-) -> Option<(ResultType, Json, u32)> {
+) -> Guarded {
     let ttl = ctx.claims.ttl();
     let exec = execute(ctx, cmd);
     tokio::pin!(exec);
@@ -764,20 +793,23 @@ async fn run_guarded(
     progress.tick().await;
     loop {
         tokio::select! {
-            out = &mut exec => return Some(out),
+            out = &mut exec => return match out {
+                Some((rt, payload, attempts)) => Guarded::Done(rt, payload, attempts),
+                None => Guarded::HandBack,
+            },
             _ = renew.tick() => {
                 match ctx.claims.renew(lease).await {
                     Ok(()) => ctx.claim_event(event::RENEWED),
                     Err(e @ ClaimError::Fenced { .. }) => {
                         ctx.claim_event(event::RENEW_FAILED);
                         tracing::warn!(message = "Lease renewal refused: another executor took the command over; abandoning it.", command_id = %cmd.command_id, attempt = lease.attempt, error = %e);
-                        return None;
+                        return Guarded::Lost;
                     }
                     Err(e) => {
                         if now_ms() >= lease.expires_ms {
                             ctx.claim_event(event::RENEW_FAILED);
                             tracing::warn!(message = "Lease expired without a successful renewal; abandoning the command.", command_id = %cmd.command_id, error = %e);
-                            return None;
+                            return Guarded::Lost;
                         }
                         tracing::warn!(message = "Lease renewal failed; will try again before it expires.", command_id = %cmd.command_id, error = %e);
                     }
@@ -791,7 +823,7 @@ async fn run_guarded(
 }
 
 /// All attempts of one command: timeout per attempt, breaker, retries with backoff.
-async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
+async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
     let catalog = ctx.state.catalog();
     let Some(effect) = catalog.effect(&cmd.effect).cloned() else {
         let e = EffectError::Fatal {
@@ -801,7 +833,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
             ),
             details: json!({}),
         };
-        return (ResultType::Failed, e.to_payload(), 0);
+        return Some((ResultType::Failed, e.to_payload(), 0));
     };
     let provider = match ctx.provider(&effect) {
         Ok(p) => p,
@@ -810,7 +842,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
                 reason,
                 details: json!({}),
             };
-            return (ResultType::Failed, e.to_payload(), 0);
+            return Some((ResultType::Failed, e.to_payload(), 0));
         }
     };
     let policy = cmd.retry().or(effect.retry).unwrap_or(RetryPolicy {
@@ -867,7 +899,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
             .with_label_values(&[effect.name.as_str(), outcome])
             .inc();
         let err = match result {
-            Ok(payload) => return (ResultType::Succeeded, payload, attempts),
+            Ok(payload) => return Some((ResultType::Succeeded, payload, attempts)),
             Err(e) => e,
         };
         let retries_done = attempts.saturating_sub(1);
@@ -878,7 +910,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
             } else {
                 ResultType::Failed
             };
-            return (rt, err.to_payload(), attempts);
+            return Some((rt, err.to_payload(), attempts));
         }
         let retry = retries_done + 1;
         let key = JitterKey {
@@ -900,7 +932,11 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> (ResultType, Json, u32) {
             wait = wait.max(Duration::from_millis(100));
         }
         tracing::debug!(message = "Effect attempt failed; retrying.", effect = %effect.name, command_id = %cmd.command_id, retry, wait = ?wait, error = %err);
-        tokio::time::sleep(wait).await;
+        // A drain does not wait out a backoff: the command is handed back instead.
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = ctx.drain.cancelled() => return None,
+        }
     }
 }
 
