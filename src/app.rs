@@ -291,6 +291,11 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
 
     let broker = Broker::connect(&config.nats).await?;
     broker::ensure_streams(broker.jetstream(), &config.streams).await?;
+    let claims_kv = if mode.runs_effects() {
+        Some(crate::effect::ensure_claims_bucket(broker.jetstream(), &config).await?)
+    } else {
+        None
+    };
 
     let paths = config.runner.manifests.clone();
     let report = tokio::task::spawn_blocking(move || manifest::load(&paths))
@@ -377,6 +382,9 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             handle,
             state.lifecycle.work_token(),
         );
+    }
+    if let Some(kv) = claims_kv {
+        crate::effect::spawn(&workers, state.clone(), kv, state.lifecycle.work_token());
     }
     workers.close();
 

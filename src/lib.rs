@@ -21,6 +21,7 @@
 //! | [`broker`] | NATS connection and stream reconciliation |
 //! | [`storage`] | libmdbx environment, off the async runtime |
 //! | [`worker`] | saga worker: consumers, batch commit, timers, dead letters |
+//! | [`effect`] | effect worker: claims, providers, retries, breakers, result events |
 //! | [`ops`] | operator tools: inspect, dead letters, redrive |
 //! | [`relay`] | outbox relay to JetStream |
 //! | [`admin`] | health, readiness, metrics, info, drain, reload |
@@ -34,6 +35,7 @@ pub mod app;
 pub mod broker;
 pub mod cli;
 pub mod config;
+pub mod effect;
 pub mod expr;
 pub mod manifest;
 pub mod ops;

@@ -9,7 +9,8 @@
 //! come from bounded sets only.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -83,6 +84,23 @@ pub mod names {
     pub const TIMER_FIRE_LAG_SECONDS: &str = "runner_timer_fire_lag_seconds";
     /// Dead letters by kind.
     pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
+    /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
+    /// `completed`, `failed`, `replayed`).
+    pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
+    /// Effect commands not executed on delivery, by outcome (`refused`: undecodable or
+    /// inconsistent, terminated; `throttled`: over `effect.concurrency_per_effect`, nak'ed).
+    pub const EFFECT_COMMANDS_TOTAL: &str = "runner_effect_commands_total";
+    /// Effect results published, by effect and result type.
+    pub const EFFECT_RESULTS_TOTAL: &str = "runner_effect_results_total";
+    /// Effect attempts by effect and outcome (`succeeded`, `retryable`, `fatal`,
+    /// `timed_out`, `circuit_open`).
+    pub const EFFECT_ATTEMPTS_TOTAL: &str = "runner_effect_attempts_total";
+    /// Time from claiming a command to its outcome (all attempts), seconds, by effect.
+    pub const EFFECT_SECONDS: &str = "runner_effect_seconds";
+    /// Circuit breaker state by effect: 0 closed, 1 open, 2 half-open.
+    pub const EFFECT_CIRCUIT_STATE: &str = "runner_effect_circuit_state";
+    /// Effect commands executing now.
+    pub const EFFECT_IN_FLIGHT: &str = "runner_effect_in_flight";
 }
 
 /// The application's registry and the collectors the core owns.
@@ -128,6 +146,20 @@ pub struct Metrics {
     pub timer_fire_lag: Histogram,
     /// See [`names::DEADLETTERS_TOTAL`].
     pub deadletters: IntCounterVec,
+    /// See [`names::EFFECT_CLAIMS_TOTAL`].
+    pub effect_claims: IntCounterVec,
+    /// See [`names::EFFECT_COMMANDS_TOTAL`].
+    pub effect_commands: IntCounterVec,
+    /// See [`names::EFFECT_RESULTS_TOTAL`].
+    pub effect_results: IntCounterVec,
+    /// See [`names::EFFECT_ATTEMPTS_TOTAL`].
+    pub effect_attempts: IntCounterVec,
+    /// See [`names::EFFECT_SECONDS`].
+    pub effect_seconds: HistogramVec,
+    /// See [`names::EFFECT_CIRCUIT_STATE`].
+    pub effect_circuit_state: IntGaugeVec,
+    /// See [`names::EFFECT_IN_FLIGHT`].
+    pub effect_in_flight: IntGauge,
 }
 
 fn reg<C: prometheus::core::Collector + Clone + 'static>(
@@ -274,8 +306,63 @@ impl Metrics {
                 &["kind"],
             )?,
         )?;
+        let counters = |name: &str, help: &str, labels: &[&str]| {
+            reg(r, IntCounterVec::new(Opts::new(name, help), labels)?)
+        };
+        let effect_claims = counters(
+            names::EFFECT_CLAIMS_TOTAL,
+            "Effect claim events by event.",
+            &["event"],
+        )?;
+        let effect_commands = counters(
+            names::EFFECT_COMMANDS_TOTAL,
+            "Effect commands not executed on delivery, by outcome.",
+            &["outcome"],
+        )?;
+        let effect_results = counters(
+            names::EFFECT_RESULTS_TOTAL,
+            "Effect results published, by effect and result type.",
+            &["effect", "result_type"],
+        )?;
+        let effect_attempts = counters(
+            names::EFFECT_ATTEMPTS_TOTAL,
+            "Effect attempts by effect and outcome.",
+            &["effect", "outcome"],
+        )?;
+        let effect_seconds = reg(
+            r,
+            HistogramVec::new(
+                HistogramOpts::new(
+                    names::EFFECT_SECONDS,
+                    "Seconds from claiming an effect command to its outcome, all attempts.",
+                )
+                .buckets(LATENCY_BUCKETS.to_vec()),
+                &["effect"],
+            )?,
+        )?;
+        let effect_circuit_state = reg(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    names::EFFECT_CIRCUIT_STATE,
+                    "Circuit breaker state by effect: 0 closed, 1 open, 2 half-open.",
+                ),
+                &["effect"],
+            )?,
+        )?;
+        let effect_in_flight = reg(
+            r,
+            IntGauge::new(names::EFFECT_IN_FLIGHT, "Effect commands executing now.")?,
+        )?;
         Ok(Self {
             registry,
+            effect_claims,
+            effect_commands,
+            effect_results,
+            effect_attempts,
+            effect_seconds,
+            effect_circuit_state,
+            effect_in_flight,
             nats_connected,
             draining,
             manifest_reloads,

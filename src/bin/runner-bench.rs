@@ -72,7 +72,7 @@ enum Cmd {
         /// Tenants.
         #[arg(long, value_delimiter = ',', default_value = "acme,globex")]
         tenants: Vec<String>,
-        /// How long to keep answering payment commands.
+        /// How long to keep answering payment commands (0s: leave them to an effect worker).
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         answer_for: Duration,
     },

@@ -45,6 +45,49 @@ pub struct Config {
     pub admin: AdminConfig,
     /// Saga worker, outbox relay and timers.
     pub saga: SagaConfig,
+    /// Effect worker: claims, concurrency, acknowledgement timing.
+    pub effect: EffectConfig,
+}
+
+/// `[effect]`: the effect worker.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct EffectConfig {
+    /// Most commands one process executes at once (1..=10000).
+    pub concurrency: usize,
+    /// Most commands of one effect one process executes at once (1..=10000; `concurrency`
+    /// bounds it anyway); a command over the limit is handed back (`nak`) for a short while.
+    pub concurrency_per_effect: usize,
+    /// How long JetStream waits for an acknowledgement before redelivering a command
+    /// (the worker sends progress acknowledgements while a command runs).
+    pub ack_wait: HumanDuration,
+    /// Most commands delivered and not yet acknowledged across all replicas (1..=1000000).
+    pub max_ack_pending: i64,
+    /// JetStream KV bucket holding the claims (created at start when missing).
+    pub claims_bucket: String,
+    /// Lease of a claim: renewed every third of it; another worker may take the command over
+    /// only after it passed unrenewed.
+    pub lease_ttl: HumanDuration,
+    /// How long a claim record is kept after its last write (the bucket's `max_age`): a
+    /// command redelivered later than this is executed again.
+    pub claim_retention: HumanDuration,
+    /// Timeout of one call when the effect declares no `timeout_ms`.
+    pub default_timeout: HumanDuration,
+}
+
+impl Default for EffectConfig {
+    fn default() -> Self {
+        Self {
+            concurrency: 64,
+            concurrency_per_effect: 64,
+            ack_wait: HumanDuration::secs(30),
+            max_ack_pending: 1024,
+            claims_bucket: "RUNNER_EFFECT_CLAIMS".into(),
+            lease_ttl: HumanDuration::secs(15),
+            claim_retention: HumanDuration::secs(7 * 24 * 3600),
+            default_timeout: HumanDuration::secs(30),
+        }
+    }
 }
 
 /// `[saga]`: the saga worker, its outbox relay and its timers.
@@ -404,6 +447,7 @@ impl Config {
             ("streams.dead_letter", &self.streams.dead_letter),
             ("consumers.saga", &self.consumers.saga),
             ("consumers.effect", &self.consumers.effect),
+            ("effect.claims_bucket", &self.effect.claims_bucket),
         ] {
             if !is_js_name(name) {
                 return invalid(
@@ -488,6 +532,57 @@ impl Config {
             self.saga.timer_poll,
             HumanDuration::millis(10),
             HumanDuration::secs(60),
+        )?;
+        if !(1..=10_000).contains(&self.effect.concurrency) {
+            return invalid(
+                "effect.concurrency",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.effect.concurrency
+                ),
+            );
+        }
+        if !(1..=10_000).contains(&self.effect.concurrency_per_effect) {
+            return invalid(
+                "effect.concurrency_per_effect",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.effect.concurrency_per_effect
+                ),
+            );
+        }
+        if !(1..=1_000_000).contains(&self.effect.max_ack_pending) {
+            return invalid(
+                "effect.max_ack_pending",
+                format!(
+                    "{} is out of range; allowed 1 to 1000000",
+                    self.effect.max_ack_pending
+                ),
+            );
+        }
+        range(
+            "effect.ack_wait",
+            self.effect.ack_wait,
+            HumanDuration::secs(1),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "effect.lease_ttl",
+            self.effect.lease_ttl,
+            HumanDuration::millis(300),
+            HumanDuration::secs(600),
+        )?;
+        range(
+            "effect.claim_retention",
+            self.effect.claim_retention,
+            HumanDuration::secs(60),
+            HumanDuration::secs(365 * 24 * 3600),
+        )?;
+        range(
+            "effect.default_timeout",
+            self.effect.default_timeout,
+            HumanDuration::millis(10),
+            HumanDuration::secs(3600),
         )?;
         if let Some(t) = &self.admin.token
             && t.len() < 16

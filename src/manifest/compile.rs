@@ -22,7 +22,15 @@ use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
 use crate::expr::{Expr, ExprError, Needs, Template};
 
 /// Providers the effect worker knows.
-pub const PROVIDERS: [&str; 3] = ["noop", "http", "nats_publish"];
+pub const PROVIDERS: [&str; 7] = [
+    "noop",
+    "log",
+    "http",
+    "nats_request",
+    "nats_publish",
+    "smtp",
+    "postgres",
+];
 
 /// Default result timeout of command steps and compensations, in milliseconds.
 pub const DEFAULT_STEP_TIMEOUT_MS: u64 = 30_000;

