@@ -50,12 +50,7 @@ async fn probes_outage_and_drain() {
     assert_eq!(status(&format!("{base}/health")).await, 200);
     assert_eq!(status(&format!("{base}/ready")).await, 200);
 
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&format!("{base}/metrics")).await;
     assert_prometheus_text(&metrics);
     assert!(
         metrics.contains("process_resident_memory_bytes"),
@@ -63,12 +58,7 @@ async fn probes_outage_and_drain() {
     );
     assert!(metrics.contains("runner_build_info{"), "build info missing");
 
-    let info: serde_json::Value = reqwest::get(format!("{base}/info"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: serde_json::Value = common::get_json(&format!("{base}/info")).await;
     assert_eq!(info["mode"], "combined");
     assert_eq!(info["roles"]["saga"], true);
     assert_eq!(info["streams"][0]["name"], "AGGREGATE_EVENTS");
@@ -82,12 +72,7 @@ async fn probes_outage_and_drain() {
         })
         .await
     );
-    let body: serde_json::Value = reqwest::get(format!("{base}/health"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let body: serde_json::Value = common::get_json(&format!("{base}/health")).await;
     assert_eq!(body["nats"]["ok"], false);
     assert_eq!(body["storage"]["ok"], true);
     nats.start_again();
@@ -131,12 +116,7 @@ async fn sigterm_drains_and_exits_zero() {
         ],
         &[("RUNNER_NODE_ID", "node-under-test")],
     );
-    let info: serde_json::Value = reqwest::get(format!("{}/info", runner.admin))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: serde_json::Value = common::get_json(&format!("{}/info", runner.admin)).await;
     assert_eq!(info["node_id"], "node-under-test");
     assert_eq!(info["mode"], "saga");
     runner.signal("TERM");
@@ -181,12 +161,7 @@ async fn admin_token_and_reload() {
         .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     assert_eq!(status(&format!("{base}/health")).await, 200);
-    let info_json = reqwest::get(format!("{base}/info"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let info_json = common::get_text(&format!("{base}/info")).await;
     assert!(!info_json.contains(token), "/info leaks the admin token");
 
     // A broken manifest is rejected with its location, and the old one stays in force.
@@ -206,12 +181,7 @@ async fn admin_token_and_reload() {
     assert_eq!(body["status"], "rejected");
     let err = body["errors"][0].as_str().unwrap();
     assert!(err.contains("m.yaml:3:"), "error lacks file:line: {err}");
-    let info: serde_json::Value = reqwest::get(format!("{base}/info"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: serde_json::Value = common::get_json(&format!("{base}/info")).await;
     assert_eq!(info["manifests"]["sagas"][0]["name"], "first");
 
     // A valid one is swapped in.
@@ -223,19 +193,9 @@ async fn admin_token_and_reload() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let info: serde_json::Value = reqwest::get(format!("{base}/info"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: serde_json::Value = common::get_json(&format!("{base}/info")).await;
     assert_eq!(info["manifests"]["sagas"][0]["name"], "second");
-    let metrics = reqwest::get(format!("{base}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&format!("{base}/metrics")).await;
     assert!(metrics.contains("runner_manifest_reloads_total{outcome=\"rejected\"} 1"));
     assert!(metrics.contains("runner_manifest_reloads_total{outcome=\"applied\"} 1"));
 }

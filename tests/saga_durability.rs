@@ -105,12 +105,7 @@ async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
     let commands = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.command.Order.*").await;
     assert_eq!(commands.len(), 1, "{commands:?}");
 
-    let metrics = reqwest::get(format!("{}/metrics", runner.admin))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = common::get_text(&format!("{}/metrics", runner.admin)).await;
     assert!(metrics.contains("runner_timers_fired_total 1"), "{metrics}");
     assert!(metrics.contains("runner_timer_fire_lag_seconds_count 1"));
     assert!(metrics.contains("runner_timers_pending 0"));

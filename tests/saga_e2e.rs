@@ -129,12 +129,7 @@ async fn orders_of_two_tenants_reach_their_states_and_emit_once() {
     );
     assert_unique_ids(&all);
 
-    let info: serde_json::Value = reqwest::get(format!("{}/info", runner.admin))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: serde_json::Value = common::get_json(&format!("{}/info", runner.admin)).await;
     assert_eq!(
         info["saga_progress"]["checkpoints"]["AGGREGATE_EVENTS"],
         json!(total)

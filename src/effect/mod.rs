@@ -541,9 +541,7 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(message = "Claim check failed; will retry.", tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, error = %e);
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
+            retry_soon(&msg).await;
             return;
         }
     };
@@ -562,9 +560,7 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
                 }
                 Err(e) => {
                     tracing::warn!(message = "Republishing a stored result failed; will retry.", command_id = span_fields.2, error = %e);
-                    let _ = msg
-                        .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                        .await;
+                    retry_soon(&msg).await;
                 }
             }
             return;
@@ -643,9 +639,7 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
                 ctx.claim_event(event::FAILED);
                 let fenced = matches!(e, ClaimError::Fenced { .. });
                 tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, attempt = lease.attempt, error = %e);
-                let _ = msg
-                    .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                    .await;
+                retry_soon(&msg).await;
                 return;
             }
         }
@@ -658,9 +652,7 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         tries += 1;
         if tries >= 5 {
             tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", command_id = span_fields.2, error = %e);
-            let _ = msg
-                .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-                .await;
+            retry_soon(&msg).await;
             return;
         }
         tokio::time::sleep(pause).await;
@@ -724,9 +716,7 @@ async fn refuse(
     };
     if let Err(e) = publish(ctx, &dl).await {
         tracing::warn!(message = "Cannot dead-letter a refused effect command; will retry.", source = %source, error = %e);
-        let _ = msg
-            .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
-            .await;
+        retry_soon(msg).await;
         return;
     }
     tracing::error!(message = "Effect command refused and dead-lettered.", tenant = %tenant, kind, reason, source = %source);
@@ -938,6 +928,15 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
             _ = ctx.drain.cancelled() => return None,
         }
     }
+}
+
+/// How long a command handed back after a transient failure waits before redelivery.
+const RETRY_SOON: Duration = Duration::from_secs(1);
+
+/// Hands a command back to JetStream for redelivery after [`RETRY_SOON`]; a failed nak only
+/// means JetStream redelivers after the ack wait instead.
+async fn retry_soon(msg: &async_nats::jetstream::Message) {
+    let _ = msg.ack_with(AckKind::Nak(Some(RETRY_SOON))).await;
 }
 
 #[cfg(test)]

@@ -535,3 +535,13 @@ pub fn open_store(data_dir: &Path) -> runner::storage::Store {
     })
     .unwrap()
 }
+
+/// GET `url` and return the body as text (panics on a transport error).
+pub async fn get_text(url: &str) -> String {
+    reqwest::get(url).await.unwrap().text().await.unwrap()
+}
+
+/// GET `url` and return the body as JSON (panics on a transport error or bad JSON).
+pub async fn get_json(url: &str) -> serde_json::Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
