@@ -2,8 +2,9 @@
 //!
 //! Storage is the source of truth. The relay reads records in sequence order, publishes a
 //! window of them with `Nats-Msg-Id` set to each record's deterministic id (plus
-//! `Runner-Tenant` and the causing input's `traceparent`), waits for the acknowledgements,
-//! and only then marks the acknowledged prefix as published ([`RelayHandle::acked_through`]).
+//! `Runner-Tenant` and the causing input's `traceparent`) and, while the next window goes
+//! out, awaits the acknowledgements; only then does it mark the acknowledged prefix as
+//! published ([`RelayHandle::deletable_through`]).
 //! Published records are deleted later, by the saga worker inside its next batch
 //! transaction (saving a durable commit per window), or by the relay itself when it is idle,
 //! draining, or far ahead. A crash before the deletion republishes them; JetStream's
@@ -37,6 +38,8 @@ pub struct RelayHandle {
     acked: Arc<AtomicU64>,
     /// Every record with this sequence or lower has been deleted (durably).
     deleted: Arc<AtomicU64>,
+    /// Highest sequence a writer has committed.
+    written: Arc<AtomicU64>,
 }
 
 impl RelayHandle {
@@ -53,6 +56,18 @@ impl RelayHandle {
     pub fn deletable_through(&self) -> Option<u64> {
         let acked = self.acked.load(Ordering::SeqCst);
         (acked > self.deleted.load(Ordering::SeqCst)).then_some(acked)
+    }
+    /// Records that a writer committed records through sequence `seq`.
+    pub fn note_written(&self, seq: u64) {
+        self.written.fetch_max(seq, Ordering::SeqCst);
+    }
+    /// Records committed but not yet acknowledged by JetStream, as far as this process
+    /// knows (cheap: no storage read). Before the relay's first window after a start it can
+    /// over-count a backlog left by an earlier run, which only delays intake briefly.
+    pub fn unpublished(&self) -> u64 {
+        self.written
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.acked.load(Ordering::SeqCst))
     }
     /// Records that everything through `upto` was deleted in a committed transaction.
     pub fn note_deleted(&self, upto: u64) {
@@ -94,16 +109,34 @@ fn headers(rec: &OutboxRecord) -> HeaderMap {
     h
 }
 
+/// A window whose publications went out and whose acknowledgements are awaited.
+struct InFlight {
+    /// Sequences of the records sent, in order.
+    seqs: Vec<u64>,
+    /// Their acknowledgements, in the same order.
+    acks: Vec<async_nats::jetstream::context::PublishAckFuture>,
+    started: Instant,
+}
+
 impl Relay {
     /// Runs until `stop` is cancelled and the outbox is empty.
+    ///
+    /// Two windows overlap: the next window is read and sent while the previous one's
+    /// acknowledgements are awaited, so the connection never idles for a round trip between
+    /// windows. Acknowledgements are settled window by window, in order, so
+    /// [`RelayHandle::deletable_through`] only ever covers a gap-free prefix; when a window is
+    /// not fully acknowledged, the newer window is forgotten too and publishing resumes
+    /// after the acknowledged prefix (repeats are dropped by JetStream's de-duplication).
     pub async fn run(self, stop: CancellationToken) {
         let mut backoff = Duration::from_millis(50);
+        let mut next_from = self.handle.acked.load(Ordering::SeqCst) + 1;
+        let mut inflight: Option<InFlight> = None;
         loop {
             // Read whether the drain had begun *before* reading the outbox: the workers'
             // last commits happen before it begins, so an empty read after it is final.
             let stopping = stop.is_cancelled();
             let window = self.window;
-            let from = self.handle.acked.load(Ordering::SeqCst) + 1;
+            let from = next_from;
             let batch = match self
                 .store
                 .read(move |t| t.outbox_batch(DEFAULT_PARTITION, from, window))
@@ -125,6 +158,12 @@ impl Relay {
                 self.delete_published().await;
             }
             if batch.is_empty() {
+                if let Some(w) = inflight.take() {
+                    if !self.settle(w).await {
+                        next_from = self.retry_point(&mut backoff).await;
+                    }
+                    continue;
+                }
                 if let Ok(depth) = self.store.read(|t| t.outbox_depth()).await {
                     self.metrics.outbox_depth.set(depth as i64);
                 }
@@ -142,29 +181,87 @@ impl Relay {
                 }
                 continue;
             }
-            match self.publish(&batch).await {
-                Ok(acked) => {
-                    backoff = Duration::from_millis(50);
-                    if acked > 0 {
-                        self.handle
-                            .acked
-                            .fetch_max(batch[acked - 1].0, Ordering::SeqCst);
-                    }
-                    self.metrics.relay_published.inc_by(acked as u64);
-                    if acked < batch.len() {
-                        self.metrics.relay_errors.inc();
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
-                    }
+            let sent = self.send(&batch).await;
+            if let Some(last) = sent.seqs.last() {
+                next_from = last + 1;
+            }
+            let complete = sent.seqs.len() == batch.len();
+            let newer = (!sent.seqs.is_empty()).then_some(sent);
+            let settled_ok = match inflight.take() {
+                Some(prev) => self.settle(prev).await,
+                None => true,
+            };
+            if !settled_ok {
+                // The newer window's acks cannot count past a hole; drop it and resume.
+                next_from = self.retry_point(&mut backoff).await;
+                continue;
+            }
+            inflight = newer;
+            if complete {
+                backoff = Duration::from_millis(50);
+            } else {
+                // A publish could not even be queued: settle what went out, then back off.
+                if let Some(w) = inflight.take() {
+                    self.settle(w).await;
+                }
+                next_from = self.retry_point(&mut backoff).await;
+            }
+        }
+    }
+
+    /// After a failure: waits out the backoff and returns where publishing resumes.
+    async fn retry_point(&self, backoff: &mut Duration) -> u64 {
+        self.metrics.relay_errors.inc();
+        tokio::time::sleep(*backoff).await;
+        *backoff = (*backoff * 2).min(Duration::from_secs(2));
+        self.handle.acked.load(Ordering::SeqCst) + 1
+    }
+
+    /// Sends a window's publications (without waiting for acknowledgements); stops at the
+    /// first that cannot be queued.
+    async fn send(&self, batch: &[(u64, OutboxRecord)]) -> InFlight {
+        let mut w = InFlight {
+            seqs: Vec::with_capacity(batch.len()),
+            acks: Vec::with_capacity(batch.len()),
+            started: Instant::now(),
+        };
+        for (seq, rec) in batch {
+            let fut = self
+                .js
+                .publish_with_headers(rec.subject.clone(), headers(rec), rec.body.clone().into())
+                .await;
+            match fut {
+                Ok(f) => {
+                    w.seqs.push(*seq);
+                    w.acks.push(f);
                 }
                 Err(e) => {
-                    self.metrics.relay_errors.inc();
-                    tracing::warn!(message = "Relay publish failed; retrying.", error = %e, retry_in = ?backoff);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                    tracing::warn!(message = "Relay publish failed; retrying.", error = %e);
+                    break;
                 }
             }
         }
+        w
+    }
+
+    /// Awaits a window's acknowledgements and advances the acknowledged prefix; true when
+    /// every record was acknowledged.
+    async fn settle(&self, w: InFlight) -> bool {
+        let results = futures::future::join_all(w.acks.into_iter().map(|f| f.into_future())).await;
+        let acked = results.iter().take_while(|r| r.is_ok()).count();
+        if acked > 0 {
+            self.handle
+                .acked
+                .fetch_max(w.seqs[acked - 1], Ordering::SeqCst);
+        }
+        self.metrics.relay_published.inc_by(acked as u64);
+        self.metrics
+            .relay_window_seconds
+            .observe(w.started.elapsed().as_secs_f64());
+        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+            tracing::warn!(message = "Some relay publishes were not acknowledged.", error = %e, acked);
+        }
+        acked == w.seqs.len()
     }
 
     /// Deletes what is published and not yet deleted, in a transaction of its own.
@@ -183,35 +280,5 @@ impl Relay {
                 tracing::error!(message = "Relay cannot delete published records.", error = %e)
             }
         }
-    }
-
-    /// Publishes a window; returns how many records from the start were acknowledged.
-    async fn publish(&self, batch: &[(u64, OutboxRecord)]) -> Result<usize, async_nats::Error> {
-        let started = Instant::now();
-        let mut pending = Vec::with_capacity(batch.len());
-        for (_, rec) in batch {
-            let fut = self
-                .js
-                .publish_with_headers(rec.subject.clone(), headers(rec), rec.body.clone().into())
-                .await;
-            match fut {
-                Ok(f) => pending.push(f),
-                Err(e) => {
-                    if pending.is_empty() {
-                        return Err(e.into());
-                    }
-                    break;
-                }
-            }
-        }
-        let results = futures::future::join_all(pending.into_iter().map(|f| f.into_future())).await;
-        let acked = results.iter().take_while(|r| r.is_ok()).count();
-        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-            tracing::warn!(message = "Some relay publishes were not acknowledged.", error = %e, acked);
-        }
-        self.metrics
-            .relay_window_seconds
-            .observe(started.elapsed().as_secs_f64());
-        Ok(acked)
     }
 }

@@ -21,6 +21,7 @@ use libmdbx::{
 
 use crate::config::{Durability, StorageConfig};
 
+pub mod codec;
 pub mod tables;
 
 pub use tables::Tables;
@@ -299,6 +300,49 @@ mod table_tests {
     }
 
     #[test]
+    fn outbox_records_round_trip_and_older_json_still_reads() {
+        use tables::OutboxRecord;
+        let with_tp = OutboxRecord {
+            subject: "tenant.acme.effect.charge.c-1".into(),
+            msg_id: "c-1".into(),
+            tenant: "acme".into(),
+            traceparent: Some("00-abc-def-01".into()),
+            body: r#"{"quote":"\"x\"","n":1}"#.into(),
+        };
+        let without = OutboxRecord {
+            traceparent: None,
+            body: String::new(),
+            ..with_tp.clone()
+        };
+        for rec in [&with_tp, &without] {
+            assert_eq!(&OutboxRecord::decode(&rec.encode()).expect("decodes"), rec);
+        }
+        let legacy = serde_json::to_vec(&with_tp).expect("json");
+        assert_eq!(OutboxRecord::decode(&legacy).expect("legacy"), with_tp);
+        let mut cut = with_tp.encode();
+        cut.truncate(6);
+        assert!(
+            OutboxRecord::decode(&cut).is_err(),
+            "a truncated record is corrupt"
+        );
+        // Sequences keep counting across writes in one transaction and across transactions.
+        let (_dir, store) = temp_store();
+        let seqs = store
+            .write_blocking(|t| Ok((t.push_outbox(0, &with_tp)?, t.push_outbox(0, &without)?)))
+            .expect("push");
+        assert_eq!(seqs, (1, 2));
+        let next = store
+            .write_blocking(|t| t.push_outbox(0, &with_tp))
+            .expect("push");
+        assert_eq!(next, 3);
+        let read = store
+            .read_blocking(|t| t.outbox_batch(0, 1, 10))
+            .expect("read");
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[1], (2, without.clone()));
+    }
+
+    #[test]
     fn history_keeps_the_last_transitions_in_order() {
         use tables::{HISTORY_KEEP, HistoryEntry};
         let (_dir, store) = temp_store();
@@ -324,6 +368,16 @@ mod table_tests {
         let h = store
             .read_blocking(|t| t.history("acme", "order", "o-1"))
             .expect("reads");
+        // Entries written as JSON by older versions still read.
+        let old = HistoryEntry {
+            source: "AGG:7".into(),
+            ..h[0].clone()
+        };
+        assert_eq!(
+            HistoryEntry::decode(&serde_json::to_vec(&old).expect("json")).expect("legacy"),
+            old
+        );
+        assert_eq!(HistoryEntry::decode(&old.encode()).expect("binary"), old);
         let ns: Vec<u64> = h.iter().map(|e| e.n).collect();
         assert_eq!(ns, (25 - HISTORY_KEEP + 1..=25).collect::<Vec<_>>());
     }

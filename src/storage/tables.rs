@@ -6,14 +6,14 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `saga` | `t 0 saga 0 correlation_id` | [`Instance`] as JSON |
-//! | `outbox` | `partition:u16 seq:u64` | [`OutboxRecord`] as JSON |
+//! | `outbox` | `partition:u16 seq:u64` | [`OutboxRecord`], binary (see [`OutboxRecord::encode`]) |
 //! | `checkpoint` | consumer name | last applied stream sequence, `u64` |
 //! | `dedupe` | `t 0 saga 0 event_id` | applied-at ms, `u64` |
 //! | `schedule` | `due_ms:u64 t 0 saga 0 correlation_id 0 timer` | [`TimerEntry`] as JSON |
 //! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON |
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` |
-//! | `history` | `t 0 saga 0 correlation_id 0 slot:u64` | [`HistoryEntry`] as JSON; slot = n mod [`HISTORY_KEEP`], so each instance keeps its last transitions in a ring |
+//! | `history` | `t 0 saga 0 correlation_id 0 slot:u64` | [`HistoryEntry`], binary (see [`HistoryEntry::encode`]); slot = n mod [`HISTORY_KEEP`], so each instance keeps its last transitions in a ring |
 //!
 //! Everything here runs inside a caller's transaction; nothing commits on its own, so a
 //! caller composes state, outbox, timers, markers and checkpoint into one atomic commit.
@@ -21,6 +21,7 @@
 use libmdbx::{NoWriteMap, RW, Table, Transaction, TransactionKind, WriteFlags};
 use serde::{Deserialize, Serialize};
 
+use super::codec::{Reader, Writer};
 use super::{Result, StorageError};
 use crate::saga::Instance;
 
@@ -41,6 +42,38 @@ pub struct OutboxRecord {
     pub traceparent: Option<String>,
     /// Body bytes (JSON text).
     pub body: String,
+}
+
+/// Format byte of a binary outbox record (see [`super::codec`]).
+const OUTBOX_FORMAT_1: u8 = 1;
+
+impl OutboxRecord {
+    /// Encodes the record: subject, msg id, tenant, traceparent, then the body bytes to
+    /// the end, stored as they are (no escaping, no second JSON around them).
+    pub fn encode(&self) -> Vec<u8> {
+        let size = 16 + self.subject.len() + self.msg_id.len() + self.tenant.len();
+        Writer::new(OUTBOX_FORMAT_1, size + self.body.len() + 64)
+            .str(&self.subject)
+            .str(&self.msg_id)
+            .str(&self.tenant)
+            .opt_str(self.traceparent.as_deref())
+            .tail(self.body.as_bytes())
+            .finish()
+    }
+
+    /// Decodes what [`OutboxRecord::encode`] wrote, or the JSON form of older stores.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let Some(mut r) = Reader::open(bytes, OUTBOX_FORMAT_1, "outbox record") else {
+            return json(bytes, "outbox record");
+        };
+        Ok(Self {
+            subject: r.str()?,
+            msg_id: r.str()?,
+            tenant: r.str()?,
+            traceparent: r.opt_str()?,
+            body: r.rest()?,
+        })
+    }
 }
 
 /// Transitions kept per instance for `runner inspect`.
@@ -65,6 +98,47 @@ pub struct HistoryEntry {
     pub source: String,
     /// Outputs emitted.
     pub emitted: usize,
+}
+
+/// Format byte of a binary history entry (see [`super::codec`]).
+const HISTORY_FORMAT_1: u8 = 1;
+
+impl HistoryEntry {
+    /// Encodes the entry: the three integers, then the five strings.
+    pub fn encode(&self) -> Vec<u8> {
+        let strings = [
+            &self.event,
+            &self.event_id,
+            &self.from,
+            &self.to,
+            &self.source,
+        ];
+        let size = 24 + strings.iter().map(|s| s.len() + 4).sum::<usize>();
+        let mut w = Writer::new(HISTORY_FORMAT_1, size);
+        w.u64(self.n).u64(self.at_ms).u64(self.emitted as u64);
+        for s in strings {
+            w.str(s);
+        }
+        w.finish()
+    }
+
+    /// Decodes what [`HistoryEntry::encode`] wrote, or the JSON form of older stores.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let Some(mut r) = Reader::open(bytes, HISTORY_FORMAT_1, "history entry") else {
+            return json(bytes, "history entry");
+        };
+        let (n, at_ms, emitted) = (r.u64()?, r.u64()?, r.u64()?);
+        Ok(Self {
+            n,
+            event: r.str()?,
+            event_id: r.str()?,
+            from: r.str()?,
+            to: r.str()?,
+            at_ms,
+            source: r.str()?,
+            emitted: usize::try_from(emitted).unwrap_or(usize::MAX),
+        })
+    }
 }
 
 fn history_key(tenant: &str, saga: &str, corr: &str, n: u64) -> Vec<u8> {
@@ -210,6 +284,8 @@ pub struct Tables<'t, K: TransactionKind> {
     parked: Table<'t>,
     meta: Table<'t>,
     history: Table<'t>,
+    /// The outbox sequence last assigned in this transaction (read once, then counted here).
+    outbox_seq: std::cell::Cell<Option<u64>>,
 }
 
 impl<'t, K: TransactionKind> Tables<'t, K> {
@@ -226,6 +302,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             parked: txn.open_table(Some("parked"))?,
             meta: txn.open_table(Some("meta"))?,
             history: txn.open_table(Some("history"))?,
+            outbox_seq: std::cell::Cell::new(None),
         })
     }
 
@@ -296,7 +373,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             if k.len() != 10 || k[..2] != partition.to_be_bytes() || out.len() >= limit {
                 break;
             }
-            out.push((u64_of(&k[2..], "outbox key")?, json(&v, "outbox record")?));
+            out.push((u64_of(&k[2..], "outbox key")?, OutboxRecord::decode(&v)?));
         }
         Ok(out)
     }
@@ -376,7 +453,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             if k.len() != prefix.len() || !k.starts_with(stem) {
                 break;
             }
-            out.push(json::<HistoryEntry>(&v, "history")?);
+            out.push(HistoryEntry::decode(&v)?);
         }
         out.sort_by_key(|e| e.n);
         Ok(out)
@@ -425,7 +502,11 @@ impl<'t> Tables<'t, RW> {
 
     /// Appends a record to the outbox; returns its sequence.
     pub fn push_outbox(&self, partition: u16, rec: &OutboxRecord) -> Result<u64> {
-        let seq = self.meta("outbox_seq")? + 1;
+        let seq = match self.outbox_seq.get() {
+            Some(s) => s,
+            None => self.meta("outbox_seq")?,
+        } + 1;
+        self.outbox_seq.set(Some(seq));
         self.txn.put(
             &self.meta,
             b"outbox_seq",
@@ -435,7 +516,7 @@ impl<'t> Tables<'t, RW> {
         self.txn.put(
             &self.outbox,
             outbox_key(partition, seq),
-            to_json(rec)?,
+            rec.encode(),
             WriteFlags::UPSERT,
         )?;
         Ok(seq)
@@ -528,7 +609,7 @@ impl<'t> Tables<'t, RW> {
         let key = history_key(tenant, saga, corr, e.n % HISTORY_KEEP);
         Ok(self
             .txn
-            .put(&self.history, key, to_json(e)?, WriteFlags::UPSERT)?)
+            .put(&self.history, key, e.encode(), WriteFlags::UPSERT)?)
     }
 
     /// Deletes up to `limit` dedupe markers recorded before `older_than_ms`, scanning from

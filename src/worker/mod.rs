@@ -275,7 +275,7 @@ async fn consume(
         loop {
             // Backpressure: let the relay catch up before taking more work.
             loop {
-                let depth = state.store.read(|t| t.outbox_depth()).await.unwrap_or(0);
+                let depth = relay.unpublished();
                 metrics.outbox_depth.set(depth as i64);
                 if depth <= max_depth || cancel.is_cancelled() {
                     break;
@@ -353,6 +353,7 @@ async fn consume(
                         }
                         record(&state, &tally);
                         if tally.outbox > 0 {
+                            relay.note_written(tally.last_outbox);
                             relay.wake();
                         }
                         backoff = Duration::from_millis(100);
@@ -425,6 +426,7 @@ async fn timers(state: Arc<AppState>, relay: RelayHandle, cancel: CancellationTo
                     metrics.timers_fired.inc_by(lags.len() as u64);
                     record(&state, &tally);
                     if tally.outbox > 0 {
+                        relay.note_written(tally.last_outbox);
                         relay.wake();
                     }
                     if lags.len() == TIMER_BATCH {

@@ -73,6 +73,8 @@ pub struct Tally {
     pub unrouted: u64,
     /// Outbox records written.
     pub outbox: u64,
+    /// Highest outbox sequence written (0 when none).
+    pub last_outbox: u64,
 }
 
 /// Settings the processor needs.
@@ -315,7 +317,7 @@ impl<'a> Processor<'a> {
                         traceparent: raw.traceparent.clone(),
                         body: serde_json::to_string(&w.body).unwrap_or_default(),
                     };
-                    tx.push_outbox(DEFAULT_PARTITION, &rec)?;
+                    self.tally.last_outbox = tx.push_outbox(DEFAULT_PARTITION, &rec)?;
                     self.tally.outbox += 1;
                 }
                 for c in &applied.timers_cancelled {
@@ -457,7 +459,7 @@ impl<'a> Processor<'a> {
             "at_ms": dl.at_ms,
         });
         let saga_part = route.map(|r| r.saga.as_str()).unwrap_or("-");
-        tx.push_outbox(
+        self.tally.last_outbox = tx.push_outbox(
             DEFAULT_PARTITION,
             &OutboxRecord {
                 subject: format!("tenant.{tenant}.deadletter.{k}"),
