@@ -339,7 +339,7 @@ mod table_tests {
             .read_blocking(|t| t.outbox_batch(0, 1, 10))
             .expect("read");
         assert_eq!(read.len(), 3);
-        assert_eq!(read[1], (2, without.clone()));
+        assert_eq!(read[1], (2, without));
     }
 
     #[test]
