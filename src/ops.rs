@@ -195,12 +195,7 @@ pub fn redrive(
             t.put_dead_letter(&e)?;
             processed.push(e.id);
         }
-        let applied = p
-            .tally
-            .transitions
-            .iter()
-            .filter(|(_, o)| *o == "applied")
-            .count();
+        let applied = p.tally.count("applied") as usize;
         Ok(Ok(RedriveReport {
             processed,
             applied,

@@ -72,6 +72,7 @@ fn late_redeliveries_and_republished_events_apply_once_in_order() {
     )
     .unwrap();
     assert_eq!(cp, 4);
+    assert_eq!(tally.count("applied"), 1);
     assert_eq!(tally.transitions.len(), 1);
     // Event 4 published a second time under a new sequence: a duplicate, not applied.
     let (cp, tally) = apply_inputs(
@@ -83,7 +84,10 @@ fn late_redeliveries_and_republished_events_apply_once_in_order() {
     )
     .unwrap();
     assert_eq!(cp, 5);
-    assert_eq!(tally.transitions, vec![("ledger".to_string(), "duplicate")]);
+    assert_eq!(
+        tally.transitions,
+        vec![("ledger".to_string(), "duplicate", 1)]
+    );
 
     let inst = store
         .read_blocking(|t| t.instance("bank", "ledger", "a"))

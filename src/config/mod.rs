@@ -114,7 +114,7 @@ pub struct SagaConfig {
 impl Default for SagaConfig {
     fn default() -> Self {
         Self {
-            batch_size: 256,
+            batch_size: 1024,
             max_message_bytes: ByteSize::mib(1),
             max_outbox_depth: 100_000,
             relay_window: 1024,

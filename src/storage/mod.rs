@@ -156,7 +156,9 @@ impl Store {
         let txn = self.db.begin_rw_txn()?;
         let out = {
             let tables = Tables::open(&txn)?;
-            f(&tables)?
+            let out = f(&tables)?;
+            tables.finish()?;
+            out
         };
         txn.commit()?;
         Ok(out)

@@ -506,13 +506,8 @@ impl<'t> Tables<'t, RW> {
             Some(s) => s,
             None => self.meta("outbox_seq")?,
         } + 1;
+        // The counter itself is written once, by `finish`, before the commit.
         self.outbox_seq.set(Some(seq));
-        self.txn.put(
-            &self.meta,
-            b"outbox_seq",
-            seq.to_be_bytes(),
-            WriteFlags::UPSERT,
-        )?;
         self.txn.put(
             &self.outbox,
             outbox_key(partition, seq),
@@ -520,6 +515,20 @@ impl<'t> Tables<'t, RW> {
             WriteFlags::UPSERT,
         )?;
         Ok(seq)
+    }
+
+    /// Writes what this transaction counted in memory (the outbox sequence). The store
+    /// calls it right before committing; a transaction that is not committed writes nothing.
+    pub fn finish(&self) -> Result<()> {
+        if let Some(seq) = self.outbox_seq.get() {
+            self.txn.put(
+                &self.meta,
+                b"outbox_seq",
+                seq.to_be_bytes(),
+                WriteFlags::UPSERT,
+            )?;
+        }
+        Ok(())
     }
 
     /// Removes published outbox records.

@@ -130,10 +130,10 @@ async fn sweep_dedupe(state: Arc<AppState>, cancel: CancellationToken) {
 
 fn record(state: &AppState, tally: &Tally) {
     let m = &state.metrics;
-    for (saga, outcome) in &tally.transitions {
+    for (saga, outcome, n) in &tally.transitions {
         m.saga_transitions
             .with_label_values(&[saga.as_str(), outcome])
-            .inc();
+            .inc_by(*n);
     }
     for k in &tally.dead_letters {
         m.deadletters.with_label_values(&[k]).inc();

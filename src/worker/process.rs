@@ -65,8 +65,8 @@ pub mod kind {
 /// Per-batch tally, for metrics and logs.
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
-    /// (saga, outcome label) pairs, one per routed application.
-    pub transitions: Vec<(String, &'static str)>,
+    /// (saga, outcome label, count): routed applications, counted per pair.
+    pub transitions: Vec<(String, &'static str, u64)>,
     /// Dead letters by kind.
     pub dead_letters: Vec<&'static str>,
     /// Inputs no saga wanted.
@@ -75,6 +75,28 @@ pub struct Tally {
     pub outbox: u64,
     /// Highest outbox sequence written (0 when none).
     pub last_outbox: u64,
+}
+
+impl Tally {
+    /// Counts one routed application of `saga` with `outcome`.
+    pub fn note(&mut self, saga: &str, outcome: &'static str) {
+        match self
+            .transitions
+            .iter_mut()
+            .find(|(s, o, _)| s == saga && *o == outcome)
+        {
+            Some(e) => e.2 += 1,
+            None => self.transitions.push((saga.to_string(), outcome, 1)),
+        }
+    }
+    /// Applications with `outcome`, over all sagas.
+    pub fn count(&self, outcome: &str) -> u64 {
+        self.transitions
+            .iter()
+            .filter(|(_, o, _)| *o == outcome)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
 }
 
 /// Settings the processor needs.
@@ -289,13 +311,11 @@ impl<'a> Processor<'a> {
                 corr.len(),
                 event_id.len()
             );
-            self.tally
-                .transitions
-                .push((saga.to_string(), "dead_lettered"));
+            self.tally.note(saga, "dead_lettered");
             return self.dead_letter(tx, raw, tenant, kind::TOO_LARGE, why, None);
         }
         if !event_id.is_empty() && tx.is_applied(tenant, saga, &event_id)? {
-            self.tally.transitions.push((saga.to_string(), "duplicate"));
+            self.tally.note(saga, "duplicate");
             return Ok(());
         }
         if !redrive && let Some(first) = tx.parked_by(tenant, saga, corr)? {
@@ -357,7 +377,7 @@ impl<'a> Processor<'a> {
                     emitted: applied.work.len(),
                 };
                 tx.push_history(tenant, saga, corr, &entry)?;
-                self.tally.transitions.push((saga.to_string(), "applied"));
+                self.tally.note(saga, "applied");
             }
             Ok(Err(
                 StepError::NotStarting
@@ -365,7 +385,7 @@ impl<'a> Processor<'a> {
                 | StepError::Finished(_)
                 | StepError::StaleTimer(_),
             )) => {
-                self.tally.transitions.push((saga.to_string(), "ignored"));
+                self.tally.note(saga, "ignored");
             }
             Ok(Err(e @ StepError::VersionNotLoaded { .. })) => {
                 self.poison(
@@ -408,9 +428,7 @@ impl<'a> Processor<'a> {
         why: String,
         route: &Route,
     ) -> Result<()> {
-        self.tally
-            .transitions
-            .push((route.saga.clone(), "dead_lettered"));
+        self.tally.note(&route.saga, "dead_lettered");
         self.dead_letter(tx, raw, tenant, k, why, Some(route))
     }
 
