@@ -4,7 +4,8 @@
 //! write is a compare-and-set on the key's revision, and the revision a worker last wrote
 //! is its fencing token: whoever writes next with an older revision is refused.
 //!
-//! - **Acquire**: create-if-absent `{owner, attempt: 1, lease_expires_ms, state: running}`.
+//! - **Acquire**: create-if-absent `{owner, attempt: 1, lease_expires_ms, state: running}`
+//!   (tried before any read on a first delivery, the common case).
 //! - **Renew**: every third of the lease, rewrite the record with a new expiry, CAS on the
 //!   held revision. A refused renewal means someone else took the command over: the holder
 //!   has lost the right to record or publish an outcome.
@@ -195,14 +196,22 @@ impl Claims {
 
     /// Decides what to do with a delivered command: take it, take it over, replay its
     /// result, or wait.
-    pub async fn gate(&self, key: &str) -> Result<Gate, ClaimError> {
-        // Two rounds: a lost create or steal race re-reads once and then reports busy.
+    ///
+    /// On a command's first delivery there is almost never a claim yet, so the gate tries
+    /// to create one straight away (one round trip) and reads the record only when it
+    /// already exists; a redelivery reads first. Either way the decision is the same.
+    pub async fn gate(&self, key: &str, first_delivery: bool) -> Result<Gate, ClaimError> {
+        let mut read = !first_delivery;
+        // A lost create or steal race re-reads and decides again, then reports busy.
         for _ in 0..3 {
-            let entry = self
-                .kv
-                .entry(key)
-                .await
-                .map_err(|e| Self::kv_err(key, "get", e))?;
+            let entry = if std::mem::replace(&mut read, true) {
+                self.kv
+                    .entry(key)
+                    .await
+                    .map_err(|e| Self::kv_err(key, "get", e))?
+            } else {
+                None
+            };
             let now = now_ms();
             let expires = now.saturating_add(self.ttl_ms());
             let Some(entry) = entry else {

@@ -5,9 +5,10 @@
 //! explicit acks, `effect.ack_wait` and `effect.max_ack_pending`. A process runs at most
 //! `effect.concurrency` commands at once. Per command:
 //!
-//! 1. **Gate** ([`claim`]): take the command's claim (create-if-absent), take over one whose
-//!    lease expired, republish the stored result of a finished one and execute nothing, or
-//!    `nak` with a delay when a live executor holds it.
+//! 1. **Gate** ([`claim`]): take the command's claim (create-if-absent, with no read first
+//!    on a first delivery), take over one whose lease expired, republish the stored result
+//!    of a finished one and execute nothing, or `nak` with a delay when a live executor
+//!    holds it.
 //! 2. **Execute** ([`provider`]) under a per-attempt timeout, retrying retryable failures
 //!    with the saga engine's backoff formula ([`crate::saga::retry`]), behind a circuit
 //!    breaker per effect ([`breaker`]). Meanwhile the lease is renewed every third of
@@ -537,7 +538,8 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         cmd.effect.as_str(),
         cmd.command_id.as_str(),
     );
-    let gate = match ctx.claims.gate(&key).await {
+    let first_delivery = msg.info().map(|i| i.delivered <= 1).unwrap_or(false);
+    let gate = match ctx.claims.gate(&key, first_delivery).await {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(message = "Claim check failed; will retry.", tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, error = %e);
