@@ -14,6 +14,12 @@
 //! outages (on any consumer error the loop recreates its consumer at checkpoint + 1).
 //! Per-event dedupe markers also catch one event published twice under two sequences.
 //!
+//! **Group commit.** The consumer loops do not commit themselves: they hand their batches
+//! to one committer task, which applies every batch waiting at that moment — from both
+//! streams — in a single write transaction (each batch still advancing only its own
+//! stream's checkpoint), commits once, and then answers each loop. A loop sends its next
+//! batch only after the answer for the previous one, so each stream stays in order.
+//!
 //! **Backpressure.** Fetching pauses while the outbox holds more than
 //! `saga.max_outbox_depth` records. A batch holds at most `saga.batch_size` inputs.
 //!
@@ -88,8 +94,16 @@ pub fn spawn(
     relay: RelayHandle,
     cancel: CancellationToken,
 ) {
+    let (committer, jobs) = tokio::sync::mpsc::channel(8);
+    tracker.spawn(commit_loop(state.clone(), relay.clone(), jobs));
     for input in inputs(&state) {
-        tracker.spawn(consume(state.clone(), input, relay.clone(), cancel.clone()));
+        tracker.spawn(consume(
+            state.clone(),
+            input,
+            relay.clone(),
+            committer.clone(),
+            cancel.clone(),
+        ));
     }
     tracker.spawn(timers(state.clone(), relay, cancel.clone()));
     tracker.spawn(sweep_dedupe(state, cancel));
@@ -141,43 +155,98 @@ fn record(state: &AppState, tally: &Tally) {
     m.saga_unrouted.inc_by(tally.unrouted);
 }
 
-/// Applies a batch of (stream sequence, input) in one write transaction; returns the new
-/// checkpoint.
-pub async fn apply_batch(
-    state: &Arc<AppState>,
-    checkpoint_key: &str,
+/// What a batch commit returns: the new checkpoint and what happened.
+type Committed = crate::storage::Result<(u64, Tally)>;
+
+/// One consumer loop's batch, waiting for the committer.
+struct Job {
+    checkpoint: String,
     batch: Vec<(u64, RawInput)>,
-) -> crate::storage::Result<(u64, Tally)> {
-    apply_batch_with(state, checkpoint_key, batch, None).await
+    reply: tokio::sync::oneshot::Sender<Committed>,
 }
 
-/// [`apply_batch`] that also deletes the outbox records the relay has published, when a
-/// relay handle is given, saving the relay a durable commit of its own.
-pub async fn apply_batch_with(
-    state: &Arc<AppState>,
-    checkpoint_key: &str,
-    batch: Vec<(u64, RawInput)>,
-    relay: Option<&RelayHandle>,
-) -> crate::storage::Result<(u64, Tally)> {
-    let catalog = state.catalog();
-    let limits = limits(state);
-    let key = checkpoint_key.to_string();
-    let published = relay.and_then(RelayHandle::deletable_through);
-    let out = state
-        .store
-        .run(move |s| {
-            s.write_blocking(|t| {
-                if let Some(upto) = published {
-                    t.delete_outbox_through(DEFAULT_PARTITION, upto)?;
-                }
-                apply_in(t, &catalog, &limits, &key, &batch)
+/// Most batches merged into one transaction.
+const MAX_MERGED: usize = 8;
+
+/// The committer: applies every batch waiting, from any stream, in one write transaction
+/// (plus the deletion of the outbox records the relay has published), commits once, and
+/// answers each batch's loop. Ends when every consumer loop has ended.
+async fn commit_loop(
+    state: Arc<AppState>,
+    relay: RelayHandle,
+    mut jobs: tokio::sync::mpsc::Receiver<Job>,
+) {
+    let metrics = &state.metrics;
+    while let Some(first) = jobs.recv().await {
+        let mut merged = vec![first];
+        while merged.len() < MAX_MERGED {
+            match jobs.try_recv() {
+                Ok(j) => merged.push(j),
+                Err(_) => break,
+            }
+        }
+        let started = Instant::now();
+        let inputs: usize = merged.iter().map(|j| j.batch.len()).sum();
+        let (replies, work): (Vec<_>, Vec<_>) = merged
+            .into_iter()
+            .map(|j| (j.reply, (j.checkpoint, j.batch)))
+            .unzip();
+        let catalog = state.catalog();
+        let limits = limits(&state);
+        let published = relay.deletable_through();
+        let out = state
+            .store
+            .run(move |s| {
+                s.write_blocking(|t| {
+                    if let Some(upto) = published {
+                        t.delete_outbox_through(DEFAULT_PARTITION, upto)?;
+                    }
+                    work.iter()
+                        .map(|(key, batch)| apply_in(t, &catalog, &limits, key, batch))
+                        .collect::<crate::storage::Result<Vec<_>>>()
+                })
             })
-        })
-        .await?;
-    if let (Some(r), Some(upto)) = (relay, published) {
-        r.note_deleted(upto);
+            .await;
+        match out {
+            Ok(results) => {
+                if let Some(upto) = published {
+                    relay.note_deleted(upto);
+                }
+                metrics
+                    .saga_commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                metrics.saga_batch_size.observe(inputs as f64);
+                for (reply, r) in replies.into_iter().zip(results) {
+                    let _ = reply.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                for reply in replies {
+                    let _ = reply.send(Err(crate::storage::StorageError::Task(why.clone())));
+                }
+            }
+        }
     }
-    Ok(out)
+}
+
+/// Hands a batch to the committer and waits until it is durably applied.
+async fn commit(
+    committer: &tokio::sync::mpsc::Sender<Job>,
+    checkpoint: &str,
+    batch: Vec<(u64, RawInput)>,
+) -> Committed {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let gone = || crate::storage::StorageError::Task("the committer has stopped".into());
+    committer
+        .send(Job {
+            checkpoint: checkpoint.to_string(),
+            batch,
+            reply,
+        })
+        .await
+        .map_err(|_| gone())?;
+    answer.await.map_err(|_| gone())?
 }
 
 /// Applies inputs in one write transaction (blocking): those at or below the checkpoint of
@@ -220,6 +289,7 @@ async fn consume(
     state: Arc<AppState>,
     input: Input,
     relay: RelayHandle,
+    committer: tokio::sync::mpsc::Sender<Job>,
     cancel: CancellationToken,
 ) {
     let batch_size = state.config.saga.batch_size;
@@ -330,13 +400,8 @@ async fn consume(
             }
             if !batch.is_empty() {
                 let n = batch.len();
-                let started = Instant::now();
-                match apply_batch_with(&state, &input.checkpoint, batch, Some(&relay)).await {
+                match commit(&committer, &input.checkpoint, batch).await {
                     Ok((cp, tally)) => {
-                        metrics
-                            .saga_commit_seconds
-                            .observe(started.elapsed().as_secs_f64());
-                        metrics.saga_batch_size.observe(n as f64);
                         metrics
                             .saga_inputs
                             .with_label_values(&[&input.stream])
