@@ -448,7 +448,7 @@ async fn pause(cancel: &CancellationToken, backoff: &mut Duration) {
 }
 
 /// Most timers fired in one transaction.
-const TIMER_BATCH: usize = 256;
+const TIMER_BATCH: usize = 1024;
 
 async fn timers(state: Arc<AppState>, relay: RelayHandle, cancel: CancellationToken) {
     let poll = state.config.saga.timer_poll.get();
