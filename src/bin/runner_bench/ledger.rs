@@ -242,7 +242,7 @@ async fn max_and_half(
         quantiles(&mut half.lat),
     );
     println!(
-        "{}, store {:.0} MiB",
+        "{}, store file {:.0} MiB",
         usage.line("  runner during the max-rate run", max.elapsed),
         runner.store_bytes() as f64 / 1048576.0
     );

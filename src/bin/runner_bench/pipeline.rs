@@ -604,9 +604,8 @@ async fn effect(
     let lease = now_ms() + 15_000;
     let running =
         json!({"owner": owner, "attempt": 1, "lease_expires_ms": lease, "state": "running"});
-    if claims.entry(key.clone()).await?.is_some() {
-        // A redelivery of a finished command: a real worker would republish; so do we.
-    }
+    // The worker reads the claim first (a redelivered command finds it); so does the shadow.
+    let _claim = claims.entry(key.clone()).await?;
     let rev = claims
         .create(&key, serde_json::to_vec(&running)?.into())
         .await
