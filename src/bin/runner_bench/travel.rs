@@ -147,6 +147,8 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let mut comp_lat = Vec::new();
     let mut counted_done = 0u64;
     let mut first_counted: Option<Instant> = None;
+    // One counted trip of each path, checked in the store at the end.
+    let mut examples: [Option<u64>; 2] = [None, None];
     let mut last_counted = Instant::now();
     let sampler = Sampler::start(runner.proc.pid());
     while next < a.in_flight {
@@ -191,6 +193,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
                         first_counted = Some(first_counted.map_or(t0, |f: Instant| f.min(t0)));
                         last_counted = now;
                         counted_done += 1;
+                        examples[usize::from(fail)].get_or_insert(i);
                         let ms = now.duration_since(t0).as_secs_f64() * 1000.0;
                         if fail { comp_lat.push(ms) } else { ok_lat.push(ms) }
                     }
@@ -226,5 +229,30 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         quantiles(&mut comp_lat)
     );
     println!("{}", usage.line("  runner", elapsed));
+    // The completion rule above, checked against the store: `runner inspect` on one trip of
+    // each path (it reads the libmdbx file while the runner runs).
+    for (i, want) in examples.iter().zip(["completed", "compensated"]) {
+        let Some(i) = i else { continue };
+        let out = std::process::Command::new(&a.programs.runner)
+            .arg("inspect")
+            .arg("--data-dir")
+            .arg(&runner.data_dir)
+            .args(["--tenant", TENANT, "--saga", "travel_booking", "--id"])
+            .arg(format!("trip-{i}"))
+            .output()?;
+        let v: Json = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let state = v
+            .pointer("/instance/state")
+            .or_else(|| v.get("state"))
+            .and_then(Json::as_str)
+            .unwrap_or("?");
+        println!("  check: trip-{i} is `{state}` in the store (expected `{want}`)");
+        if state != want {
+            bail!(
+                "trip-{i} is `{state}`, not `{want}`: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
     Ok(())
 }
