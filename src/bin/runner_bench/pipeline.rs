@@ -317,8 +317,8 @@ const COMMAND_KINDS: [&str; 5] = [
 ];
 const EFFECTS: [&str; 3] = ["charge_card", "reserve_stock", "create_shipment"];
 
-/// Copies one message of each kind from the runner's streams (falls back to a 400-byte
-/// body when the runner has not run on this server).
+/// Copies one message of each kind from the runner's streams (the first and last 2 000 of
+/// each); falls back to a 400-byte body when none is found.
 async fn sample(js: &jetstream::Context) -> Templates {
     let filler = || Bytes::from(format!("{{\"pad\":\"{}\"}}", "x".repeat(390)));
     let mut commands = HashMap::new();
@@ -330,7 +330,11 @@ async fn sample(js: &jetstream::Context) -> Templates {
         };
         let Ok(info) = s.info().await else { continue };
         let (first, last) = (info.state.first_sequence, info.state.last_sequence);
-        for seq in first..=last.min(first + 2000) {
+        // Early outputs are at the start of the stream, late ones (MarkShipped, OrderFulfilled)
+        // at its end.
+        let head = first..=last.min(first + 2000);
+        let tail = last.saturating_sub(2000).max(first + 2001)..=last;
+        for seq in head.chain(tail) {
             let Ok(m) = s.get_raw_message(seq).await else {
                 continue;
             };
