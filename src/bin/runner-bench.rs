@@ -10,7 +10,28 @@
 //! - `orders`: publishes sample orders for the example manifests and plays the payment
 //!   service (every `charge_card` gets a Succeeded result), for the quick start.
 //!
+//! - Scenarios that start their own nats-server and `runner` (fresh directories, removed
+//!   afterwards) and print one line per measurement:
+//!   - `pipeline`: orders through the combined runner with noop effects, at the maximum
+//!     rate and at half of it, then the same message flow through `limit` (below); the last
+//!     line compares the two.
+//!   - `limit`: the order pipeline's messaging with no engine and no state (a shadow on its
+//!     own streams), run as a separate process by `pipeline`.
+//!   - `travel`: whole travel-booking orchestrations, closed loop, some compensated.
+//!   - `scale`: the ledger saga with 10 000 … 1 000 000 live instances.
+//!   - `timers`: many pending timers coming due; fire lag.
+//!   - `payload`: the ledger saga with small and large event bodies.
+//!
 //! Timing is measured here, by a separate process, never inside tests.
+
+#[path = "runner_bench/harness.rs"]
+mod harness;
+#[path = "runner_bench/ledger.rs"]
+mod ledger;
+#[path = "runner_bench/pipeline.rs"]
+mod pipeline;
+#[path = "runner_bench/travel.rs"]
+mod travel;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -64,6 +85,22 @@ enum Cmd {
         #[arg(long, default_value_t = 0)]
         pad: usize,
     },
+    /// Order pipeline through a combined runner vs. the messaging limit (own servers).
+    Pipeline(pipeline::Args),
+    /// The order pipeline's message flow with no engine (started by `pipeline`).
+    Limit {
+        /// Stop after this many orders have gone all the way through.
+        #[arg(long)]
+        orders: u64,
+    },
+    /// Whole travel orchestrations, closed loop (own servers).
+    Travel(travel::Args),
+    /// Ledger saga throughput and latency by number of live instances (own servers).
+    Scale(ledger::ScaleArgs),
+    /// Fire lag of many pending timers (own servers).
+    Timers(ledger::TimerArgs),
+    /// Ledger saga throughput and latency by event size (own servers).
+    Payload(ledger::PayloadArgs),
     /// Publish sample orders and answer their payment commands.
     Orders {
         /// Orders per tenant.
@@ -78,14 +115,14 @@ enum Cmd {
     },
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
 }
 
-fn event(
+pub(crate) fn event(
     tenant: &str,
     typ: &str,
     id: &str,
@@ -106,14 +143,24 @@ fn event(
 }
 
 /// Publishes bodies with windows of outstanding acks.
-struct Publisher {
+pub(crate) struct Publisher {
     js: jetstream::Context,
     pending: Vec<jetstream::context::PublishAckFuture>,
     window: usize,
+    /// Highest stream sequence acknowledged so far.
+    pub(crate) last_seq: u64,
 }
 
 impl Publisher {
-    async fn send(
+    pub(crate) fn new(js: jetstream::Context, window: usize) -> Self {
+        Self {
+            js,
+            pending: Vec::new(),
+            window,
+            last_seq: 0,
+        }
+    }
+    pub(crate) async fn send(
         &mut self,
         subject: String,
         body: &serde_json::Value,
@@ -131,15 +178,15 @@ impl Publisher {
         }
         Ok(())
     }
-    async fn flush(&mut self) -> Result<()> {
+    pub(crate) async fn flush(&mut self) -> Result<()> {
         for p in self.pending.drain(..) {
-            p.await?;
+            self.last_seq = self.last_seq.max(p.await?.sequence);
         }
         Ok(())
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }
@@ -149,6 +196,15 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
+    // Scenarios that start their own servers connect later, to the server they start.
+    let cli = match cli.cmd {
+        Cmd::Pipeline(a) => return pipeline::run(a).await,
+        Cmd::Travel(a) => return travel::run(a).await,
+        Cmd::Scale(a) => return ledger::scale(a).await,
+        Cmd::Timers(a) => return ledger::timers(a).await,
+        Cmd::Payload(a) => return ledger::payload(a).await,
+        cmd => Cli { cmd, ..cli },
+    };
     let client = async_nats::connect(&cli.nats_url)
         .await
         .with_context(|| format!("connecting to {}", cli.nats_url))?;
@@ -167,6 +223,12 @@ async fn main() -> Result<()> {
             tenants,
             answer_for,
         } => orders_demo(client, js, orders, &tenants, answer_for).await,
+        Cmd::Limit { orders } => pipeline::limit(client, js, orders).await,
+        Cmd::Pipeline(a) => pipeline::run(a).await,
+        Cmd::Travel(a) => travel::run(a).await,
+        Cmd::Scale(a) => ledger::scale(a).await,
+        Cmd::Timers(a) => ledger::timers(a).await,
+        Cmd::Payload(a) => ledger::payload(a).await,
     }
 }
 
@@ -217,11 +279,7 @@ async fn e2e(
         (lat, last)
     });
     let padding = "x".repeat(pad);
-    let mut publisher = Publisher {
-        js,
-        pending: Vec::new(),
-        window: 256,
-    };
+    let mut publisher = Publisher::new(js, 256);
     let started = Instant::now();
     let per_account = events.div_ceil(accounts);
     let mut published = 0;
@@ -286,11 +344,7 @@ async fn raw(js: jetstream::Context, events: u64, pad: usize) -> Result<()> {
     })
     .await?;
     let padding = "x".repeat(pad);
-    let mut publisher = Publisher {
-        js: js.clone(),
-        pending: Vec::new(),
-        window: 256,
-    };
+    let mut publisher = Publisher::new(js.clone(), 256);
     for i in 0..events {
         let body = event(
             "bench",
@@ -314,11 +368,7 @@ async fn raw(js: jetstream::Context, events: u64, pad: usize) -> Result<()> {
         .await?;
     let started = Instant::now();
     let mut done = 0;
-    let mut out = Publisher {
-        js: js.clone(),
-        pending: Vec::new(),
-        window: 1024,
-    };
+    let mut out = Publisher::new(js.clone(), 1024);
     while done < events {
         let mut batch = consumer
             .fetch()
@@ -368,11 +418,7 @@ async fn orders_demo(
 ) -> Result<()> {
     let mut commands = client.subscribe("tenant.*.effect.charge_card.*").await?;
     client.flush().await?;
-    let mut publisher = Publisher {
-        js: js.clone(),
-        pending: Vec::new(),
-        window: 256,
-    };
+    let mut publisher = Publisher::new(js.clone(), 256);
     for t in tenants {
         for i in 0..orders {
             let id = format!("order-{i}");
@@ -431,4 +477,70 @@ async fn orders_demo(
     publisher.flush().await?;
     println!("orders: answered {answered} charge_card commands with Succeeded");
     Ok(())
+}
+
+/// A message seen stored on a stream.
+pub(crate) struct Seen {
+    pub(crate) subject: String,
+    pub(crate) payload: bytes::Bytes,
+    pub(crate) seq: u64,
+    pub(crate) at: Instant,
+}
+
+/// Follows what gets stored on `stream` under `filters` from now on (an ordered consumer:
+/// a message is seen only once JetStream has stored it).
+pub(crate) async fn tail(
+    js: &jetstream::Context,
+    stream: &str,
+    filters: &[String],
+) -> Result<futures::stream::BoxStream<'static, Seen>> {
+    let s = js.get_stream(stream).await?;
+    let msgs = s
+        .create_consumer(pull::OrderedConfig {
+            filter_subjects: filters.to_vec(),
+            deliver_policy: jetstream::consumer::DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await?
+        .messages()
+        .await?;
+    Ok(msgs
+        .filter_map(|m| async move {
+            let m = m.ok()?;
+            let seq = m.info().ok()?.stream_sequence;
+            Some(Seen {
+                subject: m.subject.to_string(),
+                payload: m.payload.clone(),
+                seq,
+                at: Instant::now(),
+            })
+        })
+        .boxed())
+}
+
+/// p50/p90/p99 of latencies in milliseconds (sorted in place).
+pub(crate) fn quantiles(lat: &mut [f64]) -> String {
+    lat.sort_by(|a, b| a.total_cmp(b));
+    format!(
+        "p50={:.1} p90={:.1} p99={:.1} max={:.1}",
+        percentile(lat, 0.5),
+        percentile(lat, 0.9),
+        percentile(lat, 0.99),
+        lat.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+/// A small deterministic generator (xorshift64*), enough to spread load.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
+    }
 }

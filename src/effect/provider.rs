@@ -2,7 +2,7 @@
 //!
 //! | provider | does |
 //! |---|---|
-//! | `noop` | succeeds at once with an empty object |
+//! | `noop` | calls nothing: succeeds at once with `result` (default `{}`), or fails fatally when `fail_when` holds |
 //! | `log` | logs the command (payload size, never its content) and succeeds |
 //! | `http` | one HTTP request (rustls for TLS) |
 //! | `nats_request` | NATS request/reply to a service subject |
@@ -27,6 +27,13 @@
 //! Every request carries `Idempotency-Key: <command_id>`, on every attempt.
 //! Classification: timeouts, connection errors, 408, 429 (honouring `Retry-After` seconds)
 //! and 5xx are retryable; any other non-success answer is fatal.
+//!
+//! **Noop settings** (both optional; they exist for demos, tests and benchmarks, which need
+//! a stand-in service without running one): `result` (template over `event` and `saga`; the
+//! success payload, default `{}`) and `fail_when` (CEL over `event` and `saga`; when true the
+//! attempt fails fatally — no retry — so the result type is `Failed`). For example
+//! `result: { booking_ref: "car-${ event.command_id }" }` with
+//! `fail_when: has(event.payload.fail_car) && event.payload.fail_car`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -148,8 +155,8 @@ pub enum SecretSource {
 /// A compiled provider.
 #[derive(Debug, Clone)]
 pub enum Provider {
-    /// Succeeds with `{}`.
-    Noop,
+    /// Calls nothing: succeeds with its `result`, or fails when `fail_when` holds.
+    Noop(NoopSpec),
     /// Logs and succeeds.
     Log,
     /// HTTP request.
@@ -178,6 +185,41 @@ pub struct HttpSpec {
     success_when: Option<crate::expr::Expr>,
     result: Option<Template>,
     secrets: Vec<(String, SecretSource)>,
+}
+
+/// Compiled noop settings.
+#[derive(Debug, Clone, Default)]
+pub struct NoopSpec {
+    result: Option<Template>,
+    fail_when: Option<crate::expr::Expr>,
+}
+
+impl NoopSpec {
+    /// The outcome of one attempt for `command` (the whole envelope).
+    fn outcome(&self, effect: &str, command: &Json) -> Result<Json, EffectError> {
+        if self.result.is_none() && self.fail_when.is_none() {
+            return Ok(json!({}));
+        }
+        let saga = saga_vars(command, json!({}));
+        let empty = json!({});
+        let vars = Vars::new(command, &empty, &saga);
+        if let Some(cond) = &self.fail_when {
+            let fail = cond.eval_bool(&vars).map_err(|e| EffectError::Fatal {
+                reason: format!("effect `{effect}`: fail_when: {e}"),
+                details: json!({}),
+            })?;
+            if fail {
+                return Err(EffectError::Fatal {
+                    reason: format!("effect `{effect}`: fail_when is true for the command"),
+                    details: json!({}),
+                });
+            }
+        }
+        match &self.result {
+            Some(t) => render(t, &vars, "result"),
+            None => Ok(json!({})),
+        }
+    }
 }
 
 /// Compiled NATS settings.
@@ -264,7 +306,20 @@ impl Provider {
         };
         let default_body = || template_of(&Json::String("${ event.payload }".into()));
         match effect.provider.as_str() {
-            "noop" => Ok(Provider::Noop),
+            "noop" => {
+                let fail_when = match c.settings.get("fail_when") {
+                    None => None,
+                    Some(Json::String(s)) => Some(
+                        crate::expr::Expr::compile(s)
+                            .map_err(|e| c.err("fail_when", e.to_string()))?,
+                    ),
+                    Some(_) => return Err(c.err("fail_when", "must be a CEL string")),
+                };
+                Ok(Provider::Noop(NoopSpec {
+                    result: c.template("result")?,
+                    fail_when,
+                }))
+            }
             "log" => Ok(Provider::Log),
             "http" => {
                 let url = c
@@ -480,7 +535,7 @@ impl Provider {
         env: &CallEnv<'_>,
     ) -> Result<Json, EffectError> {
         match self {
-            Provider::Noop => Ok(json!({})),
+            Provider::Noop(spec) => spec.outcome(effect, command),
             Provider::Log => {
                 tracing::info!(
                     message = "Effect command (log provider).",
@@ -674,5 +729,77 @@ impl HttpSpec {
                 b => b.clone(),
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn noop(settings: Json) -> Result<Provider, SettingsError> {
+        let settings = match settings {
+            Json::Object(m) => m.into_iter().collect(),
+            _ => BTreeMap::new(),
+        };
+        Provider::compile(&Effect {
+            name: "reserve_car".into(),
+            provider: "noop".into(),
+            settings,
+            timeout_ms: None,
+            retry: None,
+            circuit_breaker: None,
+        })
+    }
+
+    fn outcome(p: &Provider, command: &Json) -> Result<Json, EffectError> {
+        let Provider::Noop(spec) = p else {
+            panic!("not a noop provider: {p:?}")
+        };
+        spec.outcome("reserve_car", command)
+    }
+
+    #[test]
+    fn noop_settings_shape_the_outcome() {
+        let cmd = |fail: bool| {
+            json!({
+                "command_id": "c1",
+                "tenant_id": "acme",
+                "payload": {"trip_id": "t7", "fail_car": fail},
+                "metadata": {"saga": "travel", "correlation_id": "t7"},
+            })
+        };
+        // No settings: an empty object, as before.
+        let plain = noop(json!({})).expect("compiles");
+        assert_eq!(outcome(&plain, &cmd(true)), Ok(json!({})));
+
+        let p = noop(json!({
+            "result": {"booking_ref": "car-${ event.payload.trip_id }", "by": "${ saga.name }"},
+            "fail_when": "event.payload.fail_car",
+        }))
+        .expect("compiles");
+        assert_eq!(
+            outcome(&p, &cmd(false)),
+            Ok(json!({"booking_ref": "car-t7", "by": "travel"}))
+        );
+        let err = outcome(&p, &cmd(true)).expect_err("fails when asked to");
+        assert!(!err.is_retryable(), "a noop failure is final: {err}");
+
+        // A condition that cannot be evaluated fails the attempt, fatally.
+        let broken = noop(json!({"fail_when": "event.payload.missing.deeper"})).expect("compiles");
+        assert!(
+            !outcome(&broken, &cmd(false))
+                .expect_err("fails")
+                .is_retryable()
+        );
+    }
+
+    #[test]
+    fn noop_settings_are_checked() {
+        let e = noop(json!({"fail_when": true})).expect_err("not a string");
+        assert_eq!(e.setting, "fail_when");
+        let e = noop(json!({"fail_when": "event.payload.("})).expect_err("not CEL");
+        assert_eq!(e.setting, "fail_when");
+        let e = noop(json!({"result": "${ event.( }"})).expect_err("bad template");
+        assert_eq!(e.setting, "result");
     }
 }

@@ -1,0 +1,426 @@
+//! Processes under test: a nats-server and a `runner` per scenario, each in a fresh
+//! directory, removed afterwards; resource figures read from `/proc`; `/metrics` scraping.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// Paths of the programs a scenario starts.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct Programs {
+    /// The nats-server binary (`scripts/setup-deps` prints it).
+    #[arg(long, env = "NATS_SERVER_BIN", default_value = "nats-server")]
+    pub(crate) nats_server: PathBuf,
+    /// The runner binary.
+    #[arg(long, default_value = "target/release/runner")]
+    pub(crate) runner: PathBuf,
+    /// Keep the scenario's directory (logs, stores) instead of removing it.
+    #[arg(long)]
+    pub(crate) keep: bool,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A scratch directory removed on drop (unless kept).
+pub(crate) struct WorkDir {
+    pub(crate) path: PathBuf,
+    keep: bool,
+}
+
+impl WorkDir {
+    pub(crate) fn new(scenario: &str, keep: bool) -> Result<Self> {
+        let path = std::env::temp_dir().join(format!(
+            "runner-bench-{scenario}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&path)?;
+        Ok(Self { path, keep })
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if self.keep {
+            eprintln!("bench: kept {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A child process killed on drop.
+pub(crate) struct Proc {
+    child: Child,
+}
+
+impl Proc {
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    /// Asks the process to stop (SIGTERM) and waits up to `grace` before killing it.
+    pub(crate) fn stop(&mut self, grace: Duration) {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        let until = Instant::now() + grace;
+        while Instant::now() < until {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A nats-server with JetStream on a free loopback port.
+pub(crate) struct Nats {
+    pub(crate) url: String,
+    _proc: Proc,
+}
+
+impl Nats {
+    pub(crate) async fn start(bin: &Path, dir: &Path) -> Result<Self> {
+        let port = free_port()?;
+        let log = std::fs::File::create(dir.join("nats.log"))?;
+        let child = Command::new(bin)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
+            .arg(dir.join("js"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let url = format!("nats://127.0.0.1:{port}");
+        let proc = Proc { child };
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(c) = async_nats::connect(&url).await {
+                // JetStream answers once the server is fully up.
+                if async_nats::jetstream::new(c).query_account().await.is_ok() {
+                    break;
+                }
+            }
+            if Instant::now() > until {
+                bail!("nats-server did not come up on {url}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(Self { url, _proc: proc })
+    }
+
+    pub(crate) fn version(bin: &Path) -> String {
+        Command::new(bin)
+            .arg("--version")
+            .output()
+            .map(|o| {
+                let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
+                v.trim_start_matches("nats-server: ").to_string()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A running `runner run`.
+pub(crate) struct Runner {
+    pub(crate) admin: String,
+    pub(crate) data_dir: PathBuf,
+    pub(crate) proc: Proc,
+    http: reqwest::Client,
+}
+
+impl Runner {
+    /// Starts the runner in `mode` on `manifest` with a fresh data dir under `dir`, and waits
+    /// until `/ready` answers 200.
+    pub(crate) async fn start(
+        bin: &Path,
+        dir: &Path,
+        nats_url: &str,
+        mode: &str,
+        manifest: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
+        let port = free_port()?;
+        let data_dir = dir.join(format!("data-{mode}"));
+        let log = std::fs::File::create(dir.join(format!("runner-{mode}.log")))?;
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "run",
+            "--mode",
+            mode,
+            "--nats-url",
+            nats_url,
+            "--admin-addr",
+        ])
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(&data_dir)
+        .arg("--manifest")
+        .arg(manifest)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(log);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut r = Self {
+            admin: format!("http://127.0.0.1:{port}"),
+            data_dir,
+            proc: Proc { child },
+            http: reqwest::Client::new(),
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok(resp) = r.http.get(format!("{}/ready", r.admin)).send().await
+                && resp.status().is_success()
+            {
+                return Ok(r);
+            }
+            if let Ok(Some(status)) = r.proc.child.try_wait() {
+                bail!(
+                    "runner exited with {status} at start; see {}",
+                    dir.join(format!("runner-{mode}.log")).display()
+                );
+            }
+            if Instant::now() > until {
+                bail!("runner did not become ready");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub(crate) fn client(&self) -> Metrics {
+        Metrics {
+            url: format!("{}/metrics", self.admin),
+            http: self.http.clone(),
+        }
+    }
+
+    /// Size of the files under the data dir (the libmdbx database), in bytes.
+    pub(crate) fn store_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            std::fs::read_dir(p)
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .map(|e| match e.metadata() {
+                            Ok(m) if m.is_dir() => walk(&e.path()),
+                            Ok(m) => m.len(),
+                            Err(_) => 0,
+                        })
+                        .sum()
+                })
+                .unwrap_or(0)
+        }
+        walk(&self.data_dir)
+    }
+}
+
+/// Spawns a child process of this same program (for `limit`).
+pub(crate) fn spawn_self(args: &[String], log: &Path) -> Result<(Proc, std::process::ChildStdout)> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(log)?)
+        .spawn()?;
+    let out = child.stdout.take().context("child stdout")?;
+    Ok((Proc { child }, out))
+}
+
+/// Scrapes `/metrics`.
+#[derive(Clone)]
+pub(crate) struct Metrics {
+    url: String,
+    http: reqwest::Client,
+}
+
+impl Metrics {
+    pub(crate) async fn text(&self) -> Result<String> {
+        Ok(self.http.get(&self.url).send().await?.text().await?)
+    }
+    /// Sum of the samples of `name` whose labels contain every `labels` pair.
+    pub(crate) async fn sum(&self, name: &str, labels: &[(&str, &str)]) -> Result<f64> {
+        Ok(metric_sum(&self.text().await?, name, labels))
+    }
+}
+
+/// Sum of the samples of `name` (exact metric name) whose labels contain every pair.
+pub(crate) fn metric_sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (n, rest) = match series.find('{') {
+                Some(i) => (&series[..i], &series[i..]),
+                None => (series, ""),
+            };
+            (n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| rest.contains(&format!("{k}=\"{v}\""))))
+            .then(|| value.parse::<f64>().ok())
+            .flatten()
+        })
+        .sum()
+}
+
+/// Estimates a quantile from a Prometheus histogram (`<name>_bucket` samples): the upper
+/// bound of the first bucket holding the quantile.
+pub(crate) fn histogram_quantile(text: &str, name: &str, q: f64) -> Option<f64> {
+    let bucket = format!("{name}_bucket");
+    let mut buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter(|l| l.starts_with(&bucket))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, l.rsplit_once(' ')?.1.parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total)
+        .map(|(le, _)| *le)
+}
+
+/// CPU seconds (user + system) a process has used so far.
+pub(crate) fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces.
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
+    let ticks: f64 = [11, 12]
+        .iter()
+        .filter_map(|&i| f.get(i)?.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
+}
+
+/// Memory figures of a process, in KiB.
+#[derive(Default, Clone, Copy, Debug)]
+pub(crate) struct Mem {
+    pub(crate) rss: u64,
+    pub(crate) anon: u64,
+    pub(crate) file: u64,
+    pub(crate) hwm: u64,
+}
+
+pub(crate) fn mem(pid: u32) -> Mem {
+    let mut m = Mem::default();
+    if let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+        for l in s.lines() {
+            let kib = || {
+                l.split_whitespace()
+                    .nth(1)
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            match l.split(':').next() {
+                Some("VmRSS") => m.rss = kib(),
+                Some("RssAnon") => m.anon = kib(),
+                Some("RssFile") => m.file = kib(),
+                Some("VmHWM") => m.hwm = kib(),
+                _ => {}
+            }
+        }
+    }
+    m
+}
+
+/// Samples a process's memory every 100 ms while a measurement runs and keeps the peaks;
+/// also takes its CPU time at start and stop.
+pub(crate) struct Sampler {
+    pid: u32,
+    cpu0: f64,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Mem>,
+}
+
+/// What a [`Sampler`] saw.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Usage {
+    pub(crate) cpu: f64,
+    pub(crate) peak: Mem,
+}
+
+impl Usage {
+    pub(crate) fn line(&self, who: &str, elapsed: f64) -> String {
+        let mib = |k: u64| k as f64 / 1024.0;
+        format!(
+            "{who}: cpu_seconds={:.2} ({:.0}% of one core) peak_rss={:.0}MiB peak_rss_anon={:.0}MiB peak_rss_file={:.0}MiB",
+            self.cpu,
+            100.0 * self.cpu / elapsed.max(1e-9),
+            mib(self.peak.rss),
+            mib(self.peak.anon),
+            mib(self.peak.file),
+        )
+    }
+}
+
+impl Sampler {
+    pub(crate) fn start(pid: u32) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut peak = Mem::default();
+            loop {
+                let m = mem(pid);
+                peak.rss = peak.rss.max(m.rss);
+                peak.anon = peak.anon.max(m.anon);
+                peak.file = peak.file.max(m.file);
+                peak.hwm = peak.hwm.max(m.hwm);
+                if s.load(Ordering::Relaxed) {
+                    return peak;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        Self {
+            pid,
+            cpu0: cpu_seconds(pid),
+            stop,
+            task,
+        }
+    }
+    pub(crate) async fn finish(self) -> Usage {
+        self.stop.store(true, Ordering::Relaxed);
+        let peak = self.task.await.unwrap_or_default();
+        Usage {
+            cpu: cpu_seconds(self.pid) - self.cpu0,
+            peak,
+        }
+    }
+}
