@@ -6,9 +6,9 @@
 //! transitions and publishes 6 outputs (charge_card, reserve_stock, Confirm,
 //! create_shipment, MarkShipped, OrderFulfilled) through its relay, with `Nats-Msg-Id` and
 //! acknowledgements awaited per window; its effect side takes 3 commands from a durable pull
-//! consumer and, for each, reads the claim key, creates the claim, updates it by revision
-//! with the result, publishes the result awaiting its acknowledgement, and acknowledges
-//! the command. `limit` does exactly those consumes, publishes (with bodies of the sizes
+//! consumer and, for each, creates the claim (no read first on a first delivery), updates
+//! it by revision with the result, publishes the result awaiting its acknowledgement, and
+//! acknowledges the command. `limit` does exactly those consumes, publishes (with bodies of the sizes
 //! the runner produced, copied from its streams), KV operations and acks, on streams of
 //! its own.
 
@@ -591,8 +591,8 @@ pub(crate) async fn limit(
     Ok(())
 }
 
-/// One effect command, the way the worker does it: claim read, create, CAS update with
-/// the result, result publish (ack awaited), command ack.
+/// One effect command, the way the worker does it on a first delivery: claim create, CAS
+/// update with the result, result publish (ack awaited), command ack.
 async fn effect(
     js: &jetstream::Context,
     t: &Templates,
@@ -608,8 +608,6 @@ async fn effect(
     let lease = now_ms() + 15_000;
     let running =
         json!({"owner": owner, "attempt": 1, "lease_expires_ms": lease, "state": "running"});
-    // The worker reads the claim first (a redelivered command finds it); so does the shadow.
-    let _claim = claims.entry(key.clone()).await?;
     let rev = claims
         .create(&key, serde_json::to_vec(&running)?.into())
         .await
