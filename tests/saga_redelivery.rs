@@ -100,3 +100,35 @@ fn late_redeliveries_and_republished_events_apply_once_in_order() {
     // One outbox record per applied deposit.
     assert_eq!(store.read_blocking(|t| t.outbox_depth()).unwrap(), 4);
 }
+
+#[test]
+fn an_id_holding_a_nul_character_is_dead_lettered_not_stored_under_an_aliased_key() {
+    let report = runner::manifest::load(&[common::repo_root().join("tests/manifests/ledger.yaml")]);
+    let catalog = report.catalog.unwrap();
+    let limits = Limits {
+        allowed_tenants: vec![],
+        max_message_bytes: 1 << 20,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open_store(dir.path());
+    let (cp, tally) = apply_inputs(
+        &store,
+        &catalog,
+        &limits,
+        "test:AGGREGATE_EVENTS",
+        &[
+            deposit("a\u{0}b", 1, "0190f000-0000-7000-8000-0000000000a1", 1),
+            deposit("c", 1, "0190f000-0000-7000-8000-0000000000a2", 2),
+        ],
+    )
+    .unwrap();
+    assert_eq!(cp, 2);
+    assert_eq!(tally.dead_letters, vec!["undecodable"]);
+    assert_eq!(tally.count("applied"), 1, "the other input still applies");
+    let (instances, letters) = store
+        .read_blocking(|t| Ok((t.instances()?, t.dead_letters()?)))
+        .unwrap();
+    assert_eq!(instances.len(), 1);
+    assert_eq!(instances[0].correlation_id, "c");
+    assert!(letters[0].reason.contains("NUL"), "{}", letters[0].reason);
+}

@@ -380,6 +380,13 @@ mod table_tests {
             old
         );
         assert_eq!(HistoryEntry::decode(&old.encode()).expect("binary"), old);
+        // The ring lives beside the instances but is never taken for one.
+        assert!(
+            store
+                .read_blocking(|t| t.instances())
+                .expect("scan")
+                .is_empty()
+        );
         let ns: Vec<u64> = h.iter().map(|e| e.n).collect();
         assert_eq!(ns, (25 - HISTORY_KEEP + 1..=25).collect::<Vec<_>>());
     }

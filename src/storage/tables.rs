@@ -6,6 +6,7 @@
 //! | table | key | value |
 //! |---|---|---|
 //! | `saga` | `t 0 saga 0 correlation_id` | [`Instance`] as JSON |
+//! | `saga` | `t 0 saga 0 correlation_id 0 slot:u64` | [`HistoryEntry`], binary (see [`HistoryEntry::encode`]); slot = n mod [`HISTORY_KEEP`]: each instance keeps its last transitions in a ring beside it |
 //! | `outbox` | `partition:u16 seq:u64` | [`OutboxRecord`], binary (see [`OutboxRecord::encode`]) |
 //! | `checkpoint` | consumer name | last applied stream sequence, `u64` |
 //! | `dedupe` | `t 0 saga 0 event_id` | applied-at ms, `u64` |
@@ -13,7 +14,7 @@
 //! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON |
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` |
-//! | `history` | `t 0 saga 0 correlation_id 0 slot:u64` | [`HistoryEntry`], binary (see [`HistoryEntry::encode`]); slot = n mod [`HISTORY_KEEP`], so each instance keeps its last transitions in a ring |
+//! | `history` | as the ring keys above | history written by earlier versions (read, no longer written) |
 //!
 //! Everything here runs inside a caller's transaction; nothing commits on its own, so a
 //! caller composes state, outbox, timers, markers and checkpoint into one atomic commit.
@@ -318,7 +319,10 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
         let mut out = Vec::new();
         for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
             let (_, v) = item?;
-            out.push(json(&v, "saga instance")?);
+            // History entries live beside their instance; only instances are JSON objects.
+            if v.first() == Some(&b'{') {
+                out.push(json(&v, "saga instance")?);
+            }
         }
         Ok(out)
     }
@@ -446,14 +450,20 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
     pub fn history(&self, tenant: &str, saga: &str, corr: &str) -> Result<Vec<HistoryEntry>> {
         let prefix = history_key(tenant, saga, corr, 0);
         let stem = &prefix[..prefix.len() - 8];
-        let mut cur = self.txn.cursor(&self.history)?;
+        // Stores written before history moved beside the instances keep it in `history`.
         let mut out = Vec::new();
-        for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&prefix) {
-            let (k, v) = item?;
-            if k.len() != prefix.len() || !k.starts_with(stem) {
+        for table in [&self.saga, &self.history] {
+            let mut cur = self.txn.cursor(table)?;
+            for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&prefix) {
+                let (k, v) = item?;
+                if k.len() != prefix.len() || !k.starts_with(stem) {
+                    break;
+                }
+                out.push(HistoryEntry::decode(&v)?);
+            }
+            if !out.is_empty() {
                 break;
             }
-            out.push(HistoryEntry::decode(&v)?);
         }
         out.sort_by_key(|e| e.n);
         Ok(out)
@@ -614,11 +624,13 @@ impl<'t> Tables<'t, RW> {
         corr: &str,
         e: &HistoryEntry,
     ) -> Result<()> {
-        // One write per transition: the slot of entry n - HISTORY_KEEP is overwritten.
+        // One write per transition: the slot of entry n - HISTORY_KEEP is overwritten. The
+        // ring sits in the `saga` table right after its instance's key, so the instance and
+        // its history usually share a page and a transition dirties one page, not two.
         let key = history_key(tenant, saga, corr, e.n % HISTORY_KEEP);
         Ok(self
             .txn
-            .put(&self.history, key, e.encode(), WriteFlags::UPSERT)?)
+            .put(&self.saga, key, e.encode(), WriteFlags::UPSERT)?)
     }
 
     /// Deletes up to `limit` dedupe markers recorded before `older_than_ms`, scanning from

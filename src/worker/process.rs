@@ -135,7 +135,7 @@ pub struct Processor<'a> {
 pub fn split_subject(subject: &str) -> Option<(&str, &str)> {
     let rest = subject.strip_prefix("tenant.")?;
     let (t, rel) = rest.split_once('.')?;
-    (!t.is_empty() && !rel.is_empty()).then_some((t, rel))
+    (!t.is_empty() && !rel.is_empty() && !t.contains('\0')).then_some((t, rel))
 }
 
 impl<'a> Processor<'a> {
@@ -313,6 +313,12 @@ impl<'a> Processor<'a> {
             );
             self.tally.note(saga, "dead_lettered");
             return self.dead_letter(tx, raw, tenant, kind::TOO_LARGE, why, None);
+        }
+        // Keys separate their parts with 0x00, so an id holding one could alias another key.
+        if corr.contains('\0') || event_id.contains('\0') {
+            self.tally.note(saga, "dead_lettered");
+            let why = "correlation id or event id contains a NUL character".to_string();
+            return self.dead_letter(tx, raw, tenant, kind::UNDECODABLE, why, None);
         }
         if !event_id.is_empty() && tx.is_applied(tenant, saga, &event_id)? {
             self.tally.note(saga, "duplicate");
