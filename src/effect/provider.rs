@@ -192,6 +192,8 @@ pub struct HttpSpec {
 pub struct NoopSpec {
     result: Option<Template>,
     fail_when: Option<crate::expr::Expr>,
+    /// What the two can read: only that is bound for an attempt.
+    needs: crate::expr::Needs,
 }
 
 impl NoopSpec {
@@ -202,7 +204,7 @@ impl NoopSpec {
         }
         let saga = saga_vars(command, json!({}));
         let empty = json!({});
-        let vars = Vars::new(command, &empty, &saga);
+        let vars = Vars::pruned(command, &[], &empty, &saga, &self.needs);
         if let Some(cond) = &self.fail_when {
             let fail = cond.eval_bool(&vars).map_err(|e| EffectError::Fatal {
                 reason: format!("effect `{effect}`: fail_when: {e}"),
@@ -315,9 +317,18 @@ impl Provider {
                     ),
                     Some(_) => return Err(c.err("fail_when", "must be a CEL string")),
                 };
+                let result = c.template("result")?;
+                let mut needs = crate::expr::Needs::default();
+                if let Some(e) = &fail_when {
+                    needs.merge(e.needs());
+                }
+                if let Some(t) = &result {
+                    t.add_needs(&mut needs);
+                }
                 Ok(Provider::Noop(NoopSpec {
-                    result: c.template("result")?,
+                    result,
                     fail_when,
+                    needs,
                 }))
             }
             "log" => Ok(Provider::Log),
