@@ -6,9 +6,9 @@
 //! out, awaits the acknowledgements; only then does it mark the acknowledged prefix as
 //! published ([`RelayHandle::deletable_through`]).
 //! Published records are deleted later, by the saga worker inside its next batch
-//! transaction (saving a durable commit per window), or by the relay itself when it is idle,
-//! draining, or far ahead. A crash before the deletion republishes them; JetStream's
-//! duplicate window drops the repeat.
+//! transaction (saving a durable commit per window), or by the relay itself after a poll
+//! interval with no new work, when draining, or when far ahead. A crash before the deletion
+//! republishes them; JetStream's duplicate window drops the repeat.
 //!
 //! Delivery: at least once, in outbox order on first publication. During a NATS outage the
 //! relay retries with backoff forever; nothing is dropped. It wakes on every commit
@@ -154,7 +154,7 @@ impl Relay {
                 upto - self.handle.deleted.load(Ordering::SeqCst)
                     > MAX_WINDOWS_UNDELETED * window as u64
             });
-            if batch.is_empty() || far_ahead {
+            if far_ahead {
                 self.delete_published().await;
             }
             if batch.is_empty() {
@@ -164,20 +164,28 @@ impl Relay {
                     }
                     continue;
                 }
-                if let Ok(depth) = self.store.read(|t| t.outbox_depth()).await {
-                    self.metrics.outbox_depth.set(depth as i64);
-                }
+                self.metrics
+                    .outbox_depth
+                    .set(self.handle.unpublished() as i64);
                 if stopping {
+                    self.delete_published().await;
                     tracing::info!(
                         message = "Relay flushed.",
                         through = self.handle.acked.load(Ordering::SeqCst)
                     );
                     return;
                 }
-                tokio::select! {
-                    _ = self.handle.notify.notified() => {}
-                    _ = tokio::time::sleep(self.poll) => {}
-                    _ = stop.cancelled() => {}
+                // Published records are normally deleted inside the workers' next batch
+                // transaction; the relay spends a durable commit of its own on them only
+                // after a whole poll interval with no new work (or when far ahead, or
+                // draining), so it does not compete with the workers for the writer.
+                let idle = tokio::select! {
+                    _ = self.handle.notify.notified() => false,
+                    _ = tokio::time::sleep(self.poll) => true,
+                    _ = stop.cancelled() => false,
+                };
+                if idle {
+                    self.delete_published().await;
                 }
                 continue;
             }
