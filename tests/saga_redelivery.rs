@@ -30,16 +30,26 @@ fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
     )
 }
 
-#[test]
-fn late_redeliveries_and_republished_events_apply_once_in_order() {
+/// The ledger saga, open limits and a fresh store (kept alive by the returned directory).
+fn ledger_store() -> (
+    runner::manifest::Catalog,
+    Limits,
+    tempfile::TempDir,
+    runner::storage::Store,
+) {
     let report = runner::manifest::load(&[common::repo_root().join("tests/manifests/ledger.yaml")]);
-    let catalog = report.catalog.unwrap();
     let limits = Limits {
         allowed_tenants: vec![],
         max_message_bytes: 1 << 20,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());
+    (report.catalog.unwrap(), limits, dir, store)
+}
+
+#[test]
+fn late_redeliveries_and_republished_events_apply_once_in_order() {
+    let (catalog, limits, _dir, store) = ledger_store();
     let ids: Vec<String> = (0..6)
         .map(|i| format!("0190f000-0000-7000-8000-00000000000{i}"))
         .collect();
@@ -103,14 +113,7 @@ fn late_redeliveries_and_republished_events_apply_once_in_order() {
 
 #[test]
 fn an_id_holding_a_nul_character_is_dead_lettered_not_stored_under_an_aliased_key() {
-    let report = runner::manifest::load(&[common::repo_root().join("tests/manifests/ledger.yaml")]);
-    let catalog = report.catalog.unwrap();
-    let limits = Limits {
-        allowed_tenants: vec![],
-        max_message_bytes: 1 << 20,
-    };
-    let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
+    let (catalog, limits, _dir, store) = ledger_store();
     let (cp, tally) = apply_inputs(
         &store,
         &catalog,

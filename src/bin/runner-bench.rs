@@ -1,12 +1,5 @@
 //! `runner-bench`: load generator and measuring tool for Runner.
 //!
-//! - `e2e`: publishes deposits for the `ledger` test saga (one command out per event in)
-//!   against a running `runner`, and measures transitions per second and the latency from
-//!   an input's publication to its output being stored by JetStream (seen by a core
-//!   subscription on the output subjects).
-//! - `raw`: the same message flow with no Runner — consume each input from the stream in
-//!   batches, publish one output with `Nats-Msg-Id` (acks awaited in windows), acknowledge
-//!   the inputs — which is the messaging limit the runner is compared against.
 //! - `orders`: publishes sample orders for the example manifests and plays the payment
 //!   service (every `charge_card` gets a Succeeded result), for the quick start.
 //!
@@ -33,12 +26,10 @@ mod pipeline;
 #[path = "runner_bench/travel.rs"]
 mod travel;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
-use async_nats::jetstream::{self, consumer::pull, stream};
+use async_nats::jetstream::{self, consumer::pull};
 use clap::{Parser, Subcommand};
 use futures::StreamExt;
 use serde_json::json;
@@ -58,33 +49,6 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Drive the ledger saga through a running runner and measure it.
-    E2e {
-        /// Events to publish.
-        #[arg(long, default_value_t = 20_000)]
-        events: u64,
-        /// Distinct saga instances (accounts).
-        #[arg(long, default_value_t = 1_000)]
-        accounts: u64,
-        /// Payload padding in bytes.
-        #[arg(long, default_value_t = 0)]
-        pad: usize,
-        /// Publish at most this many events per second (0: as fast as acks allow).
-        #[arg(long, default_value_t = 0)]
-        rate: u64,
-        /// Tenant token.
-        #[arg(long, default_value = "bench")]
-        tenant: String,
-    },
-    /// The same flow with no Runner: the messaging limit.
-    Raw {
-        /// Events.
-        #[arg(long, default_value_t = 20_000)]
-        events: u64,
-        /// Payload padding in bytes.
-        #[arg(long, default_value_t = 0)]
-        pad: usize,
-    },
     /// Order pipeline through a combined runner vs. the messaging limit (own servers).
     Pipeline(pipeline::Args),
     /// The order pipeline's message flow with no engine (started by `pipeline`).
@@ -210,14 +174,6 @@ async fn main() -> Result<()> {
         .with_context(|| format!("connecting to {}", cli.nats_url))?;
     let js = jetstream::new(client.clone());
     match cli.cmd {
-        Cmd::E2e {
-            events,
-            accounts,
-            pad,
-            rate,
-            tenant,
-        } => e2e(client, js, events, accounts, pad, rate, &tenant).await,
-        Cmd::Raw { events, pad } => raw(js, events, pad).await,
         Cmd::Orders {
             orders,
             tenants,
@@ -230,183 +186,6 @@ async fn main() -> Result<()> {
         Cmd::Timers(a) => ledger::timers(a).await,
         Cmd::Payload(a) => ledger::payload(a).await,
     }
-}
-
-async fn e2e(
-    client: async_nats::Client,
-    js: jetstream::Context,
-    events: u64,
-    accounts: u64,
-    pad: usize,
-    rate: u64,
-    tenant: &str,
-) -> Result<()> {
-    let sent: Arc<Mutex<HashMap<(String, u64), Instant>>> = Arc::new(Mutex::new(HashMap::new()));
-    let mut sub = client
-        .subscribe(format!("tenant.{tenant}.command.Account.*"))
-        .await?;
-    client.flush().await?;
-    let sent_rx = sent.clone();
-    let collector = tokio::spawn(async move {
-        let mut lat = Vec::with_capacity(events as usize);
-        let mut last = Instant::now();
-        while (lat.len() as u64) < events {
-            let Ok(Some(msg)) = tokio::time::timeout(Duration::from_secs(30), sub.next()).await
-            else {
-                break;
-            };
-            let body: serde_json::Value = serde_json::from_slice(&msg.payload).unwrap_or_default();
-            let account = msg
-                .subject
-                .rsplit('.')
-                .next()
-                .unwrap_or_default()
-                .to_string();
-            let n = body["payload"]["n"]
-                .as_u64()
-                .or_else(|| body["payload"]["n"].as_str().and_then(|s| s.parse().ok()))
-                .unwrap_or(0);
-            if let Some(t0) = sent_rx
-                .lock()
-                .map_err(|_| ())
-                .ok()
-                .and_then(|m| m.get(&(account, n)).copied())
-            {
-                lat.push(t0.elapsed().as_secs_f64() * 1000.0);
-                last = Instant::now();
-            }
-        }
-        (lat, last)
-    });
-    let padding = "x".repeat(pad);
-    let mut publisher = Publisher::new(js, 256);
-    let started = Instant::now();
-    let per_account = events.div_ceil(accounts);
-    let mut published = 0;
-    'outer: for n in 1..=per_account {
-        for a in 0..accounts {
-            if published == events {
-                break 'outer;
-            }
-            if rate > 0 {
-                let due = started + Duration::from_secs_f64(published as f64 / rate as f64);
-                tokio::time::sleep_until(due.into()).await;
-            }
-            let id = format!("a{a}");
-            let body = event(
-                tenant,
-                "Account",
-                &id,
-                "Deposited",
-                json!({"n": n, "amount": 1, "pad": padding}),
-            );
-            sent.lock()
-                .map_err(|_| anyhow::anyhow!("lock"))?
-                .insert((id.clone(), n), Instant::now());
-            let msg_id = body["event_id"].as_str().unwrap_or_default().to_string();
-            publisher
-                .send(
-                    format!("tenant.{tenant}.aggregate.Account.{id}"),
-                    &body,
-                    &msg_id,
-                )
-                .await?;
-            published += 1;
-        }
-    }
-    publisher.flush().await?;
-    let (mut lat, last) = collector.await?;
-    let elapsed = last.duration_since(started).as_secs_f64();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    println!(
-        "e2e: events={events} outputs={} elapsed={elapsed:.2}s transitions_per_s={:.0} latency_ms p50={:.2} p90={:.2} p99={:.2}",
-        lat.len(),
-        lat.len() as f64 / elapsed,
-        percentile(&lat, 0.5),
-        percentile(&lat, 0.9),
-        percentile(&lat, 0.99),
-    );
-    Ok(())
-}
-
-async fn raw(js: jetstream::Context, events: u64, pad: usize) -> Result<()> {
-    let in_stream = js
-        .get_or_create_stream(stream::Config {
-            name: "BENCH_RAW_IN".into(),
-            subjects: vec!["bench.raw.in.>".into()],
-            ..Default::default()
-        })
-        .await?;
-    js.get_or_create_stream(stream::Config {
-        name: "BENCH_RAW_OUT".into(),
-        subjects: vec!["bench.raw.out.>".into()],
-        ..Default::default()
-    })
-    .await?;
-    let padding = "x".repeat(pad);
-    let mut publisher = Publisher::new(js.clone(), 256);
-    for i in 0..events {
-        let body = event(
-            "bench",
-            "Account",
-            &format!("a{}", i % 1000),
-            "Deposited",
-            json!({"n": i, "amount": 1, "pad": padding}),
-        );
-        let id = body["event_id"].as_str().unwrap_or_default().to_string();
-        publisher
-            .send(format!("bench.raw.in.a{}", i % 1000), &body, &id)
-            .await?;
-    }
-    publisher.flush().await?;
-    let consumer = in_stream
-        .create_consumer(pull::Config {
-            durable_name: Some("raw".into()),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ..Default::default()
-        })
-        .await?;
-    let started = Instant::now();
-    let mut done = 0;
-    let mut out = Publisher::new(js.clone(), 1024);
-    while done < events {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(500)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await?;
-        let mut msgs = Vec::new();
-        while let Some(m) = batch.next().await {
-            msgs.push(m.map_err(|e| anyhow::anyhow!(e))?);
-        }
-        for m in &msgs {
-            let body: serde_json::Value = serde_json::from_slice(&m.payload)?;
-            let id = format!("out-{}", body["event_id"].as_str().unwrap_or_default());
-            out.send(
-                format!(
-                    "bench.raw.out.{}",
-                    body["aggregate_id"].as_str().unwrap_or("x")
-                ),
-                &body["payload"],
-                &id,
-            )
-            .await?;
-        }
-        out.flush().await?;
-        for m in &msgs {
-            m.ack().await.map_err(|e| anyhow::anyhow!(e))?;
-        }
-        done += msgs.len() as u64;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    println!(
-        "raw: events={events} elapsed={elapsed:.2}s messages_per_s={:.0}",
-        events as f64 / elapsed
-    );
-    js.delete_stream("BENCH_RAW_IN").await?;
-    js.delete_stream("BENCH_RAW_OUT").await?;
-    Ok(())
 }
 
 async fn orders_demo(
