@@ -9,9 +9,7 @@
 //! the process exits 0. If the drain outlasts `runner.drain_timeout` the process exits 1.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::SystemTime;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -19,209 +17,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::{self, Broker};
 use crate::config::Config;
-use crate::manifest::{self, Catalog, Diagnostic};
+use crate::manifest::{self, Diagnostic};
 use crate::relay::{Relay, RelayHandle};
+use crate::runtime::{AppState, GIT_REVISION, Lifecycle, VERSION, stranded_in};
 use crate::storage::Store;
 use crate::telemetry::Metrics;
-
-/// Crate version.
-pub const VERSION: &str = env!("CARGO_PKG_VERSION");
-/// Git revision the binary was built from.
-pub const GIT_REVISION: &str = env!("RUNNER_GIT_REV");
-
-/// Start and drain state shared by every component.
-#[derive(Debug)]
-pub struct Lifecycle {
-    started: AtomicBool,
-    draining: AtomicBool,
-    /// Cancelled when the drain begins: workers stop taking new work.
-    work: CancellationToken,
-}
-
-impl Lifecycle {
-    /// A lifecycle that has neither started nor begun draining.
-    pub fn new() -> Self {
-        Self {
-            started: AtomicBool::new(false),
-            draining: AtomicBool::new(false),
-            work: CancellationToken::new(),
-        }
-    }
-    /// Marks start-up complete.
-    pub fn mark_started(&self) {
-        self.started.store(true, Ordering::SeqCst);
-    }
-    /// Whether the process is started and not draining.
-    pub fn is_ready(&self) -> bool {
-        self.started.load(Ordering::SeqCst) && !self.is_draining()
-    }
-    /// Whether a drain has begun.
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
-    /// Begins the drain; returns false if one had already begun.
-    pub fn begin_drain(&self, why: &str) -> bool {
-        let first = !self.draining.swap(true, Ordering::SeqCst);
-        if first {
-            tracing::info!(message = "Drain started.", reason = why);
-            self.work.cancel();
-        }
-        first
-    }
-    /// The token workers watch to stop taking new work.
-    pub fn work_token(&self) -> CancellationToken {
-        self.work.clone()
-    }
-}
-
-impl Default for Lifecycle {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-/// Everything the admin endpoints and workers share.
-pub struct AppState {
-    /// The loaded config.
-    pub config: Config,
-    /// This replica's identity.
-    pub node_id: String,
-    /// NATS.
-    pub broker: Broker,
-    /// Local storage.
-    pub store: Store,
-    /// Metrics registry.
-    pub metrics: Metrics,
-    /// Start/drain state.
-    pub lifecycle: Arc<Lifecycle>,
-    /// The manifests in force; swapped whole on reload.
-    catalog: RwLock<Arc<Catalog>>,
-    /// When the process started.
-    pub started_at: SystemTime,
-}
-
-/// Result of a manifest reload.
-#[derive(Debug)]
-pub enum ReloadOutcome {
-    /// The new catalog is in force.
-    Applied {
-        /// Its summary.
-        catalog: Arc<Catalog>,
-        /// Warnings found.
-        warnings: Vec<Diagnostic>,
-    },
-    /// The old catalog stays in force.
-    Rejected {
-        /// Every problem found.
-        diagnostics: Vec<Diagnostic>,
-    },
-}
-
-impl AppState {
-    /// The manifests in force.
-    pub fn catalog(&self) -> Arc<Catalog> {
-        match self.catalog.read() {
-            Ok(g) => g.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    /// Running instances whose saga version `catalog` could not run or migrate, as
-    /// diagnostics (empty when none, or when storage cannot be read — then the error is one).
-    pub async fn stranded_by(&self, catalog: &Catalog) -> Vec<Diagnostic> {
-        stranded_in(&self.store, catalog).await
-    }
-
-    /// Re-reads and validates the configured manifests; swaps them in only when valid.
-    pub async fn reload_manifests(&self) -> ReloadOutcome {
-        let paths = self.config.runner.manifests.clone();
-        let report = match tokio::task::spawn_blocking(move || manifest::load(&paths)).await {
-            Ok(r) => r,
-            Err(e) => {
-                return ReloadOutcome::Rejected {
-                    diagnostics: vec![Diagnostic {
-                        file: Default::default(),
-                        line: 0,
-                        column: 0,
-                        severity: manifest::Severity::Error,
-                        message: format!("manifest loader failed: {e}"),
-                    }],
-                };
-            }
-        };
-        let stranded = match &report.catalog {
-            Some(c) => self.stranded_by(c).await,
-            None => Vec::new(),
-        };
-        match report.catalog {
-            Some(_) if !stranded.is_empty() => {
-                self.metrics
-                    .manifest_reloads
-                    .with_label_values(&["rejected"])
-                    .inc();
-                tracing::warn!(
-                    message = "Manifest reload rejected: it would strand running instances."
-                );
-                ReloadOutcome::Rejected {
-                    diagnostics: stranded,
-                }
-            }
-            Some(c) => {
-                let c = Arc::new(c);
-                match self.catalog.write() {
-                    Ok(mut g) => *g = c.clone(),
-                    Err(poisoned) => *poisoned.into_inner() = c.clone(),
-                }
-                self.metrics
-                    .manifest_reloads
-                    .with_label_values(&["applied"])
-                    .inc();
-                self.metrics
-                    .manifest_sagas
-                    .set(c.summary().sagas.len() as i64);
-                tracing::info!(
-                    message = "Manifests reloaded.",
-                    sagas = c.summary().sagas.len()
-                );
-                ReloadOutcome::Applied {
-                    catalog: c,
-                    warnings: report.diagnostics,
-                }
-            }
-            None => {
-                self.metrics
-                    .manifest_reloads
-                    .with_label_values(&["rejected"])
-                    .inc();
-                tracing::warn!(
-                    message = "Manifest reload rejected; the previous manifests stay in force.",
-                    errors = report.errors().count()
-                );
-                ReloadOutcome::Rejected {
-                    diagnostics: report.diagnostics,
-                }
-            }
-        }
-    }
-}
-
-/// Running instances in `store` that `catalog` would strand, as diagnostics.
-pub async fn stranded_in(store: &Store, catalog: &Catalog) -> Vec<Diagnostic> {
-    match store.read(|t| t.running_versions()).await {
-        Ok(in_use) => catalog
-            .stranded(&in_use)
-            .iter()
-            .map(|s| s.to_diagnostic())
-            .collect(),
-        Err(e) => vec![Diagnostic {
-            file: "<store>".into(),
-            line: 0,
-            column: 0,
-            severity: manifest::Severity::Error,
-            message: format!("cannot read running instances: {e}"),
-        }],
-    }
-}
 
 /// Errors that stop the start.
 #[derive(Debug, thiserror::Error)]
@@ -292,7 +92,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let broker = Broker::connect(&config.nats).await?;
     broker::ensure_streams(broker.jetstream(), &config.streams).await?;
     let claims_kv = if mode.runs_effects() {
-        Some(crate::effect::ensure_claims_bucket(broker.jetstream(), &config).await?)
+        Some(broker::ensure_claims_bucket(broker.jetstream(), &config).await?)
     } else {
         None
     };
@@ -339,16 +139,9 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         })?;
 
     let drain_timeout = config.runner.drain_timeout.get();
-    let state = Arc::new(AppState {
-        config,
-        node_id,
-        broker,
-        store,
-        metrics,
-        lifecycle,
-        catalog: RwLock::new(Arc::new(catalog)),
-        started_at: SystemTime::now(),
-    });
+    let state = Arc::new(AppState::new(
+        config, node_id, broker, store, metrics, lifecycle, catalog,
+    ));
 
     // The admin server outlives the drain so `/ready` can report it; it stops last.
     let admin_stop = CancellationToken::new();

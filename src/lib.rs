@@ -32,14 +32,18 @@
 
 pub mod admin;
 pub mod app;
+pub mod backoff;
 pub mod broker;
 pub mod cli;
+pub mod clock;
 pub mod config;
+pub mod deadletter;
 pub mod effect;
 pub mod expr;
 pub mod manifest;
 pub mod ops;
 pub mod relay;
+pub mod runtime;
 pub mod saga;
 pub mod shutdown;
 pub mod storage;

@@ -54,7 +54,7 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let lifecycle = std::sync::Arc::new(app::Lifecycle::new());
+        let lifecycle = std::sync::Arc::new(runner::runtime::Lifecycle::new());
         runner::shutdown::install(lifecycle.clone()).context("installing signal handlers")?;
         Ok(app::run(config, lifecycle).await?)
     })
@@ -96,7 +96,7 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
     let (config, store) = open_store(args)?;
     match action {
         DlqAction::List { tenant, all } => {
-            let items = runner::ops::list(&store, tenant.as_deref(), all)?;
+            let items = runner::deadletter::list(&store, tenant.as_deref(), all)?;
             for d in &items {
                 println!(
                     "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
@@ -115,7 +115,7 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
         DlqAction::Show { tenant, id } => {
             println!(
                 "{}",
-                serde_json::to_string_pretty(&runner::ops::show(&store, &tenant, id)?)?
+                serde_json::to_string_pretty(&runner::deadletter::show(&store, &tenant, id)?)?
             );
         }
         DlqAction::Redrive { tenant, id } => {

@@ -1,22 +1,20 @@
-//! Operator tools on the local store: `runner inspect` and `runner dlq list|show|redrive`.
+//! Operator tools on the local store: `runner inspect`, and the saga worker's side of
+//! `runner dlq redrive` (listing, showing and the redrive protocol are
+//! [`crate::deadletter`]'s).
 //!
 //! They open the same libmdbx environment as a running `runner` (libmdbx allows several
-//! processes), so they work on a live node. A redrive runs in one write transaction: it
-//! unparks the key, applies the dead-lettered input and then the inputs held behind it in
-//! their original order, writes the outputs to the outbox (the running node's relay
-//! publishes them within `saga.relay_poll`; a stopped node publishes them at its next
-//! start) and marks each entry redriven, so an entry is processed at most once. If the
-//! input fails again it is dead-lettered anew and the key parked again.
+//! processes), so they work on a live node. A redrive writes its outputs to the outbox: the
+//! running node's relay publishes them within `saga.relay_poll`, a stopped node at its next
+//! start.
 
 use serde::Serialize;
-use serde_json::Value as Json;
 
+use crate::clock::now_ms;
+use crate::deadletter::{self, DeadLetterError};
 use crate::manifest::Catalog;
-use crate::saga::{Input, Route};
-use crate::storage::tables::{DeadLetter, DeadLetterStatus, HistoryEntry, TimerEntry};
+use crate::storage::tables::{HistoryEntry, TimerEntry};
 use crate::storage::{StorageError, Store};
-use crate::worker::now_ms;
-use crate::worker::process::{Limits, Processor, RawInput, kind, split_subject};
+use crate::worker::process::{Limits, Processor};
 
 /// Errors of the operator tools.
 #[derive(Debug, thiserror::Error)]
@@ -34,25 +32,6 @@ pub enum OpsError {
         saga: String,
         /// Correlation id.
         id: String,
-    },
-    /// No such dead letter.
-    #[error("no dead letter {id} for tenant `{tenant}`")]
-    NoDeadLetter {
-        /// Tenant.
-        tenant: String,
-        /// Id.
-        id: u64,
-    },
-    /// The entry was redriven already.
-    #[error("dead letter {0} was already redriven")]
-    AlreadyRedriven(u64),
-    /// The entry is held behind another one; that one must be redriven first.
-    #[error("dead letter {id} is held behind dead letter {first}; redrive {first} instead")]
-    HeldBehind {
-        /// This entry.
-        id: u64,
-        /// The entry that parked the key.
-        first: u64,
     },
 }
 
@@ -95,27 +74,6 @@ pub fn inspect(
         })
 }
 
-/// Lists dead letters, optionally of one tenant, pending ones only unless `all`.
-pub fn list(store: &Store, tenant: Option<&str>, all: bool) -> Result<Vec<DeadLetter>, OpsError> {
-    Ok(store
-        .read_blocking(|t| t.dead_letters())?
-        .into_iter()
-        .filter(|d| {
-            tenant.is_none_or(|x| x == d.tenant) && (all || d.status == DeadLetterStatus::Pending)
-        })
-        .collect())
-}
-
-/// One dead letter.
-pub fn show(store: &Store, tenant: &str, id: u64) -> Result<DeadLetter, OpsError> {
-    store
-        .read_blocking(|t| t.dead_letter(tenant, id))?
-        .ok_or_else(|| OpsError::NoDeadLetter {
-            tenant: tenant.into(),
-            id,
-        })
-}
-
 /// What a redrive did.
 #[derive(Debug, Serialize)]
 pub struct RedriveReport {
@@ -129,78 +87,21 @@ pub struct RedriveReport {
     pub outbox: u64,
 }
 
-/// Redrives dead letter `id` of `tenant` (and the inputs held behind it).
+/// Redrives dead letter `id` of `tenant` and the inputs held behind it (the protocol is
+/// [`deadletter::redrive`]), applying them with the saga worker's processor.
 pub fn redrive(
     store: &Store,
     catalog: &Catalog,
     limits: &Limits,
     tenant: &str,
     id: u64,
-) -> Result<RedriveReport, OpsError> {
-    store.write_blocking(|t| {
-        let Some(dl) = t.dead_letter(tenant, id)? else {
-            return Ok(Err(OpsError::NoDeadLetter {
-                tenant: tenant.into(),
-                id,
-            }));
-        };
-        if dl.status != DeadLetterStatus::Pending {
-            return Ok(Err(OpsError::AlreadyRedriven(id)));
-        }
-        if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id)
-            && let Some(first) = t.parked_by(tenant, saga, corr)?
-            && first != id
-            && dl.kind == kind::PARKED
-        {
-            return Ok(Err(OpsError::HeldBehind { id, first }));
-        }
-        let mut p = Processor::new(catalog, limits, now_ms());
-        let mut processed = Vec::new();
-        let mut entries = vec![dl.clone()];
-        if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id) {
-            t.unpark(tenant, saga, corr)?;
-            entries.extend(t.dead_letters()?.into_iter().filter(|d| {
-                d.tenant == tenant
-                    && d.id > id
-                    && d.status == DeadLetterStatus::Pending
-                    && d.kind == kind::PARKED
-                    && d.saga.as_deref() == Some(saga)
-                    && d.correlation_id.as_deref() == Some(corr)
-            }));
-        }
-        for mut e in entries {
-            let raw = RawInput {
-                subject: e.subject.clone(),
-                body: e.body.clone().into_bytes(),
-                traceparent: e.traceparent.clone(),
-                source: format!("redrive:{}", e.id),
-            };
-            let failed_before = p.tally.dead_letters.len();
-            match (&e.saga, &e.correlation_id, split_subject(&e.subject)) {
-                (Some(saga), Some(corr), Some((_, rel))) => {
-                    let body: Json = serde_json::from_str(&e.body).unwrap_or(Json::Null);
-                    let input = Input::new(rel, body);
-                    let route = Route {
-                        saga: saga.clone(),
-                        correlation_id: corr.clone(),
-                    };
-                    // After a failure in this redrive, later held inputs are held again.
-                    let still_parked = failed_before > 0;
-                    p.route(t, &raw, tenant, &input, &route, !still_parked)?;
-                }
-                _ => p.input(t, &raw)?,
-            }
-            e.status = DeadLetterStatus::Redriven;
-            e.attempts += 1;
-            t.put_dead_letter(&e)?;
-            processed.push(e.id);
-        }
-        let applied = p.tally.count("applied") as usize;
-        Ok(Ok(RedriveReport {
-            processed,
-            applied,
-            dead_lettered: p.tally.dead_letters.len(),
-            outbox: p.tally.outbox,
-        }))
-    })?
+) -> Result<RedriveReport, DeadLetterError> {
+    let mut p = Processor::new(catalog, limits, now_ms());
+    let processed = deadletter::redrive(store, tenant, id, &mut p)?;
+    Ok(RedriveReport {
+        processed,
+        applied: p.tally.count("applied") as usize,
+        dead_lettered: p.tally.dead_letters.len(),
+        outbox: p.tally.outbox,
+    })
 }

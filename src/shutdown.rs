@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use crate::app::Lifecycle;
+use crate::runtime::Lifecycle;
 
 /// Exit status used when a second signal cuts the drain short.
 pub const FORCED_EXIT_CODE: i32 = 130;

@@ -4,9 +4,10 @@
 //! `RUST_LOG` (default `info`). Events carry structured fields (`tenant`, `saga`,
 //! `correlation_id`, `trace_id` where they apply) rather than values baked into messages.
 //!
-//! Metrics live in one Prometheus [`Registry`] owned by the application; each component
-//! registers its collectors at start. Names follow `runner_<what>_<unit>[_total]` and labels
-//! come from bounded sets only.
+//! Metrics live in one Prometheus [`Registry`] owned by the application. Every collector is
+//! defined and registered here, once, by [`Metrics::new`] (so one file lists every metric
+//! Runner exports, with its help text); components only update the handles they are given.
+//! Names follow `runner_<what>_<unit>[_total]` and labels come from bounded sets only.
 
 use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,

@@ -58,7 +58,7 @@ async fn both_example_sagas_complete_through_real_http_effects() {
         &[("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync")],
     );
     let js = jetstream(&nats.url()).await;
-    let now = runner::worker::now_ms();
+    let now = runner::clock::now_ms();
     let order = aggregate_event(
         "_",
         "Order",

@@ -25,8 +25,8 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{AppState, GIT_REVISION, ReloadOutcome, VERSION};
 use crate::broker::stream_specs;
+use crate::runtime::{AppState, GIT_REVISION, ReloadOutcome, VERSION};
 
 /// Builds the router. `token` is the bearer token required on `/admin/*`, if any.
 pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {

@@ -15,9 +15,12 @@ use std::time::{Duration, Instant};
 
 use async_nats::{Client, ConnectOptions, ServerAddr, jetstream};
 
+use crate::backoff::Backoff;
 use crate::config::NatsConfig;
 
-pub use streams::{StreamSpec, ensure_streams, stream_specs};
+pub mod headers;
+
+pub use streams::{StreamSpec, ensure_claims_bucket, ensure_streams, stream_specs};
 
 /// Errors while connecting or preparing streams.
 #[derive(Debug, thiserror::Error)]
@@ -103,7 +106,7 @@ impl Broker {
         let connections_tx = std::sync::Arc::new(connections_tx);
         let started = Instant::now();
         let deadline = started + cfg.connect_timeout.get();
-        let mut delay = Duration::from_millis(100);
+        let mut delay = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         loop {
             let attempt_timeout = deadline
                 .saturating_duration_since(Instant::now())
@@ -131,9 +134,9 @@ impl Broker {
                             reason: e.to_string(),
                         });
                     }
-                    tracing::warn!(message = "NATS not reachable yet, retrying.", nats.urls = %urls, error = %e, retry_in = ?delay);
-                    tokio::time::sleep(delay.min(deadline - now)).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    let wait = delay.next_wait().min(deadline - now);
+                    tracing::warn!(message = "NATS not reachable yet, retrying.", nats.urls = %urls, error = %e, retry_in = ?wait);
+                    tokio::time::sleep(wait).await;
                 }
             }
         }

@@ -1,12 +1,16 @@
-//! The streams of DESIGN §2, derived from config, and their idempotent reconciliation.
+//! The streams and buckets Runner relies on, derived from config, and their idempotent
+//! reconciliation: the streams of DESIGN §2 and the effect claims bucket.
+//!
+//! A missing stream or bucket is created (when `streams.create` is on) with the configured
+//! storage type and replica count; an existing one is checked and never modified.
 
 use async_nats::jetstream::{
-    self,
+    self, kv,
     stream::{Config as StreamConfig, RetentionPolicy, StorageType},
 };
 
 use super::BrokerError;
-use crate::config::{StreamStorage, StreamsConfig};
+use crate::config::{Config, StreamStorage, StreamsConfig};
 
 /// What Runner needs of one stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -184,6 +188,52 @@ fn check_compatible(
         );
     }
     Ok(())
+}
+
+/// Opens the effect claims bucket (`effect.claims_bucket`), creating it when missing: one
+/// key per command, `history 1` (a claim is only ever read at its latest revision, which is
+/// the fencing token), entries kept `effect.claim_retention`.
+pub async fn ensure_claims_bucket(
+    js: &jetstream::Context,
+    config: &Config,
+) -> Result<kv::Store, BrokerError> {
+    let bucket = &config.effect.claims_bucket;
+    let err = |op: &'static str, e: &dyn std::fmt::Display| BrokerError::JetStream {
+        op,
+        stream: format!("KV_{bucket}"),
+        reason: e.to_string(),
+    };
+    if let Ok(store) = js.get_key_value(bucket).await {
+        return Ok(store);
+    }
+    if !config.streams.create {
+        return Err(BrokerError::Missing {
+            stream: format!("KV_{bucket}"),
+        });
+    }
+    match js
+        .create_key_value(kv::Config {
+            bucket: bucket.clone(),
+            description: "Runner effect claims: one per command (owner, attempt, lease, result)"
+                .into(),
+            history: 1,
+            max_age: config.effect.claim_retention.get(),
+            storage: storage_type(config.streams.storage),
+            num_replicas: config.streams.replicas,
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(s) => {
+            tracing::info!(message = "Created effect claims bucket.", bucket = %bucket);
+            Ok(s)
+        }
+        // Another replica may have created it meanwhile.
+        Err(e) => js
+            .get_key_value(bucket)
+            .await
+            .map_err(|_| err("create bucket", &e)),
+    }
 }
 
 #[cfg(test)]

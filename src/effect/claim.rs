@@ -27,7 +27,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
-use crate::worker::now_ms;
+use crate::clock::now_ms;
 
 /// Where a claim stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

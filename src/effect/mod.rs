@@ -48,7 +48,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::{self, AckKind, consumer::pull, kv};
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
@@ -56,12 +55,12 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::app::AppState;
+use crate::clock::now_ms;
+use crate::deadletter;
 use crate::manifest::catalog::Effect;
 use crate::manifest::model::RetryPolicy;
-use crate::relay::{TENANT_HEADER, TRACEPARENT_HEADER};
+use crate::runtime::AppState;
 use crate::saga::retry::{JitterKey, delay_ms};
-use crate::worker::now_ms;
 use breaker::Breakers;
 use claim::{ClaimError, Claims, Gate, Lease, StoredResult};
 use provider::{CallEnv, EffectError, Provider};
@@ -260,54 +259,6 @@ pub mod event {
     pub const REPLAYED: &str = "replayed";
 }
 
-/// Ensures the claims bucket exists (creating it when `streams.create` allows) and opens it.
-pub async fn ensure_claims_bucket(
-    js: &jetstream::Context,
-    config: &crate::config::Config,
-) -> Result<kv::Store, crate::broker::BrokerError> {
-    let bucket = &config.effect.claims_bucket;
-    let err = |op: &'static str, e: &dyn std::fmt::Display| crate::broker::BrokerError::JetStream {
-        op,
-        stream: format!("KV_{bucket}"),
-        reason: e.to_string(),
-    };
-    if let Ok(store) = js.get_key_value(bucket).await {
-        return Ok(store);
-    }
-    if !config.streams.create {
-        return Err(crate::broker::BrokerError::Missing {
-            stream: format!("KV_{bucket}"),
-        });
-    }
-    let storage = match config.streams.storage {
-        crate::config::StreamStorage::File => jetstream::stream::StorageType::File,
-        crate::config::StreamStorage::Memory => jetstream::stream::StorageType::Memory,
-    };
-    match js
-        .create_key_value(kv::Config {
-            bucket: bucket.clone(),
-            description: "Runner effect claims: one per command (owner, attempt, lease, result)"
-                .into(),
-            history: 1,
-            max_age: config.effect.claim_retention.get(),
-            storage,
-            num_replicas: config.streams.replicas,
-            ..Default::default()
-        })
-        .await
-    {
-        Ok(s) => {
-            tracing::info!(message = "Created effect claims bucket.", bucket = %bucket);
-            Ok(s)
-        }
-        // Another replica may have created it meanwhile.
-        Err(e) => js
-            .get_key_value(bucket)
-            .await
-            .map_err(|_| err("create bucket", &e)),
-    }
-}
-
 /// Everything a command handler shares.
 struct Ctx {
     state: Arc<AppState>,
@@ -484,19 +435,15 @@ async fn consume(ctx: Arc<Ctx>, cancel: CancellationToken) {
 }
 
 async fn handle(ctx: &Ctx, msg: jetstream::Message) {
-    let traceparent = msg
-        .headers
-        .as_ref()
-        .and_then(|h| h.get(TRACEPARENT_HEADER))
-        .map(|v| v.as_str().to_string());
+    let traceparent = crate::broker::headers::traceparent(msg.headers.as_ref());
     let metrics = &ctx.state.metrics;
     let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
         .map_err(|e| {
             let kind = match &e {
                 CommandError::Mismatch {
                     field: "tenant", ..
-                } => crate::worker::process::kind::TENANT_MISMATCH,
-                _ => crate::worker::process::kind::UNDECODABLE,
+                } => deadletter::kind::TENANT_MISMATCH,
+                _ => deadletter::kind::UNDECODABLE,
             };
             (kind, e.to_string())
         })
@@ -504,14 +451,14 @@ async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             let allowed = &ctx.state.config.tenancy.allowed;
             if !allowed.is_empty() && !allowed.contains(&c.tenant) {
                 return Err((
-                    crate::worker::process::kind::UNKNOWN_TENANT,
+                    deadletter::kind::UNKNOWN_TENANT,
                     format!("tenant {:?} is not in tenancy.allowed", c.tenant),
                 ));
             }
             match claim::claim_key(&c.tenant, &c.command_id) {
                 Some(key) => Ok((c, key)),
                 None => Err((
-                    crate::worker::process::kind::UNDECODABLE,
+                    deadletter::kind::UNDECODABLE,
                     format!("command id {:?} cannot be a claim key", c.command_id),
                 )),
             }
@@ -700,21 +647,22 @@ async fn refuse(
         Ok(i) => format!("{}:{}", i.stream, i.stream_sequence),
         Err(_) => subject.to_string(),
     };
-    let body = json!({
-        "v": 1,
-        "tenant_id": tenant,
-        "kind": kind,
-        "reason": reason,
-        "subject": subject,
-        "source": source,
-        "body": String::from_utf8_lossy(&msg.payload),
-        "at_ms": now_ms(),
+    let message = deadletter::refused_command(deadletter::Poison {
+        tenant: &tenant,
+        kind,
+        reason,
+        subject,
+        source: &source,
+        body: &msg.payload,
+        traceparent: traceparent.as_deref(),
+        route: None,
+        at_ms: now_ms(),
     });
     let dl = StoredResult {
-        subject: format!("tenant.{tenant}.deadletter.{kind}"),
+        subject: message.subject,
         msg_id: format!("dl:{source}:effect"),
         traceparent,
-        body,
+        body: message.body,
     };
     if let Err(e) = publish(ctx, &dl).await {
         tracing::warn!(message = "Cannot dead-letter a refused effect command; will retry.", source = %source, error = %e);
@@ -739,14 +687,11 @@ fn effect_label(ctx: &Ctx, name: &str) -> String {
 }
 
 async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
-    let mut h = HeaderMap::new();
-    h.insert(async_nats::header::NATS_MESSAGE_ID, r.msg_id.as_str());
-    if let Some(t) = r.body.get("tenant_id").and_then(Json::as_str) {
-        h.insert(TENANT_HEADER, t);
-    }
-    if let Some(tp) = &r.traceparent {
-        h.insert(TRACEPARENT_HEADER, tp.as_str());
-    }
+    let h = crate::broker::headers::outgoing(
+        &r.msg_id,
+        r.body.get("tenant_id").and_then(Json::as_str),
+        r.traceparent.as_deref(),
+    );
     let body = serde_json::to_vec(&r.body)?;
     ctx.state
         .broker

@@ -21,6 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
+
+use crate::backoff::Backoff;
 use async_nats::jetstream::Context;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -94,19 +96,8 @@ pub struct Relay {
     pub poll: Duration,
 }
 
-/// Header carrying the tenant.
-pub const TENANT_HEADER: &str = "Runner-Tenant";
-/// W3C trace context header.
-pub const TRACEPARENT_HEADER: &str = "traceparent";
-
 fn headers(rec: &OutboxRecord) -> HeaderMap {
-    let mut h = HeaderMap::new();
-    h.insert(async_nats::header::NATS_MESSAGE_ID, rec.msg_id.as_str());
-    h.insert(TENANT_HEADER, rec.tenant.as_str());
-    if let Some(tp) = &rec.traceparent {
-        h.insert(TRACEPARENT_HEADER, tp.as_str());
-    }
-    h
+    crate::broker::headers::outgoing(&rec.msg_id, Some(&rec.tenant), rec.traceparent.as_deref())
 }
 
 /// A window whose publications went out and whose acknowledgements are awaited.
@@ -128,7 +119,8 @@ impl Relay {
     /// not fully acknowledged, the newer window is forgotten too and publishing resumes
     /// after the acknowledged prefix (repeats are dropped by JetStream's de-duplication).
     pub async fn run(self, stop: CancellationToken) {
-        let mut backoff = Duration::from_millis(50);
+        // Waits after a failed read or a window that was not fully acknowledged.
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         let mut next_from = self.handle.acked.load(Ordering::SeqCst) + 1;
         let mut inflight: Option<InFlight> = None;
         loop {
@@ -145,8 +137,7 @@ impl Relay {
                 Ok(b) => b,
                 Err(e) => {
                     tracing::error!(message = "Relay cannot read the outbox.", error = %e);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    tokio::time::sleep(backoff.next_wait()).await;
                     continue;
                 }
             };
@@ -206,7 +197,7 @@ impl Relay {
             }
             inflight = newer;
             if complete {
-                backoff = Duration::from_millis(50);
+                backoff.reset();
             } else {
                 // A publish could not even be queued: settle what went out, then back off.
                 if let Some(w) = inflight.take() {
@@ -218,10 +209,9 @@ impl Relay {
     }
 
     /// After a failure: waits out the backoff and returns where publishing resumes.
-    async fn retry_point(&self, backoff: &mut Duration) -> u64 {
+    async fn retry_point(&self, backoff: &mut Backoff) -> u64 {
         self.metrics.relay_errors.inc();
-        tokio::time::sleep(*backoff).await;
-        *backoff = (*backoff * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(backoff.next_wait()).await;
         self.handle.acked.load(Ordering::SeqCst) + 1
     }
 

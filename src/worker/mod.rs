@@ -34,25 +34,21 @@
 pub mod process;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use crate::backoff::Backoff;
+use crate::clock::now_ms;
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::app::AppState;
-use crate::relay::{RelayHandle, TRACEPARENT_HEADER};
+use crate::broker::headers;
+use crate::relay::RelayHandle;
+use crate::runtime::AppState;
 use crate::storage::tables::{DEFAULT_PARTITION, TimerEntry};
 use process::{Limits, Processor, RawInput, Tally};
-
-/// Milliseconds since the epoch by the wall clock.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 /// One input stream the worker reads.
 #[derive(Debug, Clone)]
@@ -295,7 +291,8 @@ async fn consume(
     let batch_size = state.config.saga.batch_size;
     let max_depth = state.config.saga.max_outbox_depth;
     let metrics = &state.metrics;
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
     let mut connections = state.broker.connections();
     'connect: while !cancel.is_cancelled() {
         connections.mark_unchanged();
@@ -304,7 +301,7 @@ async fn consume(
             Ok(cp) => cp,
             Err(e) => {
                 tracing::error!(message = "Cannot read checkpoint.", stream = %input.stream, error = %e);
-                pause(&cancel, &mut backoff).await;
+                backoff.sleep(&cancel).await;
                 continue;
             }
         };
@@ -337,7 +334,7 @@ async fn consume(
             Ok(m) => m.ready_chunks(batch_size),
             Err(e) => {
                 tracing::warn!(message = "Cannot open consumer; retrying.", stream = %input.stream, error = %e);
-                pause(&cancel, &mut backoff).await;
+                backoff.sleep(&cancel).await;
                 continue;
             }
         };
@@ -377,11 +374,7 @@ async fn consume(
                         let Ok(info) = msg.info() else { continue };
                         let seq = info.stream_sequence;
                         lag = Some(info.pending);
-                        let traceparent = msg
-                            .headers
-                            .as_ref()
-                            .and_then(|h| h.get(TRACEPARENT_HEADER))
-                            .map(|v| v.as_str().to_string());
+                        let traceparent = headers::traceparent(msg.headers.as_ref());
                         batch.push((
                             seq,
                             RawInput {
@@ -421,30 +414,22 @@ async fn consume(
                             relay.note_written(tally.last_outbox);
                             relay.wake();
                         }
-                        backoff = Duration::from_millis(100);
+                        backoff.reset();
                     }
                     Err(e) => {
                         tracing::error!(message = "Batch commit failed; re-reading from the checkpoint.", stream = %input.stream, error = %e);
-                        pause(&cancel, &mut backoff).await;
+                        backoff.sleep(&cancel).await;
                         continue 'connect;
                     }
                 }
             }
             if let Some(e) = failure {
                 tracing::warn!(message = "Consumer error; reopening at the checkpoint.", stream = %input.stream, error = %e);
-                pause(&cancel, &mut backoff).await;
+                backoff.sleep(&cancel).await;
                 continue 'connect;
             }
         }
     }
-}
-
-async fn pause(cancel: &CancellationToken, backoff: &mut Duration) {
-    tokio::select! {
-        _ = cancel.cancelled() => {}
-        _ = tokio::time::sleep(*backoff) => {}
-    }
-    *backoff = (*backoff * 2).min(Duration::from_secs(5));
 }
 
 /// Most timers fired in one transaction.

@@ -14,13 +14,12 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use libmdbx::RW;
-use serde_json::{Value as Json, json};
+use serde_json::Value as Json;
 
+use crate::deadletter::{self, DeadLetter, Poison, Reapply, kind};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
-use crate::storage::tables::{
-    DEFAULT_PARTITION, DeadLetter, DeadLetterStatus, HistoryEntry, OutboxRecord, TimerEntry,
-};
+use crate::storage::tables::{DEFAULT_PARTITION, HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
 
 /// Longest tenant token accepted.
@@ -39,27 +38,6 @@ pub struct RawInput {
     pub traceparent: Option<String>,
     /// `stream:seq`, for dead letters.
     pub source: String,
-}
-
-/// Dead-letter reason classes (bounded: they label a metric).
-pub mod kind {
-    /// Body is not JSON, or lacks the envelope fields.
-    pub const UNDECODABLE: &str = "undecodable";
-    /// Subject tenant and body tenant differ.
-    pub const TENANT_MISMATCH: &str = "tenant_mismatch";
-    /// Tenant not in `tenancy.allowed`.
-    pub const UNKNOWN_TENANT: &str = "unknown_tenant";
-    /// Body larger than `saga.max_message_bytes`, or a tenant, correlation id or event id
-    /// longer than the key limits.
-    pub const TOO_LARGE: &str = "too_large";
-    /// An expression failed (guard, correlation, template) or the engine refused the input.
-    pub const EXPRESSION: &str = "expression";
-    /// The instance's saga version is no longer loaded.
-    pub const VERSION_NOT_LOADED: &str = "version_not_loaded";
-    /// Held behind an earlier dead letter of the same key.
-    pub const PARKED: &str = "parked";
-    /// The engine panicked on this input (a bug; the input is kept for a redrive).
-    pub const ENGINE_PANIC: &str = "engine_panic";
 }
 
 /// Per-batch tally, for metrics and logs.
@@ -438,8 +416,7 @@ impl<'a> Processor<'a> {
         self.dead_letter(tx, raw, tenant, k, why, Some(route))
     }
 
-    /// Records a dead letter, publishes it to the dead-letter stream through the outbox,
-    /// and parks the key when one is known.
+    /// Records a dead letter (see [`deadletter::record`]) and counts it.
     fn dead_letter(
         &mut self,
         tx: &Tables<'_, RW>,
@@ -449,53 +426,23 @@ impl<'a> Processor<'a> {
         reason: String,
         route: Option<&Route>,
     ) -> Result<()> {
-        let dl = tx.push_dead_letter(DeadLetter {
-            id: 0,
-            tenant: tenant.to_string(),
-            kind: k.to_string(),
-            reason,
-            subject: raw.subject.clone(),
-            source: raw.source.clone(),
-            body: String::from_utf8_lossy(&raw.body).into_owned(),
-            traceparent: raw.traceparent.clone(),
-            saga: route.map(|r| r.saga.clone()),
-            correlation_id: route.map(|r| r.correlation_id.clone()),
-            attempts: 1,
-            at_ms: self.now_ms,
-            status: DeadLetterStatus::Pending,
-        })?;
-        if let Some(r) = route
-            && tx.parked_by(tenant, &r.saga, &r.correlation_id)?.is_none()
-        {
-            tx.park(tenant, &r.saga, &r.correlation_id, dl.id)?;
-        }
-        let body = json!({
-            "v": 1,
-            "id": dl.id,
-            "tenant_id": dl.tenant,
-            "kind": dl.kind,
-            "reason": dl.reason,
-            "subject": dl.subject,
-            "source": dl.source,
-            "saga": dl.saga,
-            "correlation_id": dl.correlation_id,
-            "body": dl.body,
-            "at_ms": dl.at_ms,
-        });
-        let saga_part = route.map(|r| r.saga.as_str()).unwrap_or("-");
-        self.tally.last_outbox = tx.push_outbox(
-            DEFAULT_PARTITION,
-            &OutboxRecord {
-                subject: format!("tenant.{tenant}.deadletter.{k}"),
-                msg_id: format!("dl:{}:{saga_part}:{}", raw.source, dl.id),
-                tenant: tenant.to_string(),
-                traceparent: raw.traceparent.clone(),
-                body: body.to_string(),
+        let recorded = deadletter::record(
+            tx,
+            Poison {
+                tenant,
+                kind: k,
+                reason: &reason,
+                subject: &raw.subject,
+                source: &raw.source,
+                body: &raw.body,
+                traceparent: raw.traceparent.as_deref(),
+                route,
+                at_ms: self.now_ms,
             },
         )?;
+        self.tally.last_outbox = recorded.outbox_seq;
         self.tally.outbox += 1;
         self.tally.dead_letters.push(k);
-        tracing::warn!(message = "Input dead-lettered.", tenant, kind = k, reason = %dl.reason, source = %dl.source, saga = ?dl.saga, correlation_id = ?dl.correlation_id, id = dl.id);
         Ok(())
     }
 }
@@ -509,4 +456,29 @@ fn input_malformed(input: &Input) -> bool {
             .and_then(Json::as_str)
             .is_none_or(str::is_empty)
         || b.get("timestamp_ms").and_then(Json::as_u64).is_none()
+}
+
+impl Reapply for Processor<'_> {
+    fn reapply(&mut self, tx: &Tables<'_, RW>, dl: &DeadLetter, hold: bool) -> Result<bool> {
+        let raw = RawInput {
+            subject: dl.subject.clone(),
+            body: dl.body.clone().into_bytes(),
+            traceparent: dl.traceparent.clone(),
+            source: format!("redrive:{}", dl.id),
+        };
+        let failed_before = self.tally.dead_letters.len();
+        match (&dl.saga, &dl.correlation_id, split_subject(&dl.subject)) {
+            (Some(saga), Some(corr), Some((_, rel))) => {
+                let body: Json = serde_json::from_str(&dl.body).unwrap_or(Json::Null);
+                let input = Input::new(rel, body);
+                let route = Route {
+                    saga: saga.clone(),
+                    correlation_id: corr.clone(),
+                };
+                self.route(tx, &raw, &dl.tenant, &input, &route, !hold)?;
+            }
+            _ => self.input(tx, &raw)?,
+        }
+        Ok(self.tally.dead_letters.len() > failed_before)
+    }
 }

@@ -1,0 +1,56 @@
+//! The NATS headers Runner writes and reads, built in one place.
+//!
+//! Every message Runner publishes (outbox records, effect results, dead letters) carries
+//! `Nats-Msg-Id` (its deterministic id, so JetStream drops a republished copy inside the
+//! duplicate window), `Runner-Tenant`, and the `traceparent` of the input that caused it,
+//! passed on unchanged so one trace follows a saga across every hop. Inputs are read back
+//! through [`traceparent`].
+
+use async_nats::HeaderMap;
+
+/// Header carrying the tenant.
+pub const TENANT_HEADER: &str = "Runner-Tenant";
+/// W3C trace context header.
+pub const TRACEPARENT_HEADER: &str = "traceparent";
+
+/// The headers of a message Runner publishes: its id, its tenant when known, and the
+/// causing input's trace context when it had one.
+pub fn outgoing(msg_id: &str, tenant: Option<&str>, traceparent: Option<&str>) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    h.insert(async_nats::header::NATS_MESSAGE_ID, msg_id);
+    if let Some(t) = tenant {
+        h.insert(TENANT_HEADER, t);
+    }
+    if let Some(tp) = traceparent {
+        h.insert(TRACEPARENT_HEADER, tp);
+    }
+    h
+}
+
+/// The `traceparent` of a received message, if it has one.
+pub fn traceparent(headers: Option<&HeaderMap>) -> Option<String> {
+    headers
+        .and_then(|h| h.get(TRACEPARENT_HEADER))
+        .map(|v| v.as_str().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outgoing_headers_round_trip_the_trace_context() {
+        let h = outgoing("id-1", Some("acme"), Some("00-abc-def-01"));
+        assert_eq!(
+            h.get(async_nats::header::NATS_MESSAGE_ID)
+                .map(|v| v.as_str()),
+            Some("id-1")
+        );
+        assert_eq!(h.get(TENANT_HEADER).map(|v| v.as_str()), Some("acme"));
+        assert_eq!(traceparent(Some(&h)).as_deref(), Some("00-abc-def-01"));
+        let bare = outgoing("id-2", None, None);
+        assert!(bare.get(TENANT_HEADER).is_none());
+        assert_eq!(traceparent(Some(&bare)), None);
+        assert_eq!(traceparent(None), None);
+    }
+}

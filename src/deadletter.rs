@@ -1,0 +1,331 @@
+//! Dead letters: every input Runner cannot process, kept with its reason until an operator
+//! acts on it. This file owns the reason kinds, the recording of saga-side dead letters,
+//! the message published for each one on the dead-letter stream (saga and effect side
+//! alike), and listing, showing and redriving them.
+//!
+//! Guarantees:
+//! - **Nothing is dropped silently.** A saga-side dead letter is written in the same write
+//!   transaction as the batch that met it, with the original subject, body, trace context,
+//!   source (`stream:seq`) and a reason for a person; the same transaction queues its
+//!   message for the dead-letter stream (`tenant.<t>.deadletter.<kind>`) through the outbox.
+//!   An effect command that can never run is published there too before it is terminated.
+//! - **Order per key survives poison.** When the saga instance is known, the first dead
+//!   letter parks its key: later inputs for the key are held as dead letters of kind
+//!   [`kind::PARKED`], in arrival order, while every other key keeps flowing.
+//! - **A redrive replays a key once, in order.** [`redrive`] runs in one write transaction:
+//!   it unparks the key, re-applies the dead-lettered input and then every input held behind
+//!   it, oldest first, and marks each entry redriven, so no entry is processed twice. If an
+//!   input fails again it is dead-lettered anew and the rest of the key is held again behind
+//!   it. A held entry cannot be redriven ahead of the entry that parked its key.
+
+use libmdbx::RW;
+use serde_json::{Value as Json, json};
+
+use crate::saga::Route;
+use crate::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
+use crate::storage::{StorageError, Store, Tables};
+
+pub use crate::storage::tables::{DeadLetter, DeadLetterStatus};
+
+/// Dead-letter reason classes (bounded: they label a metric).
+pub mod kind {
+    /// Body is not JSON, or lacks the envelope fields.
+    pub const UNDECODABLE: &str = "undecodable";
+    /// Subject tenant and body tenant differ.
+    pub const TENANT_MISMATCH: &str = "tenant_mismatch";
+    /// Tenant not in `tenancy.allowed`.
+    pub const UNKNOWN_TENANT: &str = "unknown_tenant";
+    /// Body larger than `saga.max_message_bytes`, or a tenant, correlation id or event id
+    /// longer than the key limits.
+    pub const TOO_LARGE: &str = "too_large";
+    /// An expression failed (guard, correlation, template) or the engine refused the input.
+    pub const EXPRESSION: &str = "expression";
+    /// The instance's saga version is no longer loaded.
+    pub const VERSION_NOT_LOADED: &str = "version_not_loaded";
+    /// Held behind an earlier dead letter of the same key.
+    pub const PARKED: &str = "parked";
+    /// The engine panicked on this input (a bug; the input is kept for a redrive).
+    pub const ENGINE_PANIC: &str = "engine_panic";
+}
+
+/// An input that cannot be processed, as the saga worker met it.
+#[derive(Debug, Clone, Copy)]
+pub struct Poison<'a> {
+    /// Tenant (from the subject; `_` when none could be read).
+    pub tenant: &'a str,
+    /// Reason class, one of [`kind`].
+    pub kind: &'static str,
+    /// What went wrong, for a person.
+    pub reason: &'a str,
+    /// The original subject.
+    pub subject: &'a str,
+    /// The input's `stream:seq` (or `timer`, or `redrive:<id>`).
+    pub source: &'a str,
+    /// The original body.
+    pub body: &'a [u8],
+    /// The original `traceparent`.
+    pub traceparent: Option<&'a str>,
+    /// The saga instance it concerns, when known: its key is parked.
+    pub route: Option<&'a Route>,
+    /// Wall-clock time of the recording, ms since the epoch.
+    pub at_ms: u64,
+}
+
+/// A dead letter recorded by [`record`].
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The stored entry.
+    pub letter: DeadLetter,
+    /// Outbox sequence of its message to the dead-letter stream.
+    pub outbox_seq: u64,
+}
+
+/// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
+/// instance is known and not parked yet, and queues its message for the dead-letter stream
+/// in the outbox. Nothing is durable until the caller commits `tx`.
+pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<Recorded, StorageError> {
+    let letter = tx.push_dead_letter(DeadLetter {
+        id: 0,
+        tenant: p.tenant.to_string(),
+        kind: p.kind.to_string(),
+        reason: p.reason.to_string(),
+        subject: p.subject.to_string(),
+        source: p.source.to_string(),
+        body: String::from_utf8_lossy(p.body).into_owned(),
+        traceparent: p.traceparent.map(str::to_string),
+        saga: p.route.map(|r| r.saga.clone()),
+        correlation_id: p.route.map(|r| r.correlation_id.clone()),
+        attempts: 1,
+        at_ms: p.at_ms,
+        status: DeadLetterStatus::Pending,
+    })?;
+    if let Some(r) = p.route
+        && tx
+            .parked_by(p.tenant, &r.saga, &r.correlation_id)?
+            .is_none()
+    {
+        tx.park(p.tenant, &r.saga, &r.correlation_id, letter.id)?;
+    }
+    let message = message(&letter);
+    let saga_part = p.route.map(|r| r.saga.as_str()).unwrap_or("-");
+    let outbox_seq = tx.push_outbox(
+        DEFAULT_PARTITION,
+        &OutboxRecord {
+            subject: message.subject,
+            msg_id: format!("dl:{}:{saga_part}:{}", p.source, letter.id),
+            tenant: p.tenant.to_string(),
+            traceparent: letter.traceparent.clone(),
+            body: message.body.to_string(),
+        },
+    )?;
+    tracing::warn!(message = "Input dead-lettered.", tenant = p.tenant, kind = p.kind, reason = %letter.reason, source = %letter.source, saga = ?letter.saga, correlation_id = ?letter.correlation_id, id = letter.id);
+    Ok(Recorded { letter, outbox_seq })
+}
+
+/// A message for the dead-letter stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// `tenant.<t>.deadletter.<kind>`.
+    pub subject: String,
+    /// The JSON body.
+    pub body: Json,
+}
+
+/// The dead-letter stream's subject for `tenant` and `kind`.
+pub fn subject(tenant: &str, kind: &str) -> String {
+    format!("tenant.{tenant}.deadletter.{kind}")
+}
+
+/// The message that announces a stored saga-side dead letter.
+pub fn message(dl: &DeadLetter) -> Message {
+    Message {
+        subject: subject(&dl.tenant, &dl.kind),
+        body: json!({
+            "v": 1,
+            "id": dl.id,
+            "tenant_id": dl.tenant,
+            "kind": dl.kind,
+            "reason": dl.reason,
+            "subject": dl.subject,
+            "source": dl.source,
+            "saga": dl.saga,
+            "correlation_id": dl.correlation_id,
+            "body": dl.body,
+            "at_ms": dl.at_ms,
+        }),
+    }
+}
+
+/// The message for an effect command that can never run (the effect worker keeps no local
+/// store: this message is the whole record).
+pub fn refused_command(p: Poison<'_>) -> Message {
+    Message {
+        subject: subject(p.tenant, p.kind),
+        body: json!({
+            "v": 1,
+            "tenant_id": p.tenant,
+            "kind": p.kind,
+            "reason": p.reason,
+            "subject": p.subject,
+            "source": p.source,
+            "body": String::from_utf8_lossy(p.body),
+            "at_ms": p.at_ms,
+        }),
+    }
+}
+
+/// Why a dead-letter operation was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DeadLetterError {
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// No such dead letter.
+    #[error("no dead letter {id} for tenant `{tenant}`")]
+    NotFound {
+        /// Tenant.
+        tenant: String,
+        /// Id.
+        id: u64,
+    },
+    /// The entry was redriven already.
+    #[error("dead letter {0} was already redriven")]
+    AlreadyRedriven(u64),
+    /// The entry is held behind another one; that one must be redriven first.
+    #[error("dead letter {id} is held behind dead letter {first}; redrive {first} instead")]
+    HeldBehind {
+        /// This entry.
+        id: u64,
+        /// The entry that parked the key.
+        first: u64,
+    },
+}
+
+/// Lists dead letters, optionally of one tenant, pending ones only unless `all`.
+pub fn list(
+    store: &Store,
+    tenant: Option<&str>,
+    all: bool,
+) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    Ok(store
+        .read_blocking(|t| t.dead_letters())?
+        .into_iter()
+        .filter(|d| {
+            tenant.is_none_or(|x| x == d.tenant) && (all || d.status == DeadLetterStatus::Pending)
+        })
+        .collect())
+}
+
+/// One dead letter.
+pub fn show(store: &Store, tenant: &str, id: u64) -> Result<DeadLetter, DeadLetterError> {
+    store
+        .read_blocking(|t| t.dead_letter(tenant, id))?
+        .ok_or_else(|| DeadLetterError::NotFound {
+            tenant: tenant.into(),
+            id,
+        })
+}
+
+/// What a redrive needs from the saga worker: applying one dead-lettered input again.
+pub trait Reapply {
+    /// Applies the input kept in `letter` again, inside `tx`. With `hold`, an earlier input
+    /// of this redrive failed again, so this one must be held behind it (dead-lettered as
+    /// [`kind::PARKED`]) rather than applied. Returns whether the input was dead-lettered
+    /// again.
+    fn reapply(
+        &mut self,
+        tx: &Tables<'_, RW>,
+        letter: &DeadLetter,
+        hold: bool,
+    ) -> Result<bool, StorageError>;
+}
+
+/// Redrives dead letter `id` of `tenant` and the inputs held behind it, in one write
+/// transaction, through `worker`. Returns the ids processed, in order.
+pub fn redrive(
+    store: &Store,
+    tenant: &str,
+    id: u64,
+    worker: &mut impl Reapply,
+) -> Result<Vec<u64>, DeadLetterError> {
+    store.write_blocking(|t| {
+        let Some(dl) = t.dead_letter(tenant, id)? else {
+            return Ok(Err(DeadLetterError::NotFound {
+                tenant: tenant.into(),
+                id,
+            }));
+        };
+        if dl.status != DeadLetterStatus::Pending {
+            return Ok(Err(DeadLetterError::AlreadyRedriven(id)));
+        }
+        if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id)
+            && let Some(first) = t.parked_by(tenant, saga, corr)?
+            && first != id
+            && dl.kind == kind::PARKED
+        {
+            return Ok(Err(DeadLetterError::HeldBehind { id, first }));
+        }
+        let mut entries = vec![dl.clone()];
+        if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id) {
+            t.unpark(tenant, saga, corr)?;
+            entries.extend(t.dead_letters()?.into_iter().filter(|d| {
+                d.tenant == tenant
+                    && d.id > id
+                    && d.status == DeadLetterStatus::Pending
+                    && d.kind == kind::PARKED
+                    && d.saga.as_deref() == Some(saga)
+                    && d.correlation_id.as_deref() == Some(corr)
+            }));
+        }
+        let mut processed = Vec::with_capacity(entries.len());
+        let mut failed = false;
+        for mut e in entries {
+            // After a failure in this redrive, later held inputs are held again.
+            failed |= worker.reapply(t, &e, failed)?;
+            e.status = DeadLetterStatus::Redriven;
+            e.attempts += 1;
+            t.put_dead_letter(&e)?;
+            processed.push(e.id);
+        }
+        Ok(Ok(processed))
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saga_and_effect_messages_share_subject_and_fields() {
+        let route = Route {
+            saga: "order".into(),
+            correlation_id: "o-1".into(),
+        };
+        let p = Poison {
+            tenant: "acme",
+            kind: kind::UNDECODABLE,
+            reason: "body is not JSON",
+            subject: "tenant.acme.aggregate.Order.o-1",
+            source: "AGGREGATE_EVENTS:7",
+            body: b"\xff{",
+            traceparent: None,
+            route: Some(&route),
+            at_ms: 42,
+        };
+        let effect = refused_command(p);
+        assert_eq!(effect.subject, "tenant.acme.deadletter.undecodable");
+        for field in [
+            "tenant_id",
+            "kind",
+            "reason",
+            "subject",
+            "source",
+            "body",
+            "at_ms",
+        ] {
+            assert!(effect.body.get(field).is_some(), "{field} missing");
+        }
+        assert_eq!(effect.body["body"], Json::from("\u{fffd}{"));
+    }
+}

@@ -1,0 +1,242 @@
+//! The context every component shares: the loaded config, this node's identity, the NATS
+//! broker, the store, the metrics, the manifests in force and the lifecycle (started,
+//! draining).
+//!
+//! It sits below the components: admin, worker and effect read it, and only the wiring in
+//! [`crate::app`] builds it. Guarantees: the manifests in force are swapped whole (a reader
+//! sees the old catalog or the new one, never a mix), and a reload that is invalid or would
+//! strand stored instances leaves the old catalog in force; a drain begins once, and
+//! cancels the work token every worker watches.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::SystemTime;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::Broker;
+use crate::config::Config;
+use crate::manifest::{self, Catalog, Diagnostic};
+use crate::storage::Store;
+use crate::telemetry::Metrics;
+
+/// Crate version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// Git revision the binary was built from.
+pub const GIT_REVISION: &str = env!("RUNNER_GIT_REV");
+
+/// Start and drain state shared by every component.
+#[derive(Debug)]
+pub struct Lifecycle {
+    started: AtomicBool,
+    draining: AtomicBool,
+    /// Cancelled when the drain begins: workers stop taking new work.
+    work: CancellationToken,
+}
+
+impl Lifecycle {
+    /// A lifecycle that has neither started nor begun draining.
+    pub fn new() -> Self {
+        Self {
+            started: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+            work: CancellationToken::new(),
+        }
+    }
+    /// Marks start-up complete.
+    pub fn mark_started(&self) {
+        self.started.store(true, Ordering::SeqCst);
+    }
+    /// Whether the process is started and not draining.
+    pub fn is_ready(&self) -> bool {
+        self.started.load(Ordering::SeqCst) && !self.is_draining()
+    }
+    /// Whether a drain has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+    /// Begins the drain; returns false if one had already begun.
+    pub fn begin_drain(&self, why: &str) -> bool {
+        let first = !self.draining.swap(true, Ordering::SeqCst);
+        if first {
+            tracing::info!(message = "Drain started.", reason = why);
+            self.work.cancel();
+        }
+        first
+    }
+    /// The token workers watch to stop taking new work.
+    pub fn work_token(&self) -> CancellationToken {
+        self.work.clone()
+    }
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Everything the admin endpoints and workers share.
+pub struct AppState {
+    /// The loaded config.
+    pub config: Config,
+    /// This replica's identity.
+    pub node_id: String,
+    /// NATS.
+    pub broker: Broker,
+    /// Local storage.
+    pub store: Store,
+    /// Metrics registry.
+    pub metrics: Metrics,
+    /// Start/drain state.
+    pub lifecycle: Arc<Lifecycle>,
+    /// The manifests in force; swapped whole on reload.
+    catalog: RwLock<Arc<Catalog>>,
+    /// When the process started.
+    pub started_at: SystemTime,
+}
+
+/// Result of a manifest reload.
+#[derive(Debug)]
+pub enum ReloadOutcome {
+    /// The new catalog is in force.
+    Applied {
+        /// Its summary.
+        catalog: Arc<Catalog>,
+        /// Warnings found.
+        warnings: Vec<Diagnostic>,
+    },
+    /// The old catalog stays in force.
+    Rejected {
+        /// Every problem found.
+        diagnostics: Vec<Diagnostic>,
+    },
+}
+
+impl AppState {
+    /// The shared context of a started node, with `catalog` in force.
+    pub fn new(
+        config: Config,
+        node_id: String,
+        broker: Broker,
+        store: Store,
+        metrics: Metrics,
+        lifecycle: Arc<Lifecycle>,
+        catalog: Catalog,
+    ) -> Self {
+        Self {
+            config,
+            node_id,
+            broker,
+            store,
+            metrics,
+            lifecycle,
+            catalog: RwLock::new(Arc::new(catalog)),
+            started_at: SystemTime::now(),
+        }
+    }
+
+    /// The manifests in force.
+    pub fn catalog(&self) -> Arc<Catalog> {
+        match self.catalog.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Running instances whose saga version `catalog` could not run or migrate, as
+    /// diagnostics (empty when none, or when storage cannot be read — then the error is one).
+    pub async fn stranded_by(&self, catalog: &Catalog) -> Vec<Diagnostic> {
+        stranded_in(&self.store, catalog).await
+    }
+
+    /// Re-reads and validates the configured manifests; swaps them in only when valid.
+    pub async fn reload_manifests(&self) -> ReloadOutcome {
+        let paths = self.config.runner.manifests.clone();
+        let report = match tokio::task::spawn_blocking(move || manifest::load(&paths)).await {
+            Ok(r) => r,
+            Err(e) => {
+                return ReloadOutcome::Rejected {
+                    diagnostics: vec![Diagnostic {
+                        file: Default::default(),
+                        line: 0,
+                        column: 0,
+                        severity: manifest::Severity::Error,
+                        message: format!("manifest loader failed: {e}"),
+                    }],
+                };
+            }
+        };
+        let stranded = match &report.catalog {
+            Some(c) => self.stranded_by(c).await,
+            None => Vec::new(),
+        };
+        match report.catalog {
+            Some(_) if !stranded.is_empty() => {
+                self.metrics
+                    .manifest_reloads
+                    .with_label_values(&["rejected"])
+                    .inc();
+                tracing::warn!(
+                    message = "Manifest reload rejected: it would strand running instances."
+                );
+                ReloadOutcome::Rejected {
+                    diagnostics: stranded,
+                }
+            }
+            Some(c) => {
+                let c = Arc::new(c);
+                match self.catalog.write() {
+                    Ok(mut g) => *g = c.clone(),
+                    Err(poisoned) => *poisoned.into_inner() = c.clone(),
+                }
+                self.metrics
+                    .manifest_reloads
+                    .with_label_values(&["applied"])
+                    .inc();
+                self.metrics
+                    .manifest_sagas
+                    .set(c.summary().sagas.len() as i64);
+                tracing::info!(
+                    message = "Manifests reloaded.",
+                    sagas = c.summary().sagas.len()
+                );
+                ReloadOutcome::Applied {
+                    catalog: c,
+                    warnings: report.diagnostics,
+                }
+            }
+            None => {
+                self.metrics
+                    .manifest_reloads
+                    .with_label_values(&["rejected"])
+                    .inc();
+                tracing::warn!(
+                    message = "Manifest reload rejected; the previous manifests stay in force.",
+                    errors = report.errors().count()
+                );
+                ReloadOutcome::Rejected {
+                    diagnostics: report.diagnostics,
+                }
+            }
+        }
+    }
+}
+
+/// Running instances in `store` that `catalog` would strand, as diagnostics.
+pub async fn stranded_in(store: &Store, catalog: &Catalog) -> Vec<Diagnostic> {
+    match store.read(|t| t.running_versions()).await {
+        Ok(in_use) => catalog
+            .stranded(&in_use)
+            .iter()
+            .map(|s| s.to_diagnostic())
+            .collect(),
+        Err(e) => vec![Diagnostic {
+            file: "<store>".into(),
+            line: 0,
+            column: 0,
+            severity: manifest::Severity::Error,
+            message: format!("cannot read running instances: {e}"),
+        }],
+    }
+}
