@@ -1,5 +1,9 @@
 //! Engine scenarios: events in, state and actions out — orchestration compensation order,
 //! abort, command retries, compensation failure, timers, poison, version pinning, migration.
+//!
+//! Each test drives one instance through a [`Scenario`], which routes and applies every
+//! input as the worker does and keeps the instance between inputs; what a test asserts is the
+//! [`Applied`] that comes back (new state, work, timer changes) or the typed [`StepError`].
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use runner::manifest::{self, Catalog};
@@ -44,21 +48,88 @@ fn effect_result(cmd: &Value, result: &str, n: u64, payload: Value) -> Input {
     )
 }
 
-/// Routes and applies for one saga, returning the result.
-fn step(
-    c: &Catalog,
-    saga: &str,
-    inst: Option<&Instance>,
-    input: &Input,
-) -> Result<Applied, StepError> {
-    let routes = route(c, input)?;
-    let r = routes
-        .iter()
-        .find(|r| r.saga == saga)
-        .ok_or(StepError::NotStarting)?;
-    apply(c, saga, &r.correlation_id, inst, input)
+/// One saga instance driven input by input, as the worker drives it: each input is routed,
+/// then applied to the current instance. A success replaces the instance; an error leaves it
+/// as it was (the worker commits nothing for it). Clone it to branch a scenario.
+#[derive(Clone)]
+struct Scenario<'c> {
+    catalog: &'c Catalog,
+    saga: String,
+    instance: Option<Instance>,
 }
 
+impl<'c> Scenario<'c> {
+    /// No instance yet: the first input must start one.
+    fn new(catalog: &'c Catalog, saga: &str) -> Self {
+        Self {
+            catalog,
+            saga: saga.to_owned(),
+            instance: None,
+        }
+    }
+
+    /// Continues a stored instance (for example one just migrated).
+    fn resume(catalog: &'c Catalog, instance: Instance) -> Self {
+        Self {
+            catalog,
+            saga: instance.saga.clone(),
+            instance: Some(instance),
+        }
+    }
+
+    /// Swaps the catalog, as a reload does; the instance stays as stored.
+    fn reload(&mut self, catalog: &'c Catalog) {
+        self.catalog = catalog;
+    }
+
+    /// The current instance.
+    fn instance(&self) -> &Instance {
+        self.instance.as_ref().expect("no instance yet")
+    }
+
+    /// Routes `input` to this saga and applies it to the current instance.
+    fn try_send(&mut self, input: Input) -> Result<Applied, StepError> {
+        let routes = route(self.catalog, &input)?;
+        let r = routes
+            .iter()
+            .find(|r| r.saga == self.saga)
+            .ok_or(StepError::NotStarting)?;
+        let applied = apply(
+            self.catalog,
+            &self.saga,
+            &r.correlation_id,
+            self.instance.as_ref(),
+            &input,
+        )?;
+        assert_eq!(
+            applied.started,
+            self.instance.is_none(),
+            "an input starts an instance exactly when there is none"
+        );
+        assert_eq!(
+            applied.instance.applied,
+            self.instance.as_ref().map_or(0, |i| i.applied) + 1,
+            "every applied input is counted once"
+        );
+        self.instance = Some(applied.instance.clone());
+        Ok(applied)
+    }
+
+    /// [`Scenario::try_send`] for an input that must be applied.
+    fn send(&mut self, input: Input) -> Applied {
+        let shown = format!("{} {}", input.subject, input.body);
+        self.try_send(input)
+            .unwrap_or_else(|e| panic!("{shown} was not applied: {e:?}"))
+    }
+
+    /// Fires one of the instance's pending timers, at its due time.
+    fn fire(&mut self, timer: &str) -> Applied {
+        let input = fire(self.instance(), timer);
+        self.send(input)
+    }
+}
+
+/// The input of a timer the instance has pending.
 fn fire(inst: &Instance, name: &str) -> Input {
     let t = &inst.timers[name];
     Input::timer(
@@ -123,98 +194,61 @@ sagas:
 #[test]
 fn failed_step_compensates_completed_steps_in_reverse() {
     let c = catalog(&[("o.yaml", ORCH)]);
-    let a0 = step(&c, "chain", None, &agg("Trip", "t1", "Go", 0, json!({}))).unwrap();
+    let mut s = Scenario::new(&c, "chain");
+    let a0 = s.send(agg("Trip", "t1", "Go", 0, json!({})));
     assert!(a0.started);
     assert_eq!(subjects(&a0), ["effect.book_a"]);
     // The step's retry policy travels in the effect command: the effect worker retries.
     assert_eq!(a0.work[0].body["metadata"]["retry"]["retry_limit"], 4);
-    let a1 = step(
-        &c,
-        "chain",
-        Some(&a0.instance),
-        &effect_result(&a0.work[0].body, "Succeeded", 1, json!({"ref": "A"})),
-    )
-    .unwrap();
+    let a1 = s.send(effect_result(
+        &a0.work[0].body,
+        "Succeeded",
+        1,
+        json!({"ref": "A"}),
+    ));
     assert_eq!(subjects(&a1), ["effect.book_b"]);
-    let a2 = step(
-        &c,
-        "chain",
-        Some(&a1.instance),
-        &effect_result(&a1.work[0].body, "Succeeded", 2, json!({})),
-    )
-    .unwrap();
+    // Keep the instance as it waits for step b, to hand it a late result below.
+    let mut waiting_for_b = s.clone();
+    let a2 = s.send(effect_result(&a1.work[0].body, "Succeeded", 2, json!({})));
     assert_eq!(a2.instance.state, "step:c");
-    let a3 = step(
-        &c,
-        "chain",
-        Some(&a2.instance),
-        &effect_result(&a2.work[0].body, "Failed", 3, json!({})),
-    )
-    .unwrap();
+    let a3 = s.send(effect_result(&a2.work[0].body, "Failed", 3, json!({})));
     assert_eq!(subjects(&a3), ["effect.undo_b"]);
     assert_eq!(a3.instance.state, "compensating:b");
-    let a4 = step(
-        &c,
-        "chain",
-        Some(&a3.instance),
-        &effect_result(&a3.work[0].body, "Succeeded", 4, json!({})),
-    )
-    .unwrap();
+    let a4 = s.send(effect_result(&a3.work[0].body, "Succeeded", 4, json!({})));
     assert_eq!(subjects(&a4), ["effect.undo_a"]);
     assert_eq!(a4.work[0].body["metadata"]["retry"]["retry_limit"], 9);
-    let a5 = step(
-        &c,
-        "chain",
-        Some(&a4.instance),
-        &effect_result(&a4.work[0].body, "Succeeded", 5, json!({})),
-    )
-    .unwrap();
+    let a5 = s.send(effect_result(&a4.work[0].body, "Succeeded", 5, json!({})));
     assert!(a5.work.is_empty());
     assert_eq!(
         (a5.instance.state.as_str(), a5.instance.status),
         ("compensated", Status::Compensated)
     );
     // A result for an old command id is not for this step.
-    let stale = step(
-        &c,
-        "chain",
-        Some(&a1.instance),
-        &effect_result(&a0.work[0].body, "Succeeded", 6, json!({})),
-    );
+    let stale = waiting_for_b.try_send(effect_result(&a0.work[0].body, "Succeeded", 6, json!({})));
     assert!(
         matches!(stale, Err(StepError::NoTransition { .. })),
         "{stale:?}"
     );
 }
 
-fn start_cmd(c: &Catalog) -> (Applied, Applied) {
-    let a0 = step(
-        c,
-        "cmd",
-        None,
-        &agg(
-            "Trip",
-            "t9",
-            "Start",
-            0,
-            json!({"wallet": "w1", "seat": "s7"}),
-        ),
-    )
-    .unwrap();
-    let a1 = step(
-        c,
-        "cmd",
-        Some(&a0.instance),
-        &effect_result(&a0.work[0].body, "Succeeded", 1, json!({})),
-    )
-    .unwrap();
-    (a0, a1)
+/// The `cmd` saga past its first step: the seat command is out.
+fn start_cmd(c: &Catalog) -> (Scenario<'_>, Applied) {
+    let mut s = Scenario::new(c, "cmd");
+    let a0 = s.send(agg(
+        "Trip",
+        "t9",
+        "Start",
+        0,
+        json!({"wallet": "w1", "seat": "s7"}),
+    ));
+    let a1 = s.send(effect_result(&a0.work[0].body, "Succeeded", 1, json!({})));
+    (s, a1)
 }
 
 #[test]
 fn command_step_waits_under_a_timeout_and_retries_with_backoff() {
     let c = catalog(&[("o.yaml", ORCH)]);
-    let (_, a1) = start_cmd(&c);
+    let (mut s, a1) = start_cmd(&c);
     assert_eq!(a1.work.len(), 1);
     let w = &a1.work[0];
     assert_eq!(w.kind, WorkKind::AggregateCommand);
@@ -225,79 +259,41 @@ fn command_step_waits_under_a_timeout_and_retries_with_backoff() {
     assert_eq!(a1.timers_set[0].name, "seat.timeout");
     assert_eq!(a1.timers_set[0].due_ms, T0 + 1000 + 2000);
     // Failure: retry in (10*2)^1 = 20 ms through a timer; the timeout is cancelled.
-    let a2 = step(
-        &c,
-        "cmd",
-        Some(&a1.instance),
-        &reply("Seat", "s7", "SeatBusy", 2, "t9"),
-    )
-    .unwrap_or_else(|e| panic!("{e}"));
+    let a2 = s.send(reply("Seat", "s7", "SeatBusy", 2, "t9"));
     assert!(a2.work.is_empty());
     assert_eq!(a2.timers_cancelled[0].name, "seat.timeout");
     assert_eq!(a2.timers_set[0].name, "seat.retry");
     assert_eq!(a2.timers_set[0].due_ms, T0 + 2000 + 20);
-    let a3 = apply(
-        &c,
-        "cmd",
-        "t9",
-        Some(&a2.instance),
-        &fire(&a2.instance, "seat.retry"),
-    )
-    .unwrap();
+    let a3 = s.fire("seat.retry");
     assert_eq!(subjects(&a3), ["command.Seat"]);
     assert_ne!(
         a3.work[0].msg_id, a1.work[0].msg_id,
         "a re-send is a new command"
     );
     // No answer: the timeout counts as a failure; the second retry waits 20^2 = 400 ms.
-    let a4 = apply(
-        &c,
-        "cmd",
-        "t9",
-        Some(&a3.instance),
-        &fire(&a3.instance, "seat.timeout"),
-    )
-    .unwrap();
+    let a4 = s.fire("seat.timeout");
     assert_eq!(a4.timers_set[0].name, "seat.retry");
     assert_eq!(
         a4.timers_set[0].due_ms,
         a3.instance.timers["seat.timeout"].due_ms + 400
     );
     // Replaying the old timeout is stale.
-    let stale = apply(
-        &c,
-        "cmd",
-        "t9",
-        Some(&a4.instance),
-        &fire(&a3.instance, "seat.timeout"),
-    );
+    let stale = s.try_send(fire(&a3.instance, "seat.timeout"));
     assert!(matches!(stale, Err(StepError::StaleTimer(_))), "{stale:?}");
 }
 
 #[test]
 fn abort_compensates_without_retrying() {
     let c = catalog(&[("o.yaml", ORCH)]);
-    let (_, a1) = start_cmd(&c);
-    let a2 = step(
-        &c,
-        "cmd",
-        Some(&a1.instance),
-        &reply("Seat", "s7", "SeatClosed", 2, "t9"),
-    )
-    .unwrap();
+    let (mut s, _) = start_cmd(&c);
+    let a2 = s.send(reply("Seat", "s7", "SeatClosed", 2, "t9"));
     // No retry timer: straight to the compensation of `pay`, a command to the wallet.
     assert!(a2.timers_set.iter().all(|t| t.name != "seat.retry"));
     assert_eq!(a2.instance.state, "compensating:pay");
     assert_eq!(a2.work.len(), 1);
     assert_eq!(a2.work[0].subject, "command.Wallet.w1");
     assert_eq!(a2.work[0].body["command_type"], "Refund");
-    let a3 = step(
-        &c,
-        "cmd",
-        Some(&a2.instance),
-        &reply("Wallet", "w1", "Refunded", 3, "t9"),
-    )
-    .unwrap();
+    let a3 = s.send(reply("Wallet", "w1", "Refunded", 3, "t9"));
     assert_eq!(a3.instance.status, Status::Compensated);
     assert!(a3.instance.timers.is_empty());
 }
@@ -305,51 +301,20 @@ fn abort_compensates_without_retrying() {
 #[test]
 fn failing_compensation_spends_its_budget_then_needs_an_operator() {
     let c = catalog(&[("o.yaml", ORCH)]);
-    let (_, a1) = start_cmd(&c);
-    let a2 = step(
-        &c,
-        "cmd",
-        Some(&a1.instance),
-        &reply("Seat", "s7", "SeatClosed", 2, "t9"),
-    )
-    .unwrap();
-    let a3 = step(
-        &c,
-        "cmd",
-        Some(&a2.instance),
-        &reply("Wallet", "w1", "RefundFailed", 3, "t9"),
-    )
-    .unwrap();
+    let (mut s, _) = start_cmd(&c);
+    s.send(reply("Seat", "s7", "SeatClosed", 2, "t9"));
+    let a3 = s.send(reply("Wallet", "w1", "RefundFailed", 3, "t9"));
     assert_eq!(a3.instance.status, Status::Running);
     assert_eq!(a3.timers_set[0].name, "pay.compensation_retry");
-    let a4 = apply(
-        &c,
-        "cmd",
-        "t9",
-        Some(&a3.instance),
-        &fire(&a3.instance, "pay.compensation_retry"),
-    )
-    .unwrap();
+    let a4 = s.fire("pay.compensation_retry");
     assert_eq!(subjects(&a4), ["command.Wallet"]);
-    let a5 = apply(
-        &c,
-        "cmd",
-        "t9",
-        Some(&a4.instance),
-        &fire(&a4.instance, "pay.compensation_timeout"),
-    )
-    .unwrap();
+    let a5 = s.fire("pay.compensation_timeout");
     assert_eq!(
         (a5.instance.state.as_str(), a5.instance.status),
         ("needs_operator", Status::NeedsOperator)
     );
     assert!(a5.instance.timers.is_empty());
-    let after = step(
-        &c,
-        "cmd",
-        Some(&a5.instance),
-        &reply("Wallet", "w1", "Refunded", 6, "t9"),
-    );
+    let after = s.try_send(reply("Wallet", "w1", "Refunded", 6, "t9"));
     assert!(matches!(
         after,
         Err(StepError::Finished(Status::NeedsOperator))
@@ -408,31 +373,22 @@ sagas:
 #[test]
 fn guards_updates_timers_and_terminal_status() {
     let c = catalog(&[("v1.yaml", MACHINE_V1)]);
-    let a0 = step(&c, "doc", None, &agg("Doc", "d1", "Created", 0, json!({}))).unwrap();
+    let mut s = Scenario::new(&c, "doc");
+    let a0 = s.send(agg("Doc", "d1", "Created", 0, json!({})));
     assert_eq!(
         (a0.instance.state.as_str(), a0.instance.data.clone()),
         ("review", json!({"n": 1}))
     );
     assert_eq!(a0.timers_set[0].due_ms, T0 + 60_000);
+    // Branch points: before the nudge, and after it (for the second approval).
+    let mut in_review = s.clone();
     // The nudge re-arms itself at an absolute time computed from the timer input.
-    let a1 = apply(
-        &c,
-        "doc",
-        "d1",
-        Some(&a0.instance),
-        &fire(&a0.instance, "nudge"),
-    )
-    .unwrap();
+    let a1 = s.fire("nudge");
     assert_eq!(a1.timers_set[0].due_ms, T0 + 120_000);
     assert_eq!(a1.instance.state, "review");
+    let mut nudged = s.clone();
     // First guard fails -> the second transition is taken.
-    let low = step(
-        &c,
-        "doc",
-        Some(&a1.instance),
-        &agg("Doc", "d1", "Approved", 2, json!({"score": 1})),
-    )
-    .unwrap();
+    let low = s.send(agg("Doc", "d1", "Approved", 2, json!({"score": 1})));
     assert_eq!(
         (low.instance.state.as_str(), low.instance.status),
         ("rejected", Status::Failed)
@@ -442,31 +398,15 @@ fn guards_updates_timers_and_terminal_status() {
         1,
         "a finished instance keeps no timers"
     );
-    let high = step(
-        &c,
-        "doc",
-        Some(&a1.instance),
-        &agg("Doc", "d1", "Approved", 2, json!({"score": 5})),
-    )
-    .unwrap();
+    let high = nudged.send(agg("Doc", "d1", "Approved", 2, json!({"score": 5})));
     assert_eq!(high.instance.status, Status::Completed);
     // Work sees the updated state.
     assert_eq!(high.work[0].body["payload"], json!({"n": 2}));
     assert_eq!(high.timers_cancelled[0].name, "nudge");
     // An event this state does not handle, and a guard that cannot be evaluated.
-    let none = step(
-        &c,
-        "doc",
-        Some(&a0.instance),
-        &agg("Doc", "d1", "Deleted", 3, json!({})),
-    );
+    let none = in_review.try_send(agg("Doc", "d1", "Deleted", 3, json!({})));
     assert!(matches!(none, Err(StepError::NoTransition { .. })));
-    let poison = step(
-        &c,
-        "doc",
-        Some(&a0.instance),
-        &agg("Doc", "d1", "Approved", 3, json!({})),
-    );
+    let poison = in_review.try_send(agg("Doc", "d1", "Approved", 3, json!({})));
     assert!(
         matches!(poison, Err(StepError::Poison { .. })),
         "{poison:?}"
@@ -479,14 +419,9 @@ fn guards_updates_timers_and_terminal_status() {
 #[test]
 fn emitted_ids_are_uuid_v7_from_the_input_time() {
     let c = catalog(&[("v1.yaml", MACHINE_V1)]);
-    let a0 = step(&c, "doc", None, &agg("Doc", "d1", "Created", 0, json!({}))).unwrap();
-    let a1 = step(
-        &c,
-        "doc",
-        Some(&a0.instance),
-        &agg("Doc", "d1", "Approved", 1, json!({"score": 5})),
-    )
-    .unwrap();
+    let mut s = Scenario::new(&c, "doc");
+    s.send(agg("Doc", "d1", "Created", 0, json!({})));
+    let a1 = s.send(agg("Doc", "d1", "Approved", 1, json!({"score": 5})));
     let w = &a1.work[0];
     let id = uuid::Uuid::parse_str(&w.msg_id).unwrap();
     assert_eq!(id.get_version_num(), 7);
@@ -501,47 +436,32 @@ fn emitted_ids_are_uuid_v7_from_the_input_time() {
 #[test]
 fn instances_stay_on_their_version_and_new_ones_use_the_newest() {
     let v1_only = catalog(&[("v1.yaml", MACHINE_V1)]);
-    let old = step(
-        &v1_only,
-        "doc",
-        None,
-        &agg("Doc", "d1", "Created", 0, json!({})),
-    )
-    .unwrap();
+    let mut s = Scenario::new(&v1_only, "doc");
+    let old = s.send(agg("Doc", "d1", "Created", 0, json!({})));
     assert_eq!(old.instance.version, 1);
     let both = catalog(&[("v1.yaml", MACHINE_V1), ("v2.yaml", MACHINE_V2)]);
     // The in-flight instance continues on version 1's states.
-    let cont = step(
-        &both,
-        "doc",
-        Some(&old.instance),
-        &agg("Doc", "d1", "Approved", 1, json!({"score": 4})),
-    )
-    .unwrap();
+    s.reload(&both);
+    let cont = s.send(agg("Doc", "d1", "Approved", 1, json!({"score": 4})));
     assert_eq!(
         (cont.instance.version, cont.instance.state.as_str()),
         (1, "done")
     );
     // A new instance starts on version 2.
-    let new = step(
-        &both,
-        "doc",
-        None,
-        &agg("Doc", "d2", "Created", 2, json!({})),
-    )
-    .unwrap();
+    let new = Scenario::new(&both, "doc").send(agg("Doc", "d2", "Created", 2, json!({})));
     assert_eq!(
         (new.instance.version, new.instance.state.as_str()),
         (2, "in_review")
     );
     // With version 1 gone, the old instance cannot run: a typed outcome, not a guess.
     let v2_only = catalog(&[("v2.yaml", MACHINE_V2)]);
-    let err = step(
-        &v2_only,
-        "doc",
-        Some(&old.instance),
-        &agg("Doc", "d1", "Approved", 1, json!({})),
-    );
+    let err = Scenario::resume(&v2_only, old.instance).try_send(agg(
+        "Doc",
+        "d1",
+        "Approved",
+        1,
+        json!({}),
+    ));
     assert_eq!(
         err.unwrap_err(),
         StepError::VersionNotLoaded {
@@ -554,25 +474,15 @@ fn instances_stay_on_their_version_and_new_ones_use_the_newest() {
 #[test]
 fn migration_is_explicit_and_maps_data_and_state() {
     let v1_only = catalog(&[("v1.yaml", MACHINE_V1)]);
-    let old = step(
-        &v1_only,
-        "doc",
-        None,
-        &agg("Doc", "d1", "Created", 0, json!({})),
-    )
-    .unwrap()
-    .instance;
+    let old = Scenario::new(&v1_only, "doc")
+        .send(agg("Doc", "d1", "Created", 0, json!({})))
+        .instance;
     let v2_only = catalog(&[("v2.yaml", MACHINE_V2)]);
     let m = migrate(&v2_only, &old).unwrap();
     assert_eq!((m.version, m.state.as_str()), (2, "in_review"));
     assert_eq!(m.data, json!({"count": 1, "migrated": true}));
-    let done = step(
-        &v2_only,
-        "doc",
-        Some(&m),
-        &agg("Doc", "d1", "Approved", 1, json!({})),
-    )
-    .unwrap();
+    let done =
+        Scenario::resume(&v2_only, m.clone()).send(agg("Doc", "d1", "Approved", 1, json!({})));
     assert_eq!(done.instance.status, Status::Completed);
     // No version 3 declares a migration from 2.
     assert!(matches!(
@@ -608,14 +518,15 @@ fn stranded_versions_are_reported() {
 #[test]
 fn tenant_mismatch_is_poison() {
     let c = catalog(&[("v1.yaml", MACHINE_V1)]);
-    let a0 = step(&c, "doc", None, &agg("Doc", "d1", "Created", 0, json!({}))).unwrap();
+    let mut s = Scenario::new(&c, "doc");
+    s.send(agg("Doc", "d1", "Created", 0, json!({})));
     let mut other = agg("Doc", "d1", "Approved", 1, json!({"score": 5}));
     other.body["tenant_id"] = json!("globex");
-    let err = apply(&c, "doc", "d1", Some(&a0.instance), &other);
+    let err = s.try_send(other);
     assert!(matches!(err, Err(StepError::Poison { .. })));
     // An instance handed over under another key is refused too.
     let input = agg("Doc", "d2", "Approved", 1, json!({"score": 5}));
-    let err = apply(&c, "doc", "d2", Some(&a0.instance), &input);
+    let err = apply(&c, "doc", "d2", Some(s.instance()), &input);
     assert!(matches!(err, Err(StepError::Poison { .. })));
 }
 

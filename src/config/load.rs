@@ -1,11 +1,17 @@
 //! Layered loading: defaults, then the TOML file, then environment, then CLI flags.
+//!
+//! Guarantee: a loaded config is validated and every error points at its source. A problem
+//! in the file carries its line and column and key path; a problem in the environment names
+//! the variable that caused it (variables are applied in sorted order and checked one by
+//! one); the merged result then goes through [`Config::validate`] before it is returned.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::{Config, ConfigError};
+use super::Config;
+use super::error::ConfigError;
 use crate::cli::Mode;
 
 /// Prefix of environment variables that override config keys: `RUNNER__NATS__URLS` sets

@@ -11,6 +11,7 @@
 //! | module | role |
 //! |---|---|
 //! | [`model`] | the file format (serde + schemars; keeps line/column of names and expressions) |
+//! | `loader` | listing and reading the files, sorting the diagnostics |
 //! | `compile` | every check of `runner validate`; builds the catalog |
 //! | [`catalog`] | the compiled, immutable form the engine ([`crate::saga`]) executes |
 //!
@@ -19,7 +20,7 @@
 //! (saga, version) pairs of its in-flight instances and refuse a reload that strands any.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -28,9 +29,11 @@ use serde::Serialize;
 
 pub mod catalog;
 mod compile;
+mod loader;
 pub mod model;
 
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
+pub use loader::{collect_files, is_test_file, load, load_str};
 
 /// The manifest format version this build understands.
 pub const FORMAT_VERSION: u32 = 1;
@@ -260,50 +263,6 @@ pub fn yaml_message(e: &serde_saphyr::Error) -> String {
         .to_string()
 }
 
-/// Lists the manifest files under `paths`: files as given, directories searched recursively
-/// for `*.yaml` / `*.yml`, sorted so that loading is deterministic.
-pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostic> {
-    let mut out = Vec::new();
-    for p in paths {
-        collect_into(p, &mut out)?;
-    }
-    out.sort();
-    out.dedup();
-    Ok(out)
-}
-
-fn collect_into(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), Diagnostic> {
-    let meta = std::fs::metadata(p).map_err(|e| io_diag(p, &e))?;
-    if meta.is_dir() {
-        let entries = std::fs::read_dir(p).map_err(|e| io_diag(p, &e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| io_diag(p, &e))?;
-            let path = entry.path();
-            if path.is_dir() {
-                collect_into(&path, out)?;
-            } else if matches!(
-                path.extension().and_then(|e| e.to_str()),
-                Some("yaml" | "yml")
-            ) {
-                out.push(path);
-            }
-        }
-    } else {
-        out.push(p.to_path_buf());
-    }
-    Ok(())
-}
-
-fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {
-    Diagnostic {
-        file: p.to_path_buf(),
-        line: 0,
-        column: 0,
-        severity: Severity::Error,
-        message: format!("cannot read: {e}"),
-    }
-}
-
 /// The JSON Schema of the manifest format, generated from [`model::ManifestFile`].
 ///
 /// Committed as `schema/manifest.schema.json` for editors (YAML language servers use it for
@@ -317,68 +276,4 @@ pub fn json_schema() -> serde_json::Value {
         );
     }
     schema
-}
-
-/// Orders diagnostics by file, line and column (stable: same place keeps discovery order).
-fn sort(diagnostics: &mut [Diagnostic]) {
-    diagnostics.sort_by(|a, b| (&a.file, a.line, a.column).cmp(&(&b.file, b.line, b.column)));
-}
-
-/// Whether a path names a test-case file (`*.tests.yaml` / `*.tests.yml`), which
-/// `runner test` reads and manifest loading skips.
-pub fn is_test_file(p: &Path) -> bool {
-    p.file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.ends_with(".tests.yaml") || n.ends_with(".tests.yml"))
-}
-
-/// Loads and validates every manifest under `paths` (test-case files are skipped).
-pub fn load(paths: &[PathBuf]) -> LoadReport {
-    let files = match collect_files(paths) {
-        Ok(f) => f,
-        Err(d) => {
-            return LoadReport {
-                catalog: None,
-                diagnostics: vec![d],
-            };
-        }
-    };
-    let mut diagnostics = Vec::new();
-    let mut parsed = Vec::new();
-    for file in files.into_iter().filter(|f| !is_test_file(f)) {
-        match std::fs::read_to_string(&file) {
-            Ok(text) => {
-                if let Some(m) = compile::parse(&file, &text, &mut diagnostics) {
-                    parsed.push((file, m));
-                }
-            }
-            Err(e) => diagnostics.push(io_diag(&file, &e)),
-        }
-    }
-    let catalog = compile::compile(parsed, &mut diagnostics);
-    sort(&mut diagnostics);
-    let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
-    LoadReport {
-        catalog: ok.then_some(catalog),
-        diagnostics,
-    }
-}
-
-/// Loads manifests from in-memory texts (`(file name, YAML)`), as [`load`] does from disk.
-pub fn load_str(sources: &[(&str, &str)]) -> LoadReport {
-    let mut diagnostics = Vec::new();
-    let mut parsed = Vec::new();
-    for (name, text) in sources {
-        let file = PathBuf::from(name);
-        if let Some(m) = compile::parse(&file, text, &mut diagnostics) {
-            parsed.push((file, m));
-        }
-    }
-    let catalog = compile::compile(parsed, &mut diagnostics);
-    sort(&mut diagnostics);
-    let ok = !diagnostics.iter().any(|d| d.severity == Severity::Error);
-    LoadReport {
-        catalog: ok.then_some(catalog),
-        diagnostics,
-    }
 }

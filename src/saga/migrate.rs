@@ -6,7 +6,8 @@
 
 use serde_json::json;
 
-use super::{Instance, saga_json};
+use super::emitter::saga_json;
+use super::types::Instance;
 use crate::expr::{ExprError, Vars};
 use crate::manifest::Catalog;
 use crate::manifest::catalog::SagaKind;

@@ -22,62 +22,14 @@
 //! - A compensation has its own retry budget (same rules as its step kind); when it is spent
 //!   the instance parks in `needs_operator` with its pending timers cancelled — never dropped.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
+use super::emitter::{Emitter, Ev, saga_json};
 use super::retry::{JitterKey, delay_ms};
-use super::{Emitter, Ev, InputKind, Instance, Parsed, Status, StepError, saga_json};
+use super::types::{
+    InputKind, Instance, Parsed, Progress, Status, StepError, StepProgress, StepStatus,
+};
 use crate::manifest::catalog::{Emit, Orchestration, Step};
-
-/// Where an orchestration stands.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Progress {
-    /// Current stage (index into the stages).
-    pub stage: usize,
-    /// Whether compensations are running.
-    pub compensating: bool,
-    /// Whether an abort was received (no more retries).
-    pub aborted: bool,
-    /// Per step.
-    pub steps: BTreeMap<String, StepProgress>,
-    /// Steps that succeeded, in completion order.
-    pub completed: Vec<String>,
-    /// Compensations still to run; the first is running.
-    pub to_compensate: Vec<String>,
-}
-
-/// One step's bookkeeping.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StepProgress {
-    /// Where the step is.
-    pub status: StepStatus,
-    /// Sends so far of the current action (step or compensation), from 1.
-    pub attempt: u32,
-    /// Id of the last command sent (effect results must carry it).
-    pub command_id: String,
-}
-
-/// A step's lifecycle.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StepStatus {
-    /// Sent; waiting for a result.
-    Running,
-    /// Failed; waiting for the retry timer.
-    RetryWait,
-    /// Done.
-    Succeeded,
-    /// Failed for good.
-    Failed,
-    /// Compensation sent; waiting for its result.
-    Compensating,
-    /// Compensation failed; waiting for its retry timer.
-    CompensationRetryWait,
-    /// Undone.
-    Compensated,
-}
 
 struct Run<'a, 'b> {
     o: &'a Orchestration,

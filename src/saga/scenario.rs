@@ -38,7 +38,9 @@ use serde::Deserialize;
 use serde_json::{Value as Json, json};
 use serde_saphyr::Spanned;
 
-use super::{Applied, Input, Instance, Status, StepError, WorkKind, apply, ids, route};
+use super::engine::{apply, route};
+use super::ids;
+use super::types::{Applied, Input, Instance, Status, StepError, WorkKind};
 use crate::manifest::{Catalog, Diagnostic, Severity};
 
 /// First input time when a test gives none.

@@ -1,0 +1,270 @@
+//! Validation: [`Config::validate`], the one pass that checks every value once all layers
+//! are applied.
+//!
+//! Guarantee: a config that passes is usable as written. Every value is within its allowed
+//! range, names that become JetStream names or subject tokens are valid as such, settings
+//! that only make sense together are set together; the first problem found is a
+//! [`ConfigError::Invalid`] naming the key, never a silent clamp.
+
+use super::Config;
+use super::error::ConfigError;
+use super::types::{ByteSize, HumanDuration};
+
+/// A NATS subject token: non-empty, no dots, wildcards or whitespace.
+pub fn is_subject_token(s: &str) -> bool {
+    !s.is_empty()
+        && !s
+            .chars()
+            .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace())
+}
+
+/// A JetStream stream or consumer name.
+fn is_js_name(s: &str) -> bool {
+    is_subject_token(s) && !s.contains(['/', '\\'])
+}
+
+impl Config {
+    /// Checks every value against its allowed range. Called once after all layers applied.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                key: key.to_string(),
+                message,
+            })
+        };
+        if self.nats.urls.is_empty() {
+            return invalid("nats.urls", "at least one server URL is required".into());
+        }
+        for url in &self.nats.urls {
+            if let Err(e) = url.parse::<async_nats::ServerAddr>() {
+                return invalid("nats.urls", format!("{url:?} is not a NATS URL: {e}"));
+            }
+        }
+        let range = |key: &str, v: HumanDuration, lo: HumanDuration, hi: HumanDuration| {
+            if v < lo || v > hi {
+                invalid(key, format!("{v} is out of range; allowed {lo} to {hi}"))
+            } else {
+                Ok(())
+            }
+        };
+        range(
+            "nats.connect_timeout",
+            self.nats.connect_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "nats.request_timeout",
+            self.nats.request_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(300),
+        )?;
+        range(
+            "runner.drain_timeout",
+            self.runner.drain_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "streams.duplicate_window",
+            self.streams.duplicate_window,
+            HumanDuration::secs(1),
+            HumanDuration::secs(7 * 24 * 3600),
+        )?;
+        if self.nats.user.is_some() != self.nats.password.is_some() {
+            return invalid(
+                "nats.user",
+                "`user` and `password` must be set together".into(),
+            );
+        }
+        if self.nats.tls_cert_file.is_some() != self.nats.tls_key_file.is_some() {
+            return invalid(
+                "nats.tls_cert_file",
+                "`tls_cert_file` and `tls_key_file` must be set together".into(),
+            );
+        }
+        if !(1..=5).contains(&self.streams.replicas) {
+            return invalid(
+                "streams.replicas",
+                format!("{} is out of range; allowed 1 to 5", self.streams.replicas),
+            );
+        }
+        for (key, name) in [
+            ("streams.aggregate_events", &self.streams.aggregate_events),
+            ("streams.workflow_commands", &self.streams.workflow_commands),
+            ("streams.workflow_events", &self.streams.workflow_events),
+            ("streams.saga_inbox", &self.streams.saga_inbox),
+            ("streams.dead_letter", &self.streams.dead_letter),
+            ("consumers.saga", &self.consumers.saga),
+            ("consumers.effect", &self.consumers.effect),
+            ("effect.claims_bucket", &self.effect.claims_bucket),
+        ] {
+            if !is_js_name(name) {
+                return invalid(
+                    key,
+                    format!(
+                        "{name:?} is not a valid JetStream name (no dots, wildcards, slashes or spaces)"
+                    ),
+                );
+            }
+        }
+        if !is_subject_token(&self.tenancy.default_tenant) {
+            return invalid(
+                "tenancy.default_tenant",
+                format!("{:?} is not a subject token", self.tenancy.default_tenant),
+            );
+        }
+        for t in &self.tenancy.allowed {
+            if !is_subject_token(t) {
+                return invalid("tenancy.allowed", format!("{t:?} is not a subject token"));
+            }
+        }
+        if self.storage.max_size < ByteSize::mib(16) {
+            return invalid(
+                "storage.max_size",
+                format!("{} is too small; at least 16MiB", self.storage.max_size),
+            );
+        }
+        if self.storage.growth_step < ByteSize::mib(1)
+            || self.storage.growth_step > self.storage.max_size
+        {
+            return invalid(
+                "storage.growth_step",
+                format!(
+                    "{} is out of range; allowed 1MiB to storage.max_size",
+                    self.storage.growth_step
+                ),
+            );
+        }
+        if self.storage.data_dir.as_os_str().is_empty() {
+            return invalid("storage.data_dir", "must not be empty".into());
+        }
+        if !(1..=10_000).contains(&self.saga.batch_size) {
+            return invalid(
+                "saga.batch_size",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.saga.batch_size
+                ),
+            );
+        }
+        if !(1..=10_000).contains(&self.saga.relay_window) {
+            return invalid(
+                "saga.relay_window",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.saga.relay_window
+                ),
+            );
+        }
+        if self.saga.max_message_bytes < ByteSize(1024)
+            || self.saga.max_message_bytes > ByteSize::mib(64)
+        {
+            return invalid(
+                "saga.max_message_bytes",
+                format!(
+                    "{} is out of range; allowed 1KiB to 64MiB",
+                    self.saga.max_message_bytes
+                ),
+            );
+        }
+        if self.saga.max_outbox_depth == 0 {
+            return invalid("saga.max_outbox_depth", "must be at least 1".into());
+        }
+        range(
+            "saga.relay_poll",
+            self.saga.relay_poll,
+            HumanDuration::millis(10),
+            HumanDuration::secs(60),
+        )?;
+        range(
+            "saga.timer_poll",
+            self.saga.timer_poll,
+            HumanDuration::millis(10),
+            HumanDuration::secs(60),
+        )?;
+        if !(1..=10_000).contains(&self.effect.concurrency) {
+            return invalid(
+                "effect.concurrency",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.effect.concurrency
+                ),
+            );
+        }
+        if !(1..=10_000).contains(&self.effect.concurrency_per_effect) {
+            return invalid(
+                "effect.concurrency_per_effect",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.effect.concurrency_per_effect
+                ),
+            );
+        }
+        if !(1..=1_000_000).contains(&self.effect.max_ack_pending) {
+            return invalid(
+                "effect.max_ack_pending",
+                format!(
+                    "{} is out of range; allowed 1 to 1000000",
+                    self.effect.max_ack_pending
+                ),
+            );
+        }
+        range(
+            "effect.ack_wait",
+            self.effect.ack_wait,
+            HumanDuration::secs(1),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "effect.lease_ttl",
+            self.effect.lease_ttl,
+            HumanDuration::millis(300),
+            HumanDuration::secs(600),
+        )?;
+        range(
+            "effect.claim_retention",
+            self.effect.claim_retention,
+            HumanDuration::secs(60),
+            HumanDuration::secs(365 * 24 * 3600),
+        )?;
+        range(
+            "effect.default_timeout",
+            self.effect.default_timeout,
+            HumanDuration::millis(10),
+            HumanDuration::secs(3600),
+        )?;
+        if let Some(t) = &self.admin.token
+            && t.len() < 16
+        {
+            return invalid("admin.token", "is shorter than 16 characters".into());
+        }
+        if self.admin.token.is_some() && self.admin.token_file.is_some() {
+            return invalid(
+                "admin.token",
+                "set either `token` or `token_file`, not both".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        Config::default().validate().expect("defaults validate");
+    }
+
+    #[test]
+    fn out_of_range_names_the_key() {
+        let mut c = Config::default();
+        c.streams.replicas = 7;
+        match c.validate() {
+            Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "streams.replicas"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

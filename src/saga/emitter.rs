@@ -1,0 +1,267 @@
+//! The emitter: what one application of an input produces, and the variables its
+//! templates are rendered with.
+//!
+//! Guarantee: every id is derived, never drawn. The emitter numbers the work items and timers
+//! of one application in emission order and derives each id from (tenant, saga, correlation
+//! id, input event id, input time, index) through [`ids`], so replaying the same
+//! input on the same instance emits the same messages with the same ids, which JetStream's
+//! deduplication then drops. Envelopes are built as ordered JSON objects, byte for byte the
+//! same on every run.
+
+use serde_json::Value as Json;
+
+use super::ids;
+use super::types::{
+    ENVELOPE_VERSION, Input, Instance, Parsed, ScheduledTimer, StepError, TimerCancel, TimerSet,
+    WorkItem, WorkKind,
+};
+use crate::expr::{ExprError, Needs, Vars};
+use crate::manifest::Catalog;
+use crate::manifest::catalog::{Emit, Saga};
+use crate::manifest::model::RetryPolicy;
+
+pub(super) fn valid_token(s: &str) -> bool {
+    !s.is_empty() && !s.contains(['.', '*', '>']) && !s.chars().any(char::is_whitespace)
+}
+
+/// The `event` variable: the input's envelope plus its `subject` and event `name`,
+/// borrowed rather than copied.
+pub(crate) struct Ev<'a> {
+    pub(crate) body: &'a Json,
+    fields: [(&'static str, &'a str); 2],
+}
+
+impl<'a> Ev<'a> {
+    pub(super) fn new(input: &'a Input, name: &'a str) -> Self {
+        Self {
+            body: &input.body,
+            fields: [("subject", &input.subject), ("name", name)],
+        }
+    }
+
+    pub(crate) fn vars<'v>(&'v self, state: &'v Json, saga: &'v Json, needs: &Needs) -> Vars<'v> {
+        Vars::pruned(self.body, &self.fields, state, saga, needs)
+    }
+}
+
+pub(super) fn saga_json(
+    saga: &str,
+    tenant: &str,
+    correlation_id: &str,
+    version: u32,
+    state: &str,
+) -> Json {
+    obj([
+        ("name", text(saga)),
+        ("tenant", text(tenant)),
+        ("correlation_id", text(correlation_id)),
+        ("version", Json::from(version)),
+        ("state", text(state)),
+    ])
+}
+
+/// A JSON object from owned values (`json!` would re-serialize each value).
+fn obj<const N: usize>(fields: [(&str, Json); N]) -> Json {
+    Json::Object(fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+fn text(s: &str) -> Json {
+    Json::String(s.to_owned())
+}
+
+fn retry_json(r: &RetryPolicy) -> Json {
+    obj([
+        ("retry_limit", Json::from(r.retry_limit)),
+        (
+            "base_backoff",
+            r.base_backoff.map_or(Json::Null, Json::from),
+        ),
+        ("max_backoff", Json::from(r.max_backoff)),
+        ("enable_jitter", Json::Bool(r.enable_jitter)),
+    ])
+}
+
+/// Accumulates what one application emits, numbering ids in emission order.
+pub(crate) struct Emitter<'a> {
+    pub(crate) catalog: &'a Catalog,
+    pub(crate) p: &'a Parsed,
+    pub(crate) saga: &'a Saga,
+    pub(crate) correlation_id: &'a str,
+    pub(crate) index: u32,
+    pub(crate) work: Vec<WorkItem>,
+    pub(crate) timers_set: Vec<TimerSet>,
+    pub(crate) timers_cancelled: Vec<TimerCancel>,
+}
+
+impl Emitter<'_> {
+    pub(crate) fn next_id(&mut self) -> String {
+        let seed = ids::IdSeed {
+            tenant: &self.p.tenant,
+            saga: &self.saga.name,
+            correlation_id: self.correlation_id,
+            input_event_id: &self.p.event_id,
+            timestamp_ms: self.p.timestamp_ms,
+        };
+        let id = ids::derive(&seed, self.index);
+        self.index += 1;
+        id.to_string()
+    }
+
+    fn metadata(&self, extra: Option<&RetryPolicy>) -> Json {
+        let mut m = serde_json::Map::new();
+        m.insert(
+            "correlation_id".into(),
+            Json::String(self.correlation_id.to_owned()),
+        );
+        m.insert("saga".into(), Json::String(self.saga.name.clone()));
+        m.insert("saga_version".into(), Json::from(self.saga.version));
+        m.insert("causation_id".into(), Json::String(self.p.event_id.clone()));
+        if let Some(t) = &self.p.trace_id {
+            m.insert("trace_id".into(), Json::String(t.clone()));
+        }
+        if let Some(r) = extra {
+            m.insert("retry".into(), retry_json(r));
+        }
+        Json::Object(m)
+    }
+
+    /// Renders and records one work item; returns its id.
+    pub(crate) fn emit(&mut self, e: &Emit, vars: &Vars<'_>) -> Result<String, StepError> {
+        let fail = |what: &str, err: ExprError| StepError::poison(format!("{what}: {err}"));
+        let id = self.next_id();
+        let item = match e {
+            Emit::Effect {
+                name,
+                payload,
+                retry,
+            } => {
+                let payload = payload
+                    .render(vars)
+                    .map_err(|x| fail("effect payload", x))?;
+                let effect = self.catalog.effect(name);
+                let retry = retry.or_else(|| effect.and_then(|e| e.retry));
+                let mut body = obj([
+                    ("v", Json::from(ENVELOPE_VERSION)),
+                    ("tenant_id", text(&self.p.tenant)),
+                    ("command_id", text(&id)),
+                    ("effect_name", text(name)),
+                    ("payload", payload),
+                    ("metadata", self.metadata(retry.as_ref())),
+                ]);
+                if let (Some(t), Json::Object(m)) = (effect.and_then(|e| e.timeout_ms), &mut body) {
+                    m.insert("timeout_ms".into(), Json::from(t));
+                }
+                WorkItem {
+                    kind: WorkKind::EffectCommand,
+                    subject: format!("effect.{name}.{id}"),
+                    msg_id: id.clone(),
+                    body,
+                }
+            }
+            Emit::Command {
+                aggregate_type,
+                command,
+                aggregate_id,
+                payload,
+            } => {
+                let agg_id = match aggregate_id
+                    .render(vars)
+                    .map_err(|x| fail("aggregate id", x))?
+                {
+                    Json::String(s) => s,
+                    Json::Number(n) => n.to_string(),
+                    other => {
+                        return Err(StepError::poison(format!(
+                            "aggregate id must be a string, got {}",
+                            crate::expr::type_name(&other)
+                        )));
+                    }
+                };
+                if !valid_token(&agg_id) {
+                    return Err(StepError::poison(format!(
+                        "aggregate id `{agg_id}` is not a valid subject token"
+                    )));
+                }
+                let payload = payload
+                    .render(vars)
+                    .map_err(|x| fail("command payload", x))?;
+                WorkItem {
+                    kind: WorkKind::AggregateCommand,
+                    subject: format!("command.{aggregate_type}.{agg_id}"),
+                    msg_id: id.clone(),
+                    body: obj([
+                        ("v", Json::from(ENVELOPE_VERSION)),
+                        ("tenant_id", text(&self.p.tenant)),
+                        ("command_id", text(&id)),
+                        ("command_type", text(command)),
+                        ("aggregate_type", text(aggregate_type)),
+                        ("aggregate_id", Json::String(agg_id)),
+                        ("payload", payload),
+                        ("metadata", self.metadata(None)),
+                    ]),
+                }
+            }
+            Emit::Event {
+                event_type,
+                payload,
+            } => {
+                let payload = payload.render(vars).map_err(|x| fail("event payload", x))?;
+                WorkItem {
+                    kind: WorkKind::WorkflowEvent,
+                    subject: format!("workflow_event.{}.{}", self.saga.name, self.correlation_id),
+                    msg_id: id.clone(),
+                    body: obj([
+                        ("v", Json::from(ENVELOPE_VERSION)),
+                        ("event_id", text(&id)),
+                        ("tenant_id", text(&self.p.tenant)),
+                        ("event_type", text(event_type)),
+                        ("saga", text(&self.saga.name)),
+                        ("correlation_id", text(self.correlation_id)),
+                        ("timestamp_ms", Json::from(self.p.timestamp_ms)),
+                        ("payload", payload),
+                        ("metadata", self.metadata(None)),
+                    ]),
+                }
+            }
+        };
+        self.work.push(item);
+        Ok(id)
+    }
+
+    /// Sets (or replaces) a timer on the instance.
+    pub(crate) fn set_timer(&mut self, inst: &mut Instance, name: &str, due_ms: u64) {
+        self.cancel_timer(inst, name);
+        let timer_id = self.next_id();
+        inst.timers.insert(
+            name.to_owned(),
+            ScheduledTimer {
+                timer_id: timer_id.clone(),
+                due_ms,
+            },
+        );
+        self.timers_set.push(TimerSet {
+            name: name.to_owned(),
+            timer_id,
+            due_ms,
+        });
+    }
+
+    /// Cancels a pending timer; nothing happens when it is not pending.
+    pub(crate) fn cancel_timer(&mut self, inst: &mut Instance, name: &str) {
+        if let Some(t) = inst.timers.remove(name) {
+            self.timers_set.retain(|s| s.timer_id != t.timer_id);
+            self.timers_cancelled.push(TimerCancel {
+                name: name.to_owned(),
+                timer_id: t.timer_id,
+                due_ms: t.due_ms,
+            });
+        }
+    }
+
+    pub(crate) fn cancel_all_timers(&mut self, inst: &mut Instance) {
+        let names: Vec<String> = inst.timers.keys().cloned().collect();
+        for n in names {
+            self.cancel_timer(inst, &n);
+        }
+    }
+}

@@ -1,0 +1,204 @@
+//! The engine's two entry points: [`route`] (which instances an input concerns) and
+//! [`apply`] (one input's effect on one instance).
+//!
+//! Guarantee: both are pure and deterministic. They read only the catalog, the stored
+//! instance and the input (time is the input's `timestamp_ms`), and return either the new
+//! instance with its work and timer changes, or a typed [`StepError`] and nothing else: the
+//! caller commits the result, or acts on the error, as one unit. [`apply`] checks what every
+//! saga style shares (version, key, tenant, finished instance, stale timer, initial data) and
+//! hands the transition to the style's own file: `machine.rs` or `orchestrate.rs`.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value as Json, json};
+
+use super::emitter::{Emitter, Ev, saga_json, valid_token};
+use super::types::{Applied, Input, InputKind, Instance, Route, Status, StepError, str_field};
+use super::{machine, orchestrate};
+use crate::manifest::Catalog;
+use crate::manifest::catalog::{SagaKind, Trigger, subject_matches};
+
+/// Which saga instances an input concerns. A timer input names its instance; any other
+/// input is matched against every loaded version's triggers (newest first) and the first
+/// matching trigger's correlation expression gives the instance key.
+pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> {
+    let p = input.parse()?;
+    if p.kind == InputKind::Timer {
+        return Ok(vec![Route {
+            saga: str_field(&input.body, "saga")?.to_owned(),
+            correlation_id: str_field(&input.body, "correlation_id")?.to_owned(),
+        }]);
+    }
+    let event = Ev::new(input, &p.name);
+    let state = json!({});
+    // An effect result names the saga that sent the command: only that saga gets it, so two
+    // sagas sharing an effect and a correlation id never see each other's results.
+    let sender = (p.kind == InputKind::EffectResult)
+        .then(|| input.body.pointer("/metadata/saga").and_then(Json::as_str))
+        .flatten();
+    let mut out = Vec::new();
+    for name in catalog.saga_names() {
+        if sender.is_some_and(|s| s != name) {
+            continue;
+        }
+        let found = catalog.versions(name).rev().find_map(|s| {
+            s.triggers
+                .iter()
+                .find(|t| trigger_matches(t, &input.subject, &p.name))
+                .map(|t| (s, t))
+        });
+        let Some((saga, trigger)) = found else {
+            continue;
+        };
+        let sj = saga_json(name, &p.tenant, "", saga.version, "");
+        let vars = event.vars(&state, &sj, trigger.correlation.needs());
+        let corr = trigger
+            .correlation
+            .eval_string(&vars)
+            .map_err(|e| StepError::poison(format!("correlation of saga `{name}`: {e}")))?;
+        if !valid_token(&corr) {
+            return Err(StepError::poison(format!(
+                "correlation id `{corr}` of saga `{name}` is not a valid subject token"
+            )));
+        }
+        out.push(Route {
+            saga: name.to_owned(),
+            correlation_id: corr,
+        });
+    }
+    Ok(out)
+}
+
+fn trigger_matches(t: &Trigger, subject: &str, name: &str) -> bool {
+    subject_matches(&t.pattern, subject) && t.event_type.as_deref().is_none_or(|e| e == name)
+}
+
+/// Applies one input to one saga instance (or starts one). Pure and deterministic.
+///
+/// `instance` is the stored instance for (`saga`, `correlation_id`), or `None`. The result
+/// is the new instance with what to publish and schedule, or a typed [`StepError`].
+pub fn apply(
+    catalog: &Catalog,
+    saga: &str,
+    correlation_id: &str,
+    instance: Option<&Instance>,
+    input: &Input,
+) -> Result<Applied, StepError> {
+    apply_owned(catalog, saga, correlation_id, instance.cloned(), input)
+}
+
+/// [`apply`] taking the stored instance by value (as decoded from storage), which spares
+/// copying it. Same results, byte for byte.
+pub fn apply_owned(
+    catalog: &Catalog,
+    saga: &str,
+    correlation_id: &str,
+    instance: Option<Instance>,
+    input: &Input,
+) -> Result<Applied, StepError> {
+    let p = input.parse()?;
+    let (def, mut inst, started) = match instance {
+        Some(i) => {
+            let def = catalog
+                .saga(saga, i.version)
+                .ok_or_else(|| StepError::VersionNotLoaded {
+                    saga: saga.to_owned(),
+                    version: i.version,
+                })?;
+            if i.saga != saga || i.correlation_id != correlation_id {
+                return Err(StepError::poison(format!(
+                    "instance is ({}, {}), not ({saga}, {correlation_id})",
+                    i.saga, i.correlation_id
+                )));
+            }
+            if i.status.is_final() {
+                return Err(StepError::Finished(i.status));
+            }
+            (def, i, false)
+        }
+        None => {
+            let def = catalog
+                .newest(saga)
+                .ok_or_else(|| StepError::UnknownSaga(saga.to_owned()))?;
+            if p.kind == InputKind::Timer
+                || !def
+                    .triggers
+                    .iter()
+                    .any(|t| t.start && trigger_matches(t, &input.subject, &p.name))
+            {
+                return Err(StepError::NotStarting);
+            }
+            let inst = Instance {
+                tenant: p.tenant.clone(),
+                saga: saga.to_owned(),
+                version: def.version,
+                correlation_id: correlation_id.to_owned(),
+                state: String::new(),
+                status: Status::Running,
+                data: json!({}),
+                timers: BTreeMap::new(),
+                progress: None,
+                started_ms: p.timestamp_ms,
+                updated_ms: p.timestamp_ms,
+                applied: 0,
+            };
+            (def, inst, true)
+        }
+    };
+    if p.tenant != inst.tenant {
+        return Err(StepError::poison(format!(
+            "input tenant `{}` differs from the instance's `{}`",
+            p.tenant, inst.tenant
+        )));
+    }
+    if p.kind == InputKind::Timer {
+        let name = p.name.trim_start_matches("timer.");
+        match inst.timers.get(name) {
+            Some(t) if t.timer_id == p.event_id => {
+                inst.timers.remove(name);
+            }
+            _ => return Err(StepError::StaleTimer(name.to_owned())),
+        }
+    }
+    let event = Ev::new(input, &p.name);
+    let mut em = Emitter {
+        catalog,
+        p: &p,
+        saga: def,
+        correlation_id,
+        index: 0,
+        work: Vec::new(),
+        timers_set: Vec::new(),
+        timers_cancelled: Vec::new(),
+    };
+    if started && let Some(t) = &def.data {
+        let sj = saga_json(saga, &p.tenant, correlation_id, def.version, "");
+        let empty = json!({});
+        let vars = event.vars(&empty, &sj, &def.needs);
+        inst.data = t
+            .render(&vars)
+            .map_err(|e| StepError::poison(format!("initial data: {e}")))?;
+    }
+    match &def.kind {
+        SagaKind::Machine(m) => {
+            if started {
+                inst.state = m.initial.clone();
+            }
+            machine::step(m, &mut inst, &event, &p, &mut em, &def.needs)?;
+        }
+        SagaKind::Steps(o) => orchestrate::step(o, &mut inst, &event, &p, &mut em, started)?,
+    }
+    if inst.status.is_final() {
+        em.cancel_all_timers(&mut inst);
+    }
+    inst.updated_ms = p.timestamp_ms;
+    inst.applied += 1;
+    Ok(Applied {
+        instance: inst,
+        started,
+        event: p.name.clone(),
+        work: em.work,
+        timers_set: em.timers_set,
+        timers_cancelled: em.timers_cancelled,
+    })
+}
