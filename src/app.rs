@@ -90,9 +90,17 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         })?;
 
     let broker = Broker::connect(&config.nats).await?;
-    broker::ensure_streams(broker.jetstream(), &config.streams).await?;
+    let setup = config.nats.setup_timeout.get();
+    broker::with_setup_retry("streams", setup, || {
+        broker::ensure_streams(broker.jetstream(), &config.streams)
+    })
+    .await?;
     let claims_kv = if mode.runs_effects() {
-        Some(broker::ensure_claims_bucket(broker.jetstream(), &config).await?)
+        let bucket = broker::with_setup_retry("claims bucket", setup, || {
+            broker::ensure_claims_bucket(broker.jetstream(), &config)
+        })
+        .await?;
+        Some(bucket)
     } else {
         None
     };

@@ -4,6 +4,12 @@
 //! naming the URLs. Once connected, the client reconnects forever; the admin `/health`
 //! reports the outage meanwhile (see [`Broker::is_connected`]).
 //!
+//! Set-up after the first connection (streams, the claims bucket) is retried the same way
+//! until `nats.setup_timeout` while JetStream does not answer (a cluster still forming or
+//! electing leaders), with a log line per retry; a definite answer that cannot change by
+//! waiting (an incompatible stream, a missing one with `streams.create` off) stops the start
+//! at once. See [`with_setup_retry`].
+//!
 //! Streams are reconciled idempotently: a missing stream is created (when `streams.create`
 //! is on); an existing one is checked and never modified, and a difference that would break
 //! Runner's guarantees (subjects, storage, replicas, de-duplication window) stops the start
@@ -76,6 +82,47 @@ pub enum BrokerError {
         /// Why.
         reason: String,
     },
+}
+
+impl BrokerError {
+    /// Whether waiting may help: a JetStream call that failed (timed out, no responders, no
+    /// leader yet), as opposed to a definite answer about the config or credentials.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, BrokerError::JetStream { .. })
+    }
+}
+
+/// Runs set-up step `what`, retrying transient failures ([`BrokerError::is_transient`]) with
+/// a capped doubling backoff until `timeout` has passed; then returns the last error.
+pub async fn with_setup_retry<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    mut step: F,
+) -> Result<T, BrokerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, BrokerError>>,
+{
+    let deadline = Instant::now() + timeout;
+    let mut backoff =
+        Backoff::new(Duration::from_millis(200), Duration::from_secs(3)).with_jitter();
+    let mut tries = 1u32;
+    loop {
+        match step().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_transient() => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(e);
+                }
+                let wait = backoff.next_wait().min(deadline - now);
+                tracing::warn!(message = "JetStream set-up not possible yet, retrying.", step = what, attempt = tries, error = %e, retry_in = ?wait);
+                tokio::time::sleep(wait).await;
+                tries += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 /// A connected NATS client with its JetStream context.

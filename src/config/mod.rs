@@ -171,6 +171,10 @@ pub struct NatsConfig {
     pub urls: Vec<String>,
     /// How long to keep trying the first connection before giving up.
     pub connect_timeout: HumanDuration,
+    /// How long to keep retrying stream and bucket set-up at start (after the first
+    /// connection) while JetStream is not answering yet, e.g. while a cluster elects its
+    /// leaders.
+    pub setup_timeout: HumanDuration,
     /// Timeout of JetStream API requests.
     pub request_timeout: HumanDuration,
     /// Client name shown by the server.
@@ -200,6 +204,7 @@ impl Default for NatsConfig {
         Self {
             urls: vec!["nats://127.0.0.1:4222".into()],
             connect_timeout: HumanDuration::secs(30),
+            setup_timeout: HumanDuration::secs(60),
             request_timeout: HumanDuration::secs(5),
             client_name: "runner".into(),
             token: None,

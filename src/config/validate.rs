@@ -54,6 +54,12 @@ impl Config {
             HumanDuration::secs(3600),
         )?;
         range(
+            "nats.setup_timeout",
+            self.nats.setup_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
             "nats.request_timeout",
             self.nats.request_timeout,
             HumanDuration::millis(100),

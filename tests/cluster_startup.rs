@@ -1,0 +1,130 @@
+//! Start-up on a three-node NATS cluster that is still forming: stream and bucket set-up is
+//! retried until `nats.setup_timeout`, so a runner started before the cluster has a
+//! JetStream meta leader comes up by itself once it has one, with R3 streams; and a runner
+//! whose cluster never forms exits non-zero past the deadline, naming what failed.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::{RunnerProc, aggregate_event, jetstream, publish_json, wait_for_messages};
+use serde_json::json;
+
+/// Whether node 0's monitoring endpoint lists a client connection named `runner`.
+fn runner_connected(cluster: &Cluster) -> bool {
+    let Some(connz) = cluster.monitor_json(0, "/connz") else {
+        return false;
+    };
+    connz["connections"]
+        .as_array()
+        .is_some_and(|cs| cs.iter().any(|c| c["name"] == "runner"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runner_started_before_the_cluster_forms_comes_up_with_r3_streams() {
+    let mut cluster = Cluster::new(3);
+    // One node of three: JetStream has no quorum, so no stream can be created yet.
+    cluster.start_node(0);
+    let urls = cluster.urls();
+    let starting = std::thread::spawn(move || {
+        RunnerProc::start(
+            &[
+                "--mode",
+                "combined",
+                "--nats-url",
+                &urls,
+                "--manifest",
+                "manifests",
+            ],
+            &[
+                ("RUNNER__STREAMS__REPLICAS", "3"),
+                ("RUNNER__NATS__SETUP_TIMEOUT", "120s"),
+            ],
+        )
+    });
+    // Bring the other two nodes up only once the runner is connected to the lone node, so its
+    // set-up provably starts against a cluster without a leader.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !runner_connected(&cluster) {
+        assert!(
+            Instant::now() < deadline,
+            "the runner never connected to node 0"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    cluster.start_node(1);
+    cluster.start_node(2);
+    let runner = starting.join().expect("runner came up");
+    assert!(
+        runner
+            .log
+            .iter()
+            .any(|l| l.contains("JetStream set-up not possible yet")),
+        "the runner never had to retry, so this run did not test a forming cluster; log:\n{}",
+        runner.log.join("\n")
+    );
+
+    let js = jetstream(&cluster.url(0)).await;
+    for name in ["AGGREGATE_EVENTS", "WORKFLOW_COMMANDS", "WORKFLOW_EVENTS"] {
+        let info = js.get_stream(name).await.unwrap().cached_info().clone();
+        assert_eq!(info.config.num_replicas, 3, "{name} is not R3");
+    }
+    // And it works: an order placed now produces its charge command.
+    let ev = aggregate_event(
+        "acme",
+        "Order",
+        "o-1",
+        "OrderPlaced",
+        1_800_000_000_000,
+        json!({"customer_id": "c-1", "amount_cents": 1200, "items": [{"sku": "book", "qty": 1}]}),
+    );
+    publish_json(&js, "tenant.acme.aggregate.Order.o-1", &ev).await;
+    let charges = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.effect.charge_card.*",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(charges.len(), 1);
+}
+
+#[test]
+fn a_cluster_that_never_forms_stops_the_start_past_the_setup_deadline() {
+    let mut cluster = Cluster::new(3);
+    cluster.start_node(0);
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = common::run_to_exit(
+        &[
+            "run",
+            "--mode",
+            "saga",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--nats-url",
+            &cluster.urls(),
+            "--manifest",
+            "manifests",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+        ],
+        &[
+            ("RUNNER__STREAMS__REPLICAS", "3"),
+            ("RUNNER__NATS__SETUP_TIMEOUT", "3s"),
+            ("RUNNER__NATS__REQUEST_TIMEOUT", "1s"),
+        ],
+        Duration::from_secs(120),
+    );
+    assert_eq!(code, Some(1), "output:\n{out}");
+    assert!(
+        out.contains("JetStream set-up not possible yet"),
+        "no retry was logged:\n{out}"
+    );
+    assert!(
+        out.contains("JetStream") && out.contains("AGGREGATE_EVENTS"),
+        "the final error does not name the stream:\n{out}"
+    );
+}
