@@ -63,6 +63,7 @@ effects:
     )
 }
 
+/// Short leases and ack waits, so a call outlives several of each.
 const ENVS: &[(&str, &str)] = &[
     ("RUNNER__EFFECT__LEASE_TTL", "1500ms"),
     ("RUNNER__EFFECT__ACK_WAIT", "2s"),
@@ -144,6 +145,7 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
         .filter(|h| h.path == "/limited")
         .collect();
     let gap = hits[1].at - hits[0].at;
+    // A lower bound: a slower machine only waits longer.
     assert!(
         gap >= Duration::from_millis(990),
         "Retry-After: 1 honoured, waited {gap:?}"
