@@ -1,22 +1,30 @@
 //! Effect worker behaviours beyond the happy path: per-attempt timeouts, `Retry-After`,
 //! calls longer than the ack wait, the NATS request/reply provider, and the drain.
+//!
+//! Where a test needs a call to be in flight when something happens (a drain, an outage),
+//! the upstream holds the call until the test releases it, and the test checks that it was
+//! in flight before acting.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::effects::{command, metric, one_per_command, publish_commands, settle_results};
-use common::upstream::{Reply, Upstream};
-use common::{NatsServer, RunnerProc, jetstream};
+use common::RunnerProc;
+use common::effects::{
+    EffectBed, command, metric, metric_or_zero, one_per_command, wait_metric, wait_quiescent,
+};
+use common::upstream::{Latch, Reply, Script};
 use futures::StreamExt;
 use serde_json::json;
 
-fn manifest(dir: &Path, base: &str) -> PathBuf {
-    let path = dir.join("effects.yaml");
-    let text = format!(
+/// The test effects against `base`. `patient` backs off for an hour before its retry, so
+/// only a hand-back lets anyone else finish it.
+fn manifest(base: &str) -> String {
+    format!(
         r#"format: 1
 effects:
   - name: slow
@@ -33,11 +41,11 @@ effects:
     settings:
       url: "{base}/long"
       result: "${{ {{'status': state.status, 'took': state.body.took}} }}"
-    timeout_ms: 30000
+    timeout_ms: 600000
   - name: patient
     provider: http
     settings: {{ url: "{base}/patient" }}
-    retry: {{ retry_limit: 5, base_backoff: 3000, max_backoff: 30000, enable_jitter: false }}
+    retry: {{ retry_limit: 5, base_backoff: 1800000, max_backoff: 3600000, enable_jitter: false }}
   - name: picky
     provider: http
     settings:
@@ -52,51 +60,46 @@ effects:
       body: {{ question: "${{ event.payload.n }}" }}
     timeout_ms: 2000
 "#
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
-fn worker(url: &str, m: &Path) -> RunnerProc {
-    RunnerProc::start(
-        &[
-            "--mode",
-            "effect",
-            "--nats-url",
-            url,
-            "--manifest",
-            m.to_str().unwrap(),
-        ],
-        &[
-            ("RUNNER__EFFECT__LEASE_TTL", "1500ms"),
-            ("RUNNER__EFFECT__ACK_WAIT", "2s"),
-        ],
-    )
+/// Short leases and ack waits, so a call outlives several of each.
+const ENVS: &[(&str, &str)] = &[
+    ("RUNNER__EFFECT__LEASE_TTL", "1500ms"),
+    ("RUNNER__EFFECT__ACK_WAIT", "2s"),
+];
+
+async fn bed(script: Script) -> EffectBed {
+    EffectBed::start(script, manifest).await
+}
+
+fn worker(bed: &EffectBed) -> RunnerProc {
+    bed.runner(ENVS)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeouts_retry_after_long_calls_and_nats_request() {
-    let nats = NatsServer::start();
-    let upstream = Upstream::start(Arc::new(|path, _, nth| match path {
-        "/slow" => Reply::ok(json!({})).after(Duration::from_secs(1)),
+    // `/slow` never answers: its 300 ms timeout fires first on any machine.
+    let never = Latch::new();
+    let bed = bed(Arc::new(move |path, _, nth| match path {
+        "/slow" => Reply::ok(json!({})).until(&never),
         "/limited" if nth == 1 => {
             let mut r = Reply::status(429);
             r.retry_after = Some(1);
             r
         }
         "/limited" => Reply::ok(json!({"finally": true})),
+        // Longer than the 2 s ack wait: a lower bound, which a slower machine only extends.
         "/long" => Reply::ok(json!({"took": 5})).after(Duration::from_secs(5)),
         "/picky" => Reply::ok(json!({"ok": false})),
         _ => Reply::status(404),
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let w = worker(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
+    let w = worker(&bed);
     // A service answering on the request subject.
-    let client = async_nats::connect(nats.url()).await.unwrap();
+    let client = async_nats::connect(bed.nats.url()).await.unwrap();
     let mut sub = client.subscribe("svc.echo._").await.unwrap();
+    client.flush().await.unwrap();
     let responder = client.clone();
     tokio::spawn(async move {
         while let Some(m) = sub.next().await {
@@ -116,18 +119,16 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
         }
     });
 
-    let ids = publish_commands(
-        &js,
-        &[
+    let ids = bed
+        .publish(&[
             command("slow", 1),
             command("limited", 2),
             command("long", 3),
             command("ask", 4),
             command("picky", 5),
-        ],
-    )
-    .await;
-    let seen = settle_results(&js, 5, Duration::from_secs(60)).await;
+        ])
+        .await;
+    let seen = bed.settle(5, Duration::from_secs(60)).await;
     let by = one_per_command(&seen);
 
     let slow = &by[&ids[0]];
@@ -137,12 +138,14 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
     let limited = &by[&ids[1]];
     assert_eq!(limited["result_type"], "Succeeded");
     assert_eq!(limited["payload"]["finally"], true);
-    let hits: Vec<_> = upstream
+    let hits: Vec<_> = bed
+        .upstream
         .hits()
         .into_iter()
         .filter(|h| h.path == "/limited")
         .collect();
     let gap = hits[1].at - hits[0].at;
+    // A lower bound: a slower machine only waits longer.
     assert!(
         gap >= Duration::from_millis(990),
         "Retry-After: 1 honoured, waited {gap:?}"
@@ -152,12 +155,12 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
     assert_eq!(long["result_type"], "Succeeded");
     assert_eq!(long["payload"], json!({"status": 200, "took": 5}));
     assert_eq!(
-        upstream.count(&ids[2]),
+        bed.upstream.count(&ids[2]),
         1,
         "a call longer than the ack wait ran once"
     );
     assert_eq!(
-        metric(&w.admin, "runner_effect_claims_total{event=\"busy\"}").await,
+        metric_or_zero(&w.admin, "runner_effect_claims_total{event=\"busy\"}").await,
         0.0,
         "progress acks kept the long command from being redelivered"
     );
@@ -171,7 +174,7 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
     assert_eq!(picky["result_type"], "Failed", "{picky}");
     assert_eq!(picky["payload"]["body"]["ok"], false);
     assert_eq!(
-        upstream.count(&ids[4]),
+        bed.upstream.count(&ids[4]),
         1,
         "a 200 failing success_when is fatal, not retried"
     );
@@ -180,37 +183,53 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_finishes_the_call_in_flight() {
-    let nats = NatsServer::start();
-    let upstream = Upstream::start(Arc::new(|_, _, _| {
-        Reply::ok(json!({"took": 2})).after(Duration::from_secs(2))
+    let release = Latch::new();
+    let hold = release.clone();
+    let bed = bed(Arc::new(move |_, _, _| {
+        Reply::ok(json!({"took": "held"})).until(&hold)
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let mut w = worker(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
-    let id = publish_commands(&js, &[command("long", 1)]).await.remove(0);
+    let mut w = worker(&bed);
+    let id = bed.publish(&[command("long", 1)]).await.remove(0);
     assert!(
         common::eventually(Duration::from_secs(20), || async {
-            upstream.count(&id) == 1
+            bed.upstream.count(&id) == 1
         })
         .await
     );
     w.signal("TERM");
+    // The drain has begun (the admin server outlives it) while the call is still held.
+    wait_metric(
+        &w.admin,
+        "runner_draining",
+        |v| v == 1.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        bed.upstream.in_flight(),
+        1,
+        "the call was in flight when the drain began"
+    );
+    assert!(bed.results().await.is_empty(), "and had no result yet");
+    release.release();
     assert_eq!(w.wait_exit(Duration::from_secs(30)), Some(0));
-    let seen = settle_results(&js, 1, Duration::from_secs(5)).await;
-    assert_eq!(one_per_command(&seen)[&id]["payload"]["took"], 2);
-    assert_eq!(one_per_command(&seen)[&id]["result_type"], "Succeeded");
+    let seen = bed.settle(1, Duration::from_secs(30)).await;
+    let r = &one_per_command(&seen)[&id];
+    assert_eq!(r["payload"]["took"], "held");
+    assert_eq!(r["result_type"], "Succeeded");
+    assert_eq!(
+        bed.upstream.count(&id),
+        1,
+        "finished, not abandoned and redone"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_commands_are_dead_lettered_and_never_run() {
-    let nats = NatsServer::start();
-    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let w = worker(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
+    let bed = bed(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let w = worker(&bed);
+    let js = &bed.js;
     js.publish("tenant._.effect.limited.x-1", "not json".into())
         .await
         .unwrap()
@@ -227,7 +246,7 @@ async fn refused_commands_are_dead_lettered_and_never_run() {
     .await
     .unwrap();
     let dls = common::wait_for_messages(
-        &js,
+        js,
         "RUNNER_DLQ",
         "tenant.*.deadletter.*",
         2,
@@ -257,51 +276,77 @@ async fn refused_commands_are_dead_lettered_and_never_run() {
             ),
         ]
     );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert!(upstream.hits().is_empty(), "nothing reached the upstream");
-    assert!(common::effects::results(&js).await.is_empty());
-    assert_eq!(
-        metric(
-            &w.admin,
-            "runner_effect_commands_total{outcome=\"refused\"}"
-        )
-        .await,
-        2.0
+    wait_metric(
+        &w.admin,
+        "runner_effect_commands_total{outcome=\"refused\"}",
+        |v| v == 2.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    // Both were terminated: the consumer holds nothing that could still run.
+    wait_quiescent(js, Duration::from_secs(20)).await;
+    assert!(
+        bed.upstream.hits().is_empty(),
+        "nothing reached the upstream"
     );
+    assert!(bed.results().await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_restart_mid_run_loses_and_doubles_no_result() {
     const N: u64 = 200;
-    let mut nats = NatsServer::start();
-    let upstream = Upstream::start(Arc::new(|_, _, _| {
-        Reply::ok(json!({"took": 0})).after(Duration::from_millis(20))
+    /// Calls answered at once; every later one is held until the server is down.
+    const FIRST: usize = 50;
+    let release = Latch::new();
+    let hold = release.clone();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen_calls = calls.clone();
+    let mut bed = bed(Arc::new(move |_, _, _| {
+        let r = Reply::ok(json!({"took": 0}));
+        if seen_calls.fetch_add(1, Ordering::SeqCst) < FIRST {
+            r
+        } else {
+            r.until(&hold)
+        }
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let w = worker(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
+    let w = worker(&bed);
     let cmds: Vec<_> = (0..N).map(|n| command("long", n)).collect();
-    let ids = publish_commands(&js, &cmds).await;
+    let ids = bed.publish(&cmds).await;
+    // Mid-run: some results out, and calls in flight.
+    assert!(
+        common::eventually(Duration::from_secs(60), || async {
+            bed.upstream.in_flight() >= 10 && bed.results().await.len() >= 10
+        })
+        .await,
+        "the run did not reach mid-way: {} in flight, {} results",
+        bed.upstream.in_flight(),
+        bed.results().await.len()
+    );
+    let before = bed.results().await.len();
+    let in_flight = bed.upstream.in_flight();
+    assert!(before < N as usize);
+    // The server goes away with those calls in flight; they are answered while it is down.
+    bed.nats.stop();
+    release.release();
     assert!(
         common::eventually(Duration::from_secs(20), || async {
-            upstream.hits().len() >= 20
+            bed.upstream.in_flight() == 0
         })
         .await
     );
-    nats.restart();
-    let js = jetstream(&nats.url()).await;
-    let seen = settle_results(&js, N as usize, Duration::from_secs(120)).await;
+    bed.nats.start_again();
+    bed.reconnect().await;
+    let seen = bed.settle(N as usize, Duration::from_secs(120)).await;
     let by = one_per_command(&seen);
     assert_eq!(by.len(), N as usize, "one result per command");
     for id in &ids {
         assert_eq!(by[id]["result_type"], "Succeeded");
-        assert!(upstream.count(id) >= 1);
+        assert!(bed.upstream.count(id) >= 1);
     }
-    let repeats = upstream.per_key().values().filter(|n| **n > 1).count();
+    let repeats = bed.upstream.per_key().values().filter(|n| **n > 1).count();
     println!(
-        "NATS restart mid-run: {N} results, {repeats} keys called more than once (at least once)"
+        "NATS down with {in_flight} calls in flight and {before}/{N} results out: {N} results after, {repeats} keys called more than once (at least once)"
     );
     drop(w);
 }
@@ -367,12 +412,10 @@ impl Drop for SmtpServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smtp_effect_sends_one_mail_to_a_real_server() {
-    let nats = NatsServer::start();
     let dir = tempfile::tempdir().unwrap();
     let smtp = SmtpServer::start(dir.path());
-    let m = dir.path().join("mail.yaml");
-    std::fs::write(
-        &m,
+    // No HTTP upstream is called here; the bed's answers 404 to anything.
+    let bed = EffectBed::start(Arc::new(|_, _, _| Reply::status(404)), |_| {
         format!(
             r#"format: 1
 effects:
@@ -389,20 +432,17 @@ effects:
     timeout_ms: 5000
 "#,
             smtp.port
-        ),
-    )
-    .unwrap();
-    let _w = worker(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
-    let id = publish_commands(&js, &[command("mail", 42)])
-        .await
-        .remove(0);
-    let seen = settle_results(&js, 1, Duration::from_secs(30)).await;
+        )
+    })
+    .await;
+    let _w = worker(&bed);
+    let id = bed.publish_one(command("mail", 42)).await;
+    let seen = bed.settle(1, Duration::from_secs(30)).await;
     let r = &one_per_command(&seen)[&id];
     assert_eq!(r["result_type"], "Succeeded", "{r}");
     assert_eq!(r["payload"]["code"], "250");
     assert!(
-        common::eventually(Duration::from_secs(5), || async {
+        common::eventually(Duration::from_secs(30), || async {
             smtp.received().contains(&format!("<{id}@runner>"))
         })
         .await,
@@ -528,7 +568,6 @@ impl Drop for PgServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_effect_runs_one_parameterised_statement() {
-    let nats = NatsServer::start();
     let pg = PgServer::start();
     let (client, conn) = loop {
         // The server may still be starting up after it opened its port.
@@ -542,10 +581,8 @@ async fn postgres_effect_runs_one_parameterised_statement() {
         .batch_execute("CREATE TABLE charges (command_id text PRIMARY KEY, amount int, meta jsonb)")
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("pg.yaml");
-    std::fs::write(
-        &m,
+    // No HTTP upstream is called here; the bed's answers 404 to anything.
+    let bed = EffectBed::start(Arc::new(|_, _, _| Reply::status(404)), |_| {
         r#"format: 1
 effects:
   - name: record
@@ -564,24 +601,16 @@ effects:
       statement: "INSERT INTO nowhere VALUES ($1)"
       params: ["${ event.command_id }"]
     retry: { retry_limit: 3, base_backoff: 10 }
-"#,
-    )
-    .unwrap();
+"#
+        .to_string()
+    })
+    .await;
     let dsn = pg.url();
-    let _w = RunnerProc::start(
-        &[
-            "--mode",
-            "effect",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            m.to_str().unwrap(),
-        ],
-        &[("TEST_PG_DSN", dsn.as_str())],
-    );
-    let js = jetstream(&nats.url()).await;
-    let ids = publish_commands(&js, &[command("record", 42), command("broken", 1)]).await;
-    let seen = settle_results(&js, 2, Duration::from_secs(30)).await;
+    let _w = bed.runner(&[("TEST_PG_DSN", dsn.as_str())]);
+    let ids = bed
+        .publish(&[command("record", 42), command("broken", 1)])
+        .await;
+    let seen = bed.settle(2, Duration::from_secs(30)).await;
     let by = one_per_command(&seen);
     assert_eq!(by[&ids[0]]["result_type"], "Succeeded", "{}", by[&ids[0]]);
     assert_eq!(by[&ids[0]]["payload"]["rows"], 1);
@@ -605,49 +634,67 @@ effects:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_hands_back_a_command_waiting_between_retries() {
-    let nats = NatsServer::start();
-    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let healthy = Arc::new(AtomicBool::new(false));
     let h = healthy.clone();
-    let upstream = Upstream::start(Arc::new(move |_, _, _| {
-        if h.load(std::sync::atomic::Ordering::SeqCst) {
+    let bed = bed(Arc::new(move |_, _, _| {
+        if h.load(Ordering::SeqCst) {
             Reply::ok(json!({"took": 1}))
         } else {
             Reply::status(503)
         }
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let mut first = worker(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
-    let id = publish_commands(&js, &[command("patient", 1)])
-        .await
-        .remove(0);
-    assert!(
-        common::eventually(Duration::from_secs(20), || async {
-            upstream.count(&id) == 1
-        })
-        .await
+    let mut first = worker(&bed);
+    let id = bed.publish_one(command("patient", 1)).await;
+    // The first attempt failed and was counted: the first worker now waits an hour before
+    // its retry, renewing its lease meanwhile, so nobody else can take the command.
+    wait_metric(
+        &first.admin,
+        "runner_effect_attempts_total{effect=\"patient\",outcome=\"retryable\"}",
+        |v| v == 1.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(bed.upstream.count(&id), 1);
+    assert_eq!(
+        bed.upstream.in_flight(),
+        0,
+        "between attempts, not in a call"
     );
-    // The first worker now waits 6 s before its retry; the drain must not wait for it.
-    let second = worker(&nats.url(), &m);
-    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
-    let t = std::time::Instant::now();
+    assert!(bed.results().await.is_empty(), "and not finished");
+    let second = worker(&bed);
+    healthy.store(true, Ordering::SeqCst);
     first.signal("TERM");
-    assert_eq!(first.wait_exit(Duration::from_secs(30)), Some(0));
-    let drained = t.elapsed();
-    assert!(drained < Duration::from_secs(4), "drain took {drained:?}");
-    let seen = settle_results(&js, 1, Duration::from_secs(30)).await;
+    // Had the drain waited out the backoff, the process would still be running an hour
+    // from now (or exit 1 at `runner.drain_timeout`); it drains and exits 0 instead.
+    assert_eq!(first.wait_exit(Duration::from_secs(60)), Some(0));
+    first.wait_for_log(
+        "Draining: command handed back between retries.",
+        Duration::from_secs(10),
+    );
+    assert!(
+        first
+            .log
+            .iter()
+            .any(|l| l.contains("handed back") && l.contains("\"released\":true")),
+        "the lease was released by CAS"
+    );
+    // The second worker took it over from the released claim and finished it with one call.
+    let seen = bed.settle(1, Duration::from_secs(30)).await;
     let r = &one_per_command(&seen)[&id];
     assert_eq!(r["result_type"], "Succeeded", "{r}");
     assert_eq!(r["attempts"], 1, "the second worker's first call");
-    assert_eq!(upstream.count(&id), 2);
+    assert_eq!(bed.upstream.count(&id), 2, "the first worker did not retry");
     assert_eq!(
         metric(&second.admin, "runner_effect_claims_total{event=\"steal\"}").await,
         1.0
     );
-    println!(
-        "drain during a 6 s backoff: exited after {drained:?}, result {:?} after the signal",
-        t.elapsed()
+    assert_eq!(
+        metric(
+            &second.admin,
+            "runner_effect_claims_total{event=\"completed\"}"
+        )
+        .await,
+        1.0
     );
 }

@@ -1,20 +1,24 @@
 //! Effect mode end to end: real nats-server, real `runner --mode effect` processes, a real
 //! local HTTP upstream that counts requests per `Idempotency-Key`.
+//!
+//! Calls that must stay in flight while the test acts (a worker is killed, frozen or
+//! duplicated under them) are held on a [`Latch`] the test releases, never on a delay the
+//! test has to outrun.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::RunnerProc;
 use common::effects::{
-    command, metric, one_per_command, publish_commands, results, settle_results,
+    EffectBed, command, metric, metric_across, metric_or_zero, one_per_command, wait_metric,
+    wait_metric_sum, wait_quiescent,
 };
-use common::upstream::{Reply, Upstream};
-use common::{NatsServer, RunnerProc, jetstream};
+use common::upstream::{Latch, Reply, Script};
 use serde_json::json;
 
 /// Short leases and ack waits so take-overs happen within seconds.
@@ -22,12 +26,15 @@ const FAST: &[(&str, &str)] = &[
     ("RUNNER__EFFECT__LEASE_TTL", "1500ms"),
     ("RUNNER__EFFECT__ACK_WAIT", "3s"),
     ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+    ("TEST_UPSTREAM_TOKEN", "s3cret-token-value"),
 ];
 
-/// Writes a manifest declaring the test effects against `base`.
-fn manifest(dir: &Path, base: &str) -> PathBuf {
-    let path = dir.join("effects.yaml");
-    let text = format!(
+/// The test effects against `base`. `charge` has a per-attempt timeout far above any wait
+/// in these tests, so a call held by the test never times out into a retry of its own.
+/// `flaky`'s circuit, once open, stays open for the whole test; `mending`'s reopens for a
+/// probe after one second.
+fn manifest(base: &str) -> String {
+    format!(
         r#"format: 1
 effects:
   - name: charge
@@ -38,7 +45,7 @@ effects:
       headers: {{ X-Api-Token: "Bearer ${{ saga.secrets.token }}" }}
       secrets: {{ token: {{ env: TEST_UPSTREAM_TOKEN }} }}
       body: {{ amount: "${{ event.payload.n }}", order: "${{ event.metadata.correlation_id }}" }}
-    timeout_ms: 30000
+    timeout_ms: 600000
     retry: {{ retry_limit: 3, base_backoff: 150, max_backoff: 2000, enable_jitter: false }}
   - name: flaky
     provider: http
@@ -46,46 +53,39 @@ effects:
       url: "{base}/flaky"
     timeout_ms: 5000
     retry: {{ retry_limit: 0 }}
-    circuit_breaker: {{ failure_threshold: 3, open_ms: 6000 }}
+    circuit_breaker: {{ failure_threshold: 3, open_ms: 3600000 }}
+  - name: mending
+    provider: http
+    settings:
+      url: "{base}/mending"
+    timeout_ms: 5000
+    retry: {{ retry_limit: 0 }}
+    circuit_breaker: {{ failure_threshold: 3, open_ms: 1000 }}
   - name: nothing
     provider: noop
 "#
-    );
-    std::fs::write(&path, text).unwrap();
-    path
+    )
 }
 
-fn effect_runner(url: &str, manifest: &Path) -> RunnerProc {
-    let mut envs = FAST.to_vec();
-    envs.push(("TEST_UPSTREAM_TOKEN", "s3cret-token-value"));
-    RunnerProc::start(
-        &[
-            "--mode",
-            "effect",
-            "--nats-url",
-            url,
-            "--manifest",
-            manifest.to_str().unwrap(),
-        ],
-        &envs,
-    )
+/// Nats, the upstream answering with `script`, and the manifest.
+async fn bed(script: Script) -> EffectBed {
+    EffectBed::start(script, manifest).await
+}
+
+fn effect_runner(bed: &EffectBed) -> RunnerProc {
+    bed.runner(FAST)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_workers_execute_each_command_once() {
     const N: u64 = 2000;
-    let nats = NatsServer::start();
-    let upstream =
-        Upstream::start(Arc::new(|_, key, _| Reply::ok(json!({ "charged": key })))).await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let workers: Vec<RunnerProc> = (0..3).map(|_| effect_runner(&nats.url(), &m)).collect();
-    let js = jetstream(&nats.url()).await;
+    let bed = bed(Arc::new(|_, key, _| Reply::ok(json!({ "charged": key })))).await;
+    let workers: Vec<RunnerProc> = (0..3).map(|_| effect_runner(&bed)).collect();
 
     let cmds: Vec<_> = (0..N).map(|n| command("charge", n)).collect();
     let started = Instant::now();
-    let ids = publish_commands(&js, &cmds).await;
-    let seen = settle_results(&js, N as usize, Duration::from_secs(240)).await;
+    let ids = bed.publish(&cmds).await;
+    let seen = bed.settle(N as usize, Duration::from_secs(240)).await;
     let elapsed = started.elapsed();
     let by_cmd = one_per_command(&seen);
     assert_eq!(
@@ -102,7 +102,7 @@ async fn three_workers_execute_each_command_once() {
             "the command's metadata is echoed"
         );
     }
-    let per_key = upstream.per_key();
+    let per_key = bed.upstream.per_key();
     assert_eq!(per_key.len(), N as usize);
     for id in &ids {
         assert_eq!(
@@ -111,16 +111,14 @@ async fn three_workers_execute_each_command_once() {
             "key {id} reached the upstream once"
         );
     }
-    let hit = upstream.hits().into_iter().next().unwrap();
+    let hit = bed.upstream.hits().into_iter().next().unwrap();
     assert!(hit.path.starts_with("/charge/"));
     assert!(hit.body["order"].as_str().unwrap().starts_with("c-"));
     // Work was shared.
-    let mut shares = Vec::new();
-    for w in &workers {
-        shares.push(metric(&w.admin, "runner_effect_claims_total{event=\"completed\"}").await);
-    }
+    let admins: Vec<&str> = workers.iter().map(|w| w.admin.as_str()).collect();
+    let shares = metric_across(&admins, "runner_effect_claims_total{event=\"completed\"}").await;
     println!(
-        "{N} commands, 3 workers: all results and a 2 s quiet period after them within {:.1}s ({:.0} commands/s counting the quiet period); completed per worker {shares:?}",
+        "{N} commands, 3 workers: all results, consumer quiescent, within {:.1}s ({:.0} commands/s); completed per worker {shares:?}",
         elapsed.as_secs_f64(),
         N as f64 / elapsed.as_secs_f64()
     );
@@ -137,37 +135,34 @@ async fn three_workers_execute_each_command_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_worker_is_taken_over_after_its_lease() {
-    let nats = NatsServer::start();
-    // The first request of every key hangs long enough to be killed under.
-    let upstream = Upstream::start(Arc::new(|_, key, nth| {
+    // The first request of every key is held until the test ends: its executor is killed
+    // under it, whenever that happens.
+    let never = Latch::new();
+    let hold = never.clone();
+    let bed = bed(Arc::new(move |_, key, nth| {
         let r = Reply::ok(json!({ "by": nth, "key": key }));
-        if nth == 1 {
-            r.after(Duration::from_secs(60))
-        } else {
-            r
-        }
+        if nth == 1 { r.until(&hold) } else { r }
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let first = effect_runner(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
-    let cmd = command("charge", 7);
-    let id = publish_commands(&js, std::slice::from_ref(&cmd))
-        .await
-        .remove(0);
+    let first = effect_runner(&bed);
+    let id = bed.publish_one(command("charge", 7)).await;
     assert!(
         common::eventually(Duration::from_secs(20), || async {
-            upstream.count(&id) == 1
+            bed.upstream.count(&id) == 1
         })
         .await,
         "the first worker called the upstream"
     );
-    let second = effect_runner(&nats.url(), &m);
+    let second = effect_runner(&bed);
+    assert_eq!(
+        bed.upstream.in_flight(),
+        1,
+        "the first worker's call is still in flight when it is killed"
+    );
     let killed_at = Instant::now();
     first.kill();
 
-    let seen = settle_results(&js, 1, Duration::from_secs(60)).await;
+    let seen = bed.settle(1, Duration::from_secs(60)).await;
     let by_cmd = one_per_command(&seen);
     assert_eq!(by_cmd.len(), 1);
     let r = &by_cmd[&id];
@@ -176,8 +171,8 @@ async fn a_killed_worker_is_taken_over_after_its_lease() {
         r["payload"]["by"], 2,
         "the second executor's call produced the result"
     );
-    let n = upstream.count(&id);
-    assert!(n <= 2, "upstream saw the key {n} times");
+    let n = bed.upstream.count(&id);
+    assert_eq!(n, 2, "the killed call and the take-over's call");
     assert_eq!(
         seen[0].msg_id.as_deref(),
         Some(r["event_id"].as_str().unwrap())
@@ -192,129 +187,217 @@ async fn a_killed_worker_is_taken_over_after_its_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_zombie_is_fenced_out() {
-    let nats = NatsServer::start();
-    // First call of a key answers after 8 s (by then its executor is frozen and replaced);
-    // the second answers at once.
-    let upstream = Upstream::start(Arc::new(|_, _, nth| {
+    // The first call of a key is held until the test has frozen its executor, let a second
+    // worker take the command over, and released it; the second call answers at once.
+    let late = Latch::new();
+    let hold = late.clone();
+    let bed = bed(Arc::new(move |_, _, nth| {
         let r = Reply::ok(json!({ "by": nth }));
-        if nth == 1 {
-            r.after(Duration::from_secs(8))
-        } else {
-            r
-        }
+        if nth == 1 { r.until(&hold) } else { r }
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let mut zombie = effect_runner(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
-    let cmd = command("charge", 9);
-    let id = publish_commands(&js, std::slice::from_ref(&cmd))
-        .await
-        .remove(0);
+    let mut zombie = effect_runner(&bed);
+    let id = bed.publish_one(command("charge", 9)).await;
     assert!(
         common::eventually(Duration::from_secs(20), || async {
-            upstream.count(&id) == 1
+            bed.upstream.count(&id) == 1
         })
         .await
     );
-    let second = effect_runner(&nats.url(), &m);
+    let second = effect_runner(&bed);
     // It has been renewing its lease meanwhile.
-    assert!(
-        common::eventually(Duration::from_secs(10), || async {
-            metric(
-                &zombie.admin,
-                "runner_effect_claims_total{event=\"renewed\"}",
-            )
-            .await
-                >= 2.0
-        })
-        .await
+    wait_metric(
+        &zombie.admin,
+        "runner_effect_claims_total{event=\"renewed\"}",
+        |v| v >= 2.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(
+        bed.upstream.in_flight(),
+        1,
+        "the zombie's call is in flight"
     );
     zombie.signal("STOP");
 
-    let seen = settle_results(&js, 1, Duration::from_secs(60)).await;
+    let seen = bed.settle(1, Duration::from_secs(60)).await;
     assert_eq!(one_per_command(&seen)[&id]["payload"]["by"], 2);
+    // Now the zombie's call is answered, while it is still frozen, and then it wakes up to
+    // a late answer and a stale lease.
+    late.release();
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            bed.upstream.in_flight() == 0
+        })
+        .await,
+        "the upstream answered the zombie's call"
+    );
     zombie.signal("CONT");
-    // The zombie learns on its next renewal or when it tries to record its outcome.
+    // It learns on its next renewal or when it tries to record its outcome, and either way
+    // gives the command up without publishing: once it has counted that, it has nothing
+    // left that could publish a result.
     let line = zombie.wait_for_log("another executor", Duration::from_secs(30));
     println!("zombie said: {line}");
-    for l in zombie
-        .log
-        .iter()
-        .filter(|l| l.contains("enew") || l.contains("WARN"))
-    {
-        println!("zombie log: {l}");
-    }
-    // Give its late upstream answer time to arrive and be refused.
-    let first_call = upstream.hits()[0].at;
-    while first_call.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let seen = results(&js).await;
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            fenced_out(&zombie.admin).await >= 1.0
+        })
+        .await,
+        "the zombie counted its fencing"
+    );
+    // Its nak'ed delivery comes back to a done claim and is replayed under the same
+    // `Nats-Msg-Id`; once the consumer holds nothing, the stream is final.
+    wait_quiescent(&bed.js, Duration::from_secs(30)).await;
+    let seen = bed.results().await;
     assert_eq!(seen.len(), 1, "no second result: {seen:?}");
     assert_eq!(seen[0].body["payload"]["by"], 2);
-    assert_eq!(upstream.count(&id), 2);
+    assert_eq!(bed.upstream.count(&id), 2);
     assert_eq!(
         metric(&second.admin, "runner_effect_claims_total{event=\"steal\"}").await,
         1.0
     );
-    let fenced = metric(
-        &zombie.admin,
-        "runner_effect_claims_total{event=\"renew_failed\"}",
+}
+
+/// Times a worker gave a command up because another executor holds it now (a refused
+/// renewal, or a refused record of its outcome).
+async fn fenced_out(admin: &str) -> f64 {
+    metric_or_zero(admin, "runner_effect_claims_total{event=\"renew_failed\"}").await
+        + metric_or_zero(admin, "runner_effect_claims_total{event=\"failed\"}").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_claim_is_not_stolen_before_its_lease_expires() {
+    // The first executor's call is held until the test has watched the same command come
+    // back, to it and to a second worker, for longer than a lease.
+    let release = Latch::new();
+    let hold = release.clone();
+    let bed = bed(Arc::new(move |_, _, nth| {
+        Reply::ok(json!({ "by": nth })).until(&hold)
+    }))
+    .await;
+    let first = effect_runner(&bed);
+    let (subject, body) = command("charge", 11);
+    let id = bed.publish_one((subject.clone(), body.clone())).await;
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            bed.upstream.count(&id) == 1
+        })
+        .await
+    );
+    let second = effect_runner(&bed);
+    let admins = [first.admin.as_str(), second.admin.as_str()];
+    let renewed = "runner_effect_claims_total{event=\"renewed\"}";
+    let before = wait_metric(&first.admin, renewed, |v| v >= 1.0, Duration::from_secs(20)).await;
+    // The same command again under a new stream sequence (no `Nats-Msg-Id`), as after a
+    // redelivery: whichever worker gets it finds a live claim.
+    js_publish_plain(&bed, &subject, &body).await;
+    wait_metric_sum(
+        &admins,
+        "runner_effect_claims_total{event=\"busy\"}",
+        |v| v >= 2.0,
+        Duration::from_secs(30),
     )
-    .await
-        + metric(
-            &zombie.admin,
-            "runner_effect_claims_total{event=\"failed\"}",
+    .await;
+    // Renewals every third of the lease: four more mean the lease the first executor held
+    // when the duplicate arrived has run out, and only renewing kept the claim live.
+    wait_metric(
+        &first.admin,
+        renewed,
+        |v| v >= before + 4.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    let busy = wait_metric_sum(
+        &admins,
+        "runner_effect_claims_total{event=\"busy\"}",
+        |v| v >= 3.0,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        bed.upstream.count(&id),
+        1,
+        "executed once while the claim is live"
+    );
+    assert_eq!(
+        bed.upstream.in_flight(),
+        1,
+        "and that call is still in flight"
+    );
+    for admin in admins {
+        assert_eq!(
+            metric_or_zero(admin, "runner_effect_claims_total{event=\"steal\"}").await,
+            0.0,
+            "nobody took over a live claim"
+        );
+    }
+    release.release();
+    let seen = bed.settle(1, Duration::from_secs(60)).await;
+    let r = &one_per_command(&seen)[&id];
+    assert_eq!(r["result_type"], "Succeeded");
+    assert_eq!(r["payload"]["by"], 1, "the first executor's call");
+    assert_eq!(r["attempts"], 1);
+    assert_eq!(bed.upstream.count(&id), 1, "executed once in all");
+    let completed = metric_across(&admins, "runner_effect_claims_total{event=\"completed\"}").await;
+    assert_eq!(completed, vec![1.0, 0.0], "the first worker finished it");
+    let replayed = metric_across(&admins, "runner_effect_claims_total{event=\"replayed\"}").await;
+    assert_eq!(
+        replayed.iter().sum::<f64>(),
+        1.0,
+        "the duplicate, once the claim was done, replayed the stored result"
+    );
+    println!("live claim: {busy} busy naks, no steal, one call, one result");
+}
+
+/// Publishes a command body again with no `Nats-Msg-Id`, so JetStream stores it anew.
+async fn js_publish_plain(bed: &EffectBed, subject: &str, body: &serde_json::Value) {
+    bed.js
+        .publish(
+            subject.to_string(),
+            serde_json::to_vec(body).unwrap().into(),
         )
-        .await;
-    assert!(fenced >= 1.0, "the zombie counted its fencing");
+        .await
+        .unwrap()
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_classification_and_the_circuit_breaker() {
-    let nats = NatsServer::start();
-    let healthy = Arc::new(AtomicBool::new(false));
-    let h = healthy.clone();
-    let upstream = Upstream::start(Arc::new(move |path, _, nth| {
-        if path == "/flaky" {
-            return if h.load(Ordering::SeqCst) {
-                Reply::ok(json!({"ok": true}))
-            } else {
-                Reply::status(503)
-            };
-        }
-        match path {
-            // 500 then 200.
-            "/charge/1" if nth == 1 => Reply::status(500),
-            "/charge/1" => Reply::ok(json!({"second": true})),
-            // Client error: never retried.
-            "/charge/2" => Reply::status(400),
-            _ => Reply::ok(json!({})),
-        }
+    let mending = Arc::new(AtomicBool::new(false));
+    let healthy = mending.clone();
+    let bed = bed(Arc::new(move |path, _, nth| match path {
+        "/flaky" => Reply::status(503),
+        "/mending" if healthy.load(Ordering::SeqCst) => Reply::ok(json!({"ok": true})),
+        "/mending" => Reply::status(503),
+        // 500 then 200.
+        "/charge/1" if nth == 1 => Reply::status(500),
+        "/charge/1" => Reply::ok(json!({"second": true})),
+        // Client error: never retried.
+        "/charge/2" => Reply::status(400),
+        _ => Reply::ok(json!({})),
     }))
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let worker = effect_runner(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
+    let worker = effect_runner(&bed);
 
-    let ids = publish_commands(&js, &[command("charge", 1), command("charge", 2)]).await;
-    let seen = settle_results(&js, 2, Duration::from_secs(30)).await;
+    let ids = bed
+        .publish(&[command("charge", 1), command("charge", 2)])
+        .await;
+    let seen = bed.settle(2, Duration::from_secs(30)).await;
     let by_cmd = one_per_command(&seen);
     let retried = &by_cmd[&ids[0]];
     assert_eq!(retried["result_type"], "Succeeded");
     assert_eq!(retried["attempts"], 2);
-    assert_eq!(upstream.count(&ids[0]), 2);
-    let hits: Vec<_> = upstream
+    assert_eq!(bed.upstream.count(&ids[0]), 2);
+    let hits: Vec<_> = bed
+        .upstream
         .hits()
         .into_iter()
         .filter(|h| h.key.as_deref() == Some(&ids[0]))
         .collect();
     let gap = hits[1].at - hits[0].at;
-    // retry 1 waits min(2000, (150*2)^1) = 300 ms (no jitter in this manifest).
+    // retry 1 waits min(2000, (150*2)^1) = 300 ms (no jitter in this manifest); a lower
+    // bound, which a slower machine only exceeds by more.
     assert!(
         gap >= Duration::from_millis(290),
         "retry waited only {gap:?}"
@@ -323,15 +406,16 @@ async fn retries_classification_and_the_circuit_breaker() {
     assert_eq!(fatal["result_type"], "Failed");
     assert_eq!(fatal["attempts"], 1);
     assert_eq!(fatal["payload"]["status"], 400);
-    assert_eq!(upstream.count(&ids[1]), 1, "a 400 is not retried");
+    assert_eq!(bed.upstream.count(&ids[1]), 1, "a 400 is not retried");
     println!("500 then 200: retried after {gap:?}; 400: one Failed result, one request");
 
-    // Breaker: three 503s open it; the fourth command fails without a request.
-    let mut flaky_ids = Vec::new();
+    // Breaker: three 503s open it; the fourth command fails without a request. `flaky`'s
+    // circuit stays open for an hour, so however long this takes, it is still open.
+    let mut results = 2;
     for n in 0..3 {
-        let c = command("flaky", 100 + n);
-        flaky_ids.extend(publish_commands(&js, std::slice::from_ref(&c)).await);
-        settle_results(&js, 3 + n as usize, Duration::from_secs(30)).await;
+        bed.publish_one(command("flaky", 100 + n)).await;
+        results += 1;
+        bed.settle(results, Duration::from_secs(30)).await;
     }
     assert_eq!(
         metric(
@@ -341,17 +425,17 @@ async fn retries_classification_and_the_circuit_breaker() {
         .await,
         1.0
     );
-    let before = upstream
-        .hits()
-        .iter()
-        .filter(|h| h.path == "/flaky")
-        .count();
-    assert_eq!(before, 3);
-    let c = command("flaky", 200);
-    let open_id = publish_commands(&js, std::slice::from_ref(&c))
-        .await
-        .remove(0);
-    let seen = settle_results(&js, 6, Duration::from_secs(30)).await;
+    let flaky_hits = || {
+        bed.upstream
+            .hits()
+            .iter()
+            .filter(|h| h.path == "/flaky")
+            .count()
+    };
+    assert_eq!(flaky_hits(), 3);
+    let open_id = bed.publish_one(command("flaky", 200)).await;
+    results += 1;
+    let seen = bed.settle(results, Duration::from_secs(30)).await;
     let r = &one_per_command(&seen)[&open_id];
     assert_eq!(r["result_type"], "Failed", "{r}");
     assert!(
@@ -362,26 +446,53 @@ async fn retries_classification_and_the_circuit_breaker() {
         "{r}"
     );
     assert_eq!(
-        upstream.count(&open_id),
+        bed.upstream.count(&open_id),
         0,
         "an open circuit sends nothing upstream"
     );
-    // Recovery: after open_ms a probe goes out, succeeds and closes the circuit.
-    healthy.store(true, Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(6100)).await;
-    let c = command("flaky", 300);
-    let probe_id = publish_commands(&js, std::slice::from_ref(&c))
-        .await
-        .remove(0);
-    let seen = settle_results(&js, 7, Duration::from_secs(30)).await;
-    assert_eq!(
-        one_per_command(&seen)[&probe_id]["result_type"],
-        "Succeeded"
-    );
+    assert_eq!(flaky_hits(), 3);
+
+    // Recovery, on `mending` (open for 1 s): three 503s open it; then the upstream heals
+    // and a command arrives with retries to spare. Its attempts are refused without a call
+    // while the circuit is open; once `open_ms` has passed one probe goes out, succeeds
+    // and closes the circuit. No step depends on how fast the test reaches it.
+    for n in 0..3 {
+        bed.publish_one(command("mending", 300 + n)).await;
+        results += 1;
+        bed.settle(results, Duration::from_secs(30)).await;
+    }
     assert_eq!(
         metric(
             &worker.admin,
-            "runner_effect_circuit_state{effect=\"flaky\"}"
+            "runner_effect_circuit_state{effect=\"mending\"}"
+        )
+        .await,
+        1.0
+    );
+    mending.store(true, Ordering::SeqCst);
+    let (subject, mut body) = command("mending", 400);
+    body["metadata"]["retry"] = json!({ "retry_limit": 1000, "base_backoff": 50, "max_backoff": 100, "enable_jitter": false });
+    let probe_id = bed.publish_one((subject, body)).await;
+    results += 1;
+    let seen = bed.settle(results, Duration::from_secs(60)).await;
+    let probe = &one_per_command(&seen)[&probe_id];
+    assert_eq!(probe["result_type"], "Succeeded", "{probe}");
+    assert_eq!(
+        bed.upstream.count(&probe_id),
+        1,
+        "only the probe reached the upstream; refused attempts sent nothing"
+    );
+    let mending_hits = bed
+        .upstream
+        .hits()
+        .iter()
+        .filter(|h| h.path == "/mending")
+        .count();
+    assert_eq!(mending_hits, 4, "three failures and one probe");
+    assert_eq!(
+        metric(
+            &worker.admin,
+            "runner_effect_circuit_state{effect=\"mending\"}"
         )
         .await,
         0.0
@@ -390,43 +501,33 @@ async fn retries_classification_and_the_circuit_breaker() {
         .iter()
         .map(|s| s.body["command_id"].as_str().unwrap().to_string())
         .collect();
-    assert_eq!(all.len(), 7);
+    assert_eq!(all.len(), results);
+    println!(
+        "open circuit: probe succeeded on attempt {} after refused attempts",
+        probe["attempts"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redelivered_done_command_republishes_without_executing() {
-    let nats = NatsServer::start();
-    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
-    let dir = tempfile::tempdir().unwrap();
-    let m = manifest(dir.path(), &upstream.base);
-    let worker = effect_runner(&nats.url(), &m);
-    let js = jetstream(&nats.url()).await;
+    let bed = bed(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let worker = effect_runner(&bed);
     let (subject, body) = command("charge", 5);
-    let id = publish_commands(&js, &[(subject.clone(), body.clone())])
-        .await
-        .remove(0);
-    settle_results(&js, 1, Duration::from_secs(30)).await;
+    let id = bed.publish_one((subject.clone(), body.clone())).await;
+    bed.settle(1, Duration::from_secs(30)).await;
     // The same command again, under a new stream sequence (no Nats-Msg-Id de-duplication).
-    js.publish(subject, serde_json::to_vec(&body).unwrap().into())
-        .await
-        .unwrap()
-        .await
-        .unwrap();
-    assert!(
-        common::eventually(Duration::from_secs(20), || async {
-            metric(
-                &worker.admin,
-                "runner_effect_claims_total{event=\"replayed\"}",
-            )
-            .await
-                == 1.0
-        })
-        .await
-    );
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(upstream.count(&id), 1, "executed once");
+    js_publish_plain(&bed, &subject, &body).await;
+    wait_metric(
+        &worker.admin,
+        "runner_effect_claims_total{event=\"replayed\"}",
+        |v| v == 1.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    wait_quiescent(&bed.js, Duration::from_secs(20)).await;
+    assert_eq!(bed.upstream.count(&id), 1, "executed once");
     assert_eq!(
-        results(&js).await.len(),
+        bed.results().await.len(),
         1,
         "the republished result was de-duplicated"
     );

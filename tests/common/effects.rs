@@ -1,32 +1,130 @@
-//! Helpers for effect tests: commands as the saga engine emits them, publishing them, and
-//! reading their results and the workers' metrics.
+//! Helpers for effect tests: the shared set-up ([`EffectBed`]: nats-server, HTTP upstream,
+//! manifest, JetStream client, `runner --mode effect` processes), commands as the saga
+//! engine emits them, their results, and the workers' metrics.
+//!
+//! Two rules keep these helpers honest on a slow machine:
+//! - Nothing waits a fixed time for something *not* to happen. "No second result" is
+//!   checked once the effect consumer is quiescent ([`settle_results`]), or once the
+//!   process that could still publish has reported that it gave up.
+//! - A metric that is not there is an error, not a zero ([`metric`]), so a renamed counter
+//!   cannot make `busy == 0` pass.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use async_nats::jetstream::Context;
 use serde_json::{Value as Json, json};
 
-use super::{Seen, read_stream};
+use super::upstream::{Script, Upstream};
+use super::{NatsServer, RunnerProc, Seen, jetstream, read_stream};
+
+/// The stream effect commands are published on (the runner's default).
+pub const COMMAND_STREAM: &str = "WORKFLOW_COMMANDS";
+/// The effect workers' shared durable consumer (the runner's default).
+pub const EFFECT_CONSUMER: &str = "runner-effect";
+
+/// One effect test's world: its own nats-server, a local HTTP upstream answering with the
+/// test's script, a manifest declaring the test's effects against that upstream, and a
+/// JetStream client. Runners are started on it with [`EffectBed::runner`].
+pub struct EffectBed {
+    /// The test's nats-server.
+    pub nats: NatsServer,
+    /// The HTTP upstream the effects call.
+    pub upstream: Upstream,
+    /// A JetStream client of `nats` (renew it with [`EffectBed::reconnect`] after a restart).
+    pub js: Context,
+    /// The manifest file.
+    pub manifest: PathBuf,
+    /// Scratch directory holding the manifest (and anything else the test writes).
+    pub dir: tempfile::TempDir,
+}
+
+impl EffectBed {
+    /// Starts nats and the upstream, then writes the manifest `yaml(upstream_base_url)`.
+    pub async fn start(script: Script, yaml: impl FnOnce(&str) -> String) -> Self {
+        let nats = NatsServer::start();
+        let upstream = Upstream::start(script).await;
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("effects.yaml");
+        std::fs::write(&manifest, yaml(&upstream.base)).unwrap();
+        let js = jetstream(&nats.url()).await;
+        Self {
+            nats,
+            upstream,
+            js,
+            manifest,
+            dir,
+        }
+    }
+
+    /// Starts `runner run --mode effect` on the manifest with `envs`; returns once it is ready.
+    pub fn runner(&self, envs: &[(&str, &str)]) -> RunnerProc {
+        RunnerProc::start(
+            &[
+                "--mode",
+                "effect",
+                "--nats-url",
+                &self.nats.url(),
+                "--manifest",
+                self.manifest.to_str().unwrap(),
+            ],
+            envs,
+        )
+    }
+
+    /// Publishes commands (see [`publish_commands`]); returns their ids.
+    pub async fn publish(&self, cmds: &[(String, Json)]) -> Vec<String> {
+        publish_commands(&self.js, cmds).await
+    }
+
+    /// Publishes one command; returns its id.
+    pub async fn publish_one(&self, cmd: (String, Json)) -> String {
+        publish_commands(&self.js, std::slice::from_ref(&cmd))
+            .await
+            .remove(0)
+    }
+
+    /// See [`settle_results`].
+    pub async fn settle(&self, n: usize, timeout: Duration) -> Vec<Seen> {
+        settle_results(&self.js, n, timeout).await
+    }
+
+    /// Every result on the stream now.
+    pub async fn results(&self) -> Vec<Seen> {
+        results(&self.js).await
+    }
+
+    /// A fresh JetStream client (after the server restarted).
+    pub async fn reconnect(&mut self) {
+        self.js = jetstream(&self.nats.url()).await;
+    }
+}
 
 /// An effect command as the saga engine emits it; returns (subject, body).
 pub fn command(effect: &str, n: u64) -> (String, Json) {
+    command_with(effect, json!({ "n": n }), n)
+}
+
+/// An effect command with its own `payload`; `n` names its correlation id `c-<n>`.
+pub fn command_with(effect: &str, payload: Json, n: u64) -> (String, Json) {
     let id = uuid::Uuid::now_v7().to_string();
     let body = json!({
         "v": 1,
         "tenant_id": "_",
         "command_id": id,
         "effect_name": effect,
-        "payload": { "n": n },
+        "payload": payload,
         "metadata": { "saga": "test", "correlation_id": format!("c-{n}"), "saga_version": 1 },
     });
     (format!("tenant._.effect.{effect}.{id}"), body)
 }
 
+/// The `traceparent` every test command carries.
+pub const TRACEPARENT: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
 /// Publishes commands, acks awaited in windows; returns their ids.
-pub async fn publish_commands(
-    js: &async_nats::jetstream::Context,
-    cmds: &[(String, Json)],
-) -> Vec<String> {
+pub async fn publish_commands(js: &Context, cmds: &[(String, Json)]) -> Vec<String> {
     let mut ids = Vec::new();
     for chunk in cmds.chunks(500) {
         let mut acks = Vec::new();
@@ -34,10 +132,7 @@ pub async fn publish_commands(
             let id = body["command_id"].as_str().unwrap().to_string();
             let mut h = async_nats::HeaderMap::new();
             h.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
-            h.insert(
-                "traceparent",
-                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
-            );
+            h.insert("traceparent", TRACEPARENT);
             acks.push(
                 js.publish_with_headers(
                     subject.clone(),
@@ -56,31 +151,68 @@ pub async fn publish_commands(
     ids
 }
 
-pub async fn results(js: &async_nats::jetstream::Context) -> Vec<Seen> {
+/// Every effect result on the stream now.
+pub async fn results(js: &Context) -> Vec<Seen> {
     read_stream(js, "WORKFLOW_EVENTS", "tenant.*.effect_result.>").await
 }
 
-/// Waits until at least `n` results are on the stream, then a little longer so that any
-/// duplicate would show; returns them all.
-pub async fn settle_results(
-    js: &async_nats::jetstream::Context,
-    n: usize,
-    timeout: Duration,
-) -> Vec<Seen> {
+/// Whether the effect consumer holds nothing: every command delivered has been acked or
+/// terminated and none waits to be delivered.
+///
+/// Why this is a barrier for "no further result": a handler publishes a command's result
+/// (awaiting the PubAck) *before* it acks the command, and every path that does not ack
+/// (busy, throttled, fenced out, handed back, a failed record or publish) naks it, which
+/// keeps it pending. So with nothing pending and nothing unacked, no handler of a live
+/// process is about to publish. The one exception is a handler whose delivery outlived
+/// the ack wait and was redelivered and acked elsewhere — a stalled (SIGSTOP) or killed
+/// process; tests with such a process wait for it to report giving up instead. Even then,
+/// a result it published would carry the command's derived `Nats-Msg-Id`, and JetStream
+/// would drop it as a duplicate.
+///
+/// A sentinel command published last is no barrier: the consumer is shared by replicas
+/// that run many commands at once, so results do not come back in publication order.
+pub async fn consumer_quiescent(js: &Context) -> bool {
+    let Ok(stream) = js.get_stream(COMMAND_STREAM).await else {
+        return false;
+    };
+    let Ok(mut consumer) = stream
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(EFFECT_CONSUMER)
+        .await
+    else {
+        return false;
+    };
+    match consumer.info().await {
+        Ok(info) => info.num_ack_pending == 0 && info.num_pending == 0,
+        Err(_) => false,
+    }
+}
+
+/// Waits until at least `n` results are on the stream and the effect consumer is
+/// quiescent ([`consumer_quiescent`]), then returns every result on the stream: a second
+/// result for any command would be among them.
+pub async fn settle_results(js: &Context, n: usize, timeout: Duration) -> Vec<Seen> {
     let deadline = Instant::now() + timeout;
     loop {
+        let quiet = consumer_quiescent(js).await;
         let seen = results(js).await;
-        if seen.len() >= n {
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            return results(js).await;
+        if quiet && seen.len() >= n {
+            return seen;
         }
         assert!(
             Instant::now() < deadline,
-            "expected {n} results, found {} after {timeout:?}",
+            "expected {n} results and a quiescent effect consumer, found {} results (quiescent: {quiet}) after {timeout:?}",
             seen.len()
         );
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Waits until the effect consumer is quiescent ([`consumer_quiescent`]).
+pub async fn wait_quiescent(js: &Context, timeout: Duration) {
+    assert!(
+        super::eventually(timeout, || consumer_quiescent(js)).await,
+        "the effect consumer still holds commands after {timeout:?}"
+    );
 }
 
 /// Results by command id; panics on a command with two results.
@@ -96,15 +228,156 @@ pub fn one_per_command(seen: &[Seen]) -> HashMap<String, Json> {
     m
 }
 
-/// Reads one sample of a metric (name with labels as Prometheus prints them) from /metrics.
+/// One scrape of a runner's `/metrics`.
+pub struct Scrape(String);
+
+impl Scrape {
+    /// Reads `{admin}/metrics`.
+    pub async fn of(admin: &str) -> Self {
+        Self(super::get_text(&format!("{admin}/metrics")).await)
+    }
+
+    /// The value of a sample, written as Prometheus prints it (`name{label="v",…}`, labels
+    /// in name order), if the series exists.
+    pub fn get(&self, sample: &str) -> Option<f64> {
+        self.0
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .find_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                (series == sample).then(|| value.trim().parse().ok())?
+            })
+    }
+
+    /// Whether the metric family of `sample` is registered and exported (`# TYPE` line).
+    pub fn has_family(&self, sample: &str) -> bool {
+        let family = family_of(sample);
+        self.0
+            .lines()
+            .any(|l| l.strip_prefix("# TYPE ").and_then(|r| r.split(' ').next()) == Some(family))
+    }
+
+    /// What the scrape holds for the family of `sample` (for failure messages).
+    pub fn describe(&self, sample: &str) -> String {
+        let family = family_of(sample);
+        let lines: Vec<&str> = self
+            .0
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.starts_with(family))
+            .collect();
+        if lines.is_empty() {
+            let families: Vec<&str> = self
+                .0
+                .lines()
+                .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+                .collect();
+            format!("no family {family}; families: {families:?}")
+        } else {
+            format!("family {family} has:\n{}", lines.join("\n"))
+        }
+    }
+}
+
+/// The metric name of a sample.
+fn family_of(sample: &str) -> &str {
+    sample.split('{').next().unwrap_or(sample)
+}
+
+/// Reads one sample (name with labels as Prometheus prints them) from `/metrics`; panics,
+/// naming the sample and listing what exists, when the series is not there.
 pub async fn metric(admin: &str, sample: &str) -> f64 {
-    let text = reqwest::get(format!("{admin}/metrics"))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample).and_then(|v| v.trim().parse().ok()))
-        .unwrap_or(0.0)
+    let s = Scrape::of(admin).await;
+    s.get(sample)
+        .unwrap_or_else(|| panic!("{admin}: no series {sample}; {}", s.describe(sample)))
+}
+
+/// Like [`metric`], but a series that was never incremented reads 0 — allowed only when
+/// its family is exported, i.e. some other series of the same counter exists.
+///
+/// The runner's labelled counters (`prometheus` vecs) have no series for a label value
+/// until its first increment, and a family with no series is not exported at all. So a
+/// zero can only be told from a renamed counter when a sibling series exists; use this for
+/// assertions like `busy == 0` where others (`acquired`, `renewed`) surely are.
+pub async fn metric_or_zero(admin: &str, sample: &str) -> f64 {
+    let s = Scrape::of(admin).await;
+    match s.get(sample) {
+        Some(v) => v,
+        None if s.has_family(sample) => 0.0,
+        None => panic!("{admin}: no family for {sample}; {}", s.describe(sample)),
+    }
+}
+
+/// One sample read from several runners; a runner without the series reads 0, but at
+/// least one of them must have it (so a renamed metric fails instead of summing to 0).
+pub async fn metric_across(admins: &[&str], sample: &str) -> Vec<f64> {
+    let mut values = Vec::new();
+    let mut found = false;
+    let mut described = String::new();
+    for admin in admins {
+        let s = Scrape::of(admin).await;
+        match s.get(sample) {
+            Some(v) => {
+                found = true;
+                values.push(v);
+            }
+            None => {
+                described = s.describe(sample);
+                values.push(0.0);
+            }
+        }
+    }
+    assert!(found, "no runner has the series {sample}; {described}");
+    values
+}
+
+/// Polls until the sample exists on `admin` and satisfies `ok`; returns its value. Panics
+/// with what the scrape holds after `timeout`.
+pub async fn wait_metric(
+    admin: &str,
+    sample: &str,
+    ok: impl Fn(f64) -> bool,
+    timeout: Duration,
+) -> f64 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = Scrape::of(admin).await;
+        if let Some(v) = s.get(sample).filter(|v| ok(*v)) {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{admin}: {sample} did not reach the expected value within {timeout:?}; {}",
+            s.describe(sample)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Polls until the sum of the sample over `admins` satisfies `ok` (a runner without the
+/// series counts 0); returns the sum.
+pub async fn wait_metric_sum(
+    admins: &[&str],
+    sample: &str,
+    ok: impl Fn(f64) -> bool,
+    timeout: Duration,
+) -> f64 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut sum = 0.0;
+        let mut found = false;
+        for admin in admins {
+            if let Some(v) = Scrape::of(admin).await.get(sample) {
+                found = true;
+                sum += v;
+            }
+        }
+        if found && ok(sum) {
+            return sum;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{sample} summed over {admins:?} is {sum} (series found: {found}) after {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -1,8 +1,15 @@
 //! A real local HTTP upstream for effect tests: records every request (path, the
-//! `Idempotency-Key` header, when it arrived, the status answered) and answers what the
-//! test's script says — a status, a JSON body, an optional delay and `Retry-After`.
+//! `Idempotency-Key` header, when it arrived) and answers what the test's script says — a
+//! status, a JSON body, an optional delay and `Retry-After`, and optionally only once the
+//! test opens a [`Latch`].
+//!
+//! A held reply is how a test keeps a call in flight for as long as it needs, whatever the
+//! machine's speed: the call is answered when the test releases it, not after a guessed
+//! number of seconds. The upstream counts the calls it is holding or answering right now
+//! ([`Upstream::in_flight`]) and the most it ever had at once ([`Upstream::max_in_flight`]).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,6 +29,33 @@ pub struct Reply {
     pub delay: Duration,
     /// `Retry-After` header, in seconds.
     pub retry_after: Option<u64>,
+    /// Answer only once this latch is released.
+    pub hold: Option<Latch>,
+}
+
+/// A one-way gate the test opens: calls held on it wait until [`Latch::release`].
+#[derive(Clone, Debug)]
+pub struct Latch(Arc<tokio::sync::watch::Sender<bool>>);
+
+impl Default for Latch {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Latch {
+    /// A closed latch.
+    pub fn new() -> Self {
+        Self(Arc::new(tokio::sync::watch::channel(false).0))
+    }
+    /// Opens it: every held call, and every later one, is answered.
+    pub fn release(&self) {
+        self.0.send_replace(true);
+    }
+    async fn wait(&self) {
+        let mut rx = self.0.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
+    }
 }
 
 impl Reply {
@@ -32,6 +66,7 @@ impl Reply {
             body,
             delay: Duration::ZERO,
             retry_after: None,
+            hold: None,
         }
     }
     /// `status` with an error body.
@@ -41,11 +76,17 @@ impl Reply {
             body: json!({"error": status}),
             delay: Duration::ZERO,
             retry_after: None,
+            hold: None,
         }
     }
     /// The same reply after `d`.
     pub fn after(mut self, d: Duration) -> Self {
         self.delay = d;
+        self
+    }
+    /// The same reply, sent only once `latch` is released.
+    pub fn until(mut self, latch: &Latch) -> Self {
+        self.hold = Some(latch.clone());
         self
     }
 }
@@ -75,6 +116,18 @@ pub struct Upstream {
     pub base: String,
     hits: Arc<Mutex<Vec<Hit>>>,
     script: Arc<Mutex<Script>>,
+    in_flight: Arc<AtomicUsize>,
+    max_in_flight: Arc<AtomicUsize>,
+}
+
+/// Counts one call in flight for as long as it lives (also when the client goes away and
+/// the server drops the handler).
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Upstream {
@@ -86,6 +139,8 @@ impl Upstream {
             base,
             hits: Arc::new(Mutex::new(Vec::new())),
             script: Arc::new(Mutex::new(script)),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            max_in_flight: Arc::new(AtomicUsize::new(0)),
         };
         let handler_state = up.clone();
         let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: Bytes| {
@@ -104,6 +159,9 @@ impl Upstream {
     }
 
     async fn answer(&self, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let _in_flight = InFlight(self.in_flight.clone());
         let key = headers
             .get("idempotency-key")
             .and_then(|v| v.to_str().ok())
@@ -122,6 +180,9 @@ impl Upstream {
             let script = self.script.lock().unwrap().clone();
             script(&path, key.as_deref().unwrap_or(""), nth)
         };
+        if let Some(latch) = &reply.hold {
+            latch.wait().await;
+        }
         if !reply.delay.is_zero() {
             tokio::time::sleep(reply.delay).await;
         }
@@ -132,6 +193,16 @@ impl Upstream {
                 .insert("retry-after", s.to_string().parse().unwrap());
         }
         resp
+    }
+
+    /// Calls received and not yet answered (held, delayed or being answered).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// The most calls ever in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::SeqCst)
     }
 
     /// Every request so far.

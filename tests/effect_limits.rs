@@ -1,0 +1,197 @@
+//! Effect concurrency limits, measured where they matter — at the upstream: at most
+//! `effect.concurrency_per_effect` calls of one effect in flight per process (the rest are
+//! nak'ed as `throttled`), and at most `effect.concurrency` commands of any effect, the
+//! rest left for other replicas.
+//!
+//! Every upstream call is held until the test releases it, so "the limit is full" is a
+//! state the test waits for and then inspects, not a race it hopes to win.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::effects::{EffectBed, command, metric, metric_or_zero, one_per_command, wait_metric};
+use common::upstream::{Latch, Reply};
+use serde_json::json;
+
+/// `capped` calls the upstream (held by the test); `free` calls nothing.
+fn manifest(base: &str) -> String {
+    format!(
+        r#"format: 1
+effects:
+  - name: capped
+    provider: http
+    settings: {{ url: "{base}/capped" }}
+    timeout_ms: 600000
+  - name: free
+    provider: noop
+    settings: {{ result: {{ free: true }} }}
+"#
+    )
+}
+
+/// A bed whose upstream holds every call until `release` is released.
+async fn held_bed(release: &Latch) -> EffectBed {
+    let hold = release.clone();
+    EffectBed::start(
+        Arc::new(move |_, key, _| Reply::ok(json!({ "key": key })).until(&hold)),
+        manifest,
+    )
+    .await
+}
+
+const LEASE: (&str, &str) = ("RUNNER__EFFECT__LEASE_TTL", "1500ms");
+const ACK_WAIT: (&str, &str) = ("RUNNER__EFFECT__ACK_WAIT", "3s");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_effect_limit_caps_calls_in_flight_and_throttles_the_rest() {
+    const N: u64 = 8;
+    const LIMIT: usize = 3;
+    let release = Latch::new();
+    let bed = held_bed(&release).await;
+    let w = bed.runner(&[
+        LEASE,
+        ACK_WAIT,
+        ("RUNNER__EFFECT__CONCURRENCY_PER_EFFECT", "3"),
+    ]);
+    let cmds: Vec<_> = (0..N).map(|n| command("capped", n)).collect();
+    let ids = bed.publish(&cmds).await;
+
+    // The limit fills, and the commands beyond it keep coming back throttled (a nak of
+    // 250 ms each time): several rounds for each of the five.
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            bed.upstream.in_flight() == LIMIT
+        })
+        .await
+    );
+    let throttled = wait_metric(
+        &w.admin,
+        "runner_effect_commands_total{outcome=\"throttled\"}",
+        |v| v >= 20.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(
+        bed.upstream.max_in_flight(),
+        LIMIT,
+        "never more than the limit at once"
+    );
+    assert_eq!(
+        bed.upstream.hits().len(),
+        LIMIT,
+        "the throttled commands did not reach the upstream"
+    );
+    assert_eq!(
+        metric(&w.admin, "runner_effect_in_flight").await,
+        LIMIT as f64
+    );
+    assert_eq!(
+        metric_or_zero(&w.admin, "runner_effect_claims_total{event=\"busy\"}").await,
+        0.0,
+        "throttling happens before the claim: no claim was contended"
+    );
+
+    // The limit is per effect: another effect runs while this one is full.
+    let free = bed.publish_one(command("free", 100)).await;
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            bed.results()
+                .await
+                .iter()
+                .any(|r| r.body["command_id"] == json!(free))
+        })
+        .await,
+        "a command of another effect finished while `capped` was full"
+    );
+    assert_eq!(
+        bed.upstream.in_flight(),
+        LIMIT,
+        "`capped` was still full then"
+    );
+
+    release.release();
+    let seen = bed.settle(N as usize + 1, Duration::from_secs(120)).await;
+    let by = one_per_command(&seen);
+    for id in &ids {
+        assert_eq!(by[id]["result_type"], "Succeeded", "{}", by[id]);
+        assert_eq!(bed.upstream.count(id), 1, "each command called once");
+    }
+    assert_eq!(by[&free]["payload"]["free"], true);
+    assert_eq!(
+        bed.upstream.max_in_flight(),
+        LIMIT,
+        "the limit held after the release too"
+    );
+    println!("per-effect limit {LIMIT}: {throttled} throttled naks while full; {N} results");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_limit_leaves_further_commands_to_other_replicas() {
+    let release = Latch::new();
+    let bed = held_bed(&release).await;
+    let full = bed.runner(&[LEASE, ACK_WAIT, ("RUNNER__EFFECT__CONCURRENCY", "2")]);
+    let ids = bed
+        .publish(&[command("capped", 1), command("capped", 2)])
+        .await;
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            bed.upstream.in_flight() == 2
+        })
+        .await
+    );
+    assert_eq!(metric(&full.admin, "runner_effect_in_flight").await, 2.0);
+    let other = bed.runner(&[LEASE, ACK_WAIT]);
+    // `full` has no free slot, so it cannot run this; `other` must.
+    let free = bed.publish_one(command("free", 3)).await;
+    assert!(
+        common::eventually(Duration::from_secs(60), || async {
+            bed.results()
+                .await
+                .iter()
+                .any(|r| r.body["command_id"] == json!(free))
+        })
+        .await,
+        "another replica ran the command the full one could not take"
+    );
+    assert_eq!(
+        bed.upstream.in_flight(),
+        2,
+        "the full replica was still full"
+    );
+    assert_eq!(bed.upstream.max_in_flight(), 2);
+    assert_eq!(
+        metric(
+            &other.admin,
+            "runner_effect_claims_total{event=\"completed\"}"
+        )
+        .await,
+        1.0
+    );
+    assert_eq!(
+        metric_or_zero(
+            &full.admin,
+            "runner_effect_claims_total{event=\"completed\"}"
+        )
+        .await,
+        0.0
+    );
+
+    release.release();
+    let seen = bed.settle(3, Duration::from_secs(60)).await;
+    let by = one_per_command(&seen);
+    for id in &ids {
+        assert_eq!(by[id]["result_type"], "Succeeded", "{}", by[id]);
+        assert_eq!(bed.upstream.count(id), 1);
+    }
+    assert_eq!(
+        metric(
+            &full.admin,
+            "runner_effect_claims_total{event=\"completed\"}"
+        )
+        .await,
+        2.0
+    );
+}
