@@ -36,16 +36,29 @@ fn start(dir: tempfile::TempDir, url: &str) -> RunnerProc {
     RunnerProc::saga(dir, url, "manifests", &[])
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
+/// The order saga's payment timeout: due 15 minutes after the order's own timestamp.
+const PAYMENT_TIMEOUT_MS: u64 = 900_000;
+
+/// A runner killed with timers still pending, and the moment those timers fall due.
+struct KilledBeforeDue {
+    nats: NatsServer,
+    dir: tempfile::TempDir,
+    due: u64,
+}
+
+/// Places two orders whose payment timers fall due `window` from now, pays one (which
+/// cancels its timer), and SIGKILLs the runner. A saga's time is its input's timestamp, so the
+/// test picks the due moment itself. Returns `None` when the kill came only after the due
+/// moment: that attempt proves nothing (the timer could have fired before the kill), and the
+/// caller tries again with a longer window. When the kill came first, the runner cannot have
+/// fired anything, and the store must hold o-late's timer and not o-paid's.
+async fn kill_before_timers_are_due(window: Duration) -> Option<KilledBeforeDue> {
     let nats = NatsServer::start();
     let url = nats.url();
     let runner = start(tempfile::tempdir().unwrap(), &url);
     let js = jetstream(&url).await;
-
-    // The payment timeout is 15 minutes after the order's own timestamp: place the orders
-    // 15 minutes minus 6 seconds ago so the timers fall due in about 6 seconds.
-    let ts = now_ms() - 900_000 + 6_000;
+    let due = now_ms() + window.as_millis() as u64;
+    let ts = due - PAYMENT_TIMEOUT_MS;
     for id in ["o-late", "o-paid"] {
         let (s, b) = placed(id, ts);
         publish_json(&js, &s, &b).await;
@@ -77,19 +90,58 @@ async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
         Duration::from_secs(30),
     )
     .await;
-
-    // Restart before the timers are due: they are in libmdbx, not in memory.
     let dir = runner.kill();
-    let pending = {
+    let killed_at = now_ms();
+    if killed_at >= due {
+        eprintln!(
+            "inconclusive: killed {} ms after the timers fell due ({window:?} window)",
+            killed_at - due
+        );
+        return None;
+    }
+    // The precondition, checked in the store: the runner died before the due moment with
+    // o-late's timer pending; o-paid's was deleted by the payment.
+    let (pending, late, paid) = {
         let store = common::open_store(dir.path());
-        store.read_blocking(|t| t.timers_pending()).unwrap()
+        store
+            .read_blocking(|t| {
+                Ok((
+                    t.timers_pending()?,
+                    t.timers_of("acme", "order", "o-late")?,
+                    t.timers_of("acme", "order", "o-paid")?,
+                ))
+            })
+            .unwrap()
     };
     assert_eq!(
         pending, 1,
         "o-late's timer pending; o-paid's was cancelled by the payment"
     );
-    let runner = start(dir, &url);
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0].due_ms, due);
+    assert!(paid.is_empty(), "{paid:?}");
+    Some(KilledBeforeDue { nats, dir, due })
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
+    let mut attempt = None;
+    for window in [8, 32, 128].map(Duration::from_secs) {
+        attempt = kill_before_timers_are_due(window).await;
+        if attempt.is_some() {
+            break;
+        }
+    }
+    let KilledBeforeDue { nats, dir, due } =
+        attempt.expect("the runner could not be killed before its timers fell due");
+    let url = nats.url();
+    let js = jetstream(&url).await;
+
+    // Both timers fall due while no runner runs; the restarted one fires what the store holds.
+    while now_ms() <= due {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let runner = start(dir, &url);
     let cancels = wait_for_messages(
         &js,
         "WORKFLOW_COMMANDS",
@@ -100,18 +152,29 @@ async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
     .await;
     assert_eq!(cancels[0].subject, "tenant.acme.command.Order.o-late");
     assert_eq!(cancels[0].body["payload"]["reason"], "payment_timeout");
-    // Well past both due times, o-paid's cancelled timer has still not fired.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // Both were due at the same moment, so had o-paid's row survived it would have fired in
+    // the same pass as o-late's. Once everything written is published, the stream is final.
+    let admin = runner.admin.clone();
+    common::wait_until("the outbox is empty", Duration::from_secs(30), || async {
+        common::saga_progress(&admin, "AGGREGATE_EVENTS").await.1 == 0
+    })
+    .await;
+    assert_eq!(
+        common::metric(&admin, "runner_timers_fired_total").await,
+        1.0
+    );
+    assert_eq!(
+        common::metric(&admin, "runner_timer_fire_lag_seconds_count").await,
+        1.0
+    );
+    assert_eq!(common::metric(&admin, "runner_timers_pending").await, 0.0);
     let commands = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.command.Order.*").await;
     assert_eq!(commands.len(), 1, "{commands:?}");
-
-    let metrics = common::get_text(&format!("{}/metrics", runner.admin)).await;
-    assert!(metrics.contains("runner_timers_fired_total 1"), "{metrics}");
-    assert!(metrics.contains("runner_timer_fire_lag_seconds_count 1"));
-    assert!(metrics.contains("runner_timers_pending 0"));
     let dir = runner.stop();
 
-    // inspect shows the instance with its transitions.
+    // inspect shows the instance with its transitions; the timer fired with its due time as
+    // the input's timestamp.
     let (code, out) = common::run_to_exit(
         &[
             "inspect",
@@ -138,31 +201,85 @@ async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
         .map(|t| t["event"].as_str().unwrap())
         .collect();
     assert_eq!(events, ["OrderPlaced", "timer.payment_timeout"]);
+    assert_eq!(view["recent_transitions"][1]["at_ms"], json!(due));
+    assert_eq!(view["recent_transitions"][1]["source"], "timer");
     assert_eq!(view["timers"], json!([]));
+    let paid = {
+        let store = common::open_store(dir.path());
+        store
+            .read_blocking(|t| t.instance("acme", "order", "o-paid"))
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!(paid.state, "reserving_stock");
 }
+
+/// Publishes orders `ids` without waiting for each acknowledgement in turn (a burst).
+async fn publish_orders(js: &async_nats::jetstream::Context, ids: std::ops::Range<u64>) {
+    let mut pending = Vec::new();
+    for i in ids {
+        let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
+        let mut h = async_nats::HeaderMap::new();
+        h.insert(
+            async_nats::header::NATS_MESSAGE_ID,
+            b["event_id"].as_str().unwrap(),
+        );
+        pending.push(
+            js.publish_with_headers(s, h, serde_json::to_vec(&b).unwrap().into())
+                .await
+                .unwrap(),
+        );
+    }
+    for p in pending {
+        p.await.unwrap();
+    }
+}
+
+/// One input per transaction, so that a backlog takes the runner many commits and a fault
+/// can land in the middle of it (the tests check that it did).
+const ONE_PER_BATCH: (&str, &str) = ("RUNNER__SAGA__BATCH_SIZE", "1");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
     let mut nats = NatsServer::start();
     let url = nats.url();
-    let runner = start(tempfile::tempdir().unwrap(), &url);
-    let total = 600;
-    {
-        let js = jetstream(&url).await;
-        for i in 0..total / 2 {
-            let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
-            publish_json(&js, &s, &b).await;
-        }
-    }
-    // Stop NATS while the first half is in flight, then bring it back.
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &url,
+        "manifests",
+        &[ONE_PER_BATCH],
+    );
+    let admin = runner.admin.clone();
+    let total = 600u64;
+    let half = total / 2;
+    publish_orders(&jetstream(&url).await, 0..half).await;
+    // Stop NATS once the runner is working through the first half, and check it was: inputs
+    // were applied before the fault (`before` > 0), and some were still unapplied after it
+    // (`after` < half), so the fault came with work in flight.
+    common::wait_until(
+        "the runner applies inputs",
+        Duration::from_secs(30),
+        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 > 0 },
+    )
+    .await;
+    let (before, _) = common::saga_progress(&admin, "AGGREGATE_EVENTS").await;
     nats.stop();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (after, depth) = common::saga_progress(&admin, "AGGREGATE_EVENTS").await;
+    eprintln!("NATS stopped after {before}..={after} of {half} inputs; outbox depth {depth}");
+    assert!(
+        0 < before && after < half,
+        "the outage did not come mid-run: {before}..={after} of {half} applied"
+    );
+    // The runner sees the outage before NATS comes back.
+    common::wait_until(
+        "/health reports NATS down",
+        Duration::from_secs(30),
+        || async { common::get_json(&format!("{admin}/health")).await["nats"]["ok"] == false },
+    )
+    .await;
     nats.start_again();
     let js = jetstream(&url).await;
-    for i in total / 2..total {
-        let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
-        publish_json(&js, &s, &b).await;
-    }
+    publish_orders(&js, half..total).await;
     let charges = wait_for_messages(
         &js,
         "WORKFLOW_COMMANDS",
@@ -171,7 +288,13 @@ async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
         Duration::from_secs(60),
     )
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Every input applied and every output acknowledged: nothing more can appear.
+    common::wait_until(
+        "all applied and published",
+        Duration::from_secs(60),
+        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (total, 0) },
+    )
+    .await;
     let charges_after = read_stream(&js, "WORKFLOW_COMMANDS", ">").await;
     assert_eq!(charges.len(), total as usize);
     assert_eq!(charges_after.len(), total as usize, "duplicates appeared");
@@ -194,25 +317,15 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     // A first start creates the streams; then a backlog is published while no runner runs,
     // so the next start is in the middle of it when the drain comes.
     let dir = start(tempfile::tempdir().unwrap(), &url).stop();
-    let mut pending = Vec::new();
-    for i in 0..total {
-        let (s, b) = placed(&format!("o-{i}"), 1_800_000_000_000 + i);
-        let mut h = async_nats::HeaderMap::new();
-        h.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            b["event_id"].as_str().unwrap(),
-        );
-        pending.push(
-            js.publish_with_headers(s, h, serde_json::to_vec(&b).unwrap().into())
-                .await
-                .unwrap(),
-        );
-    }
-    for p in pending {
-        p.await.unwrap();
-    }
-    let runner = start(dir, &url);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    publish_orders(&js, 0..total).await;
+    let runner = RunnerProc::saga(dir, &url, "manifests", &[ONE_PER_BATCH]);
+    let admin = runner.admin.clone();
+    common::wait_until(
+        "the runner applies inputs",
+        Duration::from_secs(30),
+        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 > 0 },
+    )
+    .await;
     let dir = runner.stop();
     let (checkpoint, depth) = {
         let store = common::open_store(dir.path());
@@ -229,11 +342,17 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     eprintln!(
         "drained at checkpoint {checkpoint} of {total}; depth {depth}; published {published}"
     );
+    // The drain came mid-run: it began after the first input and before the last.
+    assert!(
+        0 < checkpoint && checkpoint < total,
+        "the drain did not come mid-run: {checkpoint} of {total} applied"
+    );
     assert_eq!(depth, 0, "the drain flushed the outbox");
     // Everything applied before the drain is on the stream already.
     assert_eq!(published, checkpoint);
     // The restart takes up exactly where the drain stopped.
     let runner = start(dir, &url);
+    let admin = runner.admin.clone();
     let all = wait_for_messages(
         &js,
         "WORKFLOW_COMMANDS",
@@ -243,5 +362,16 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     )
     .await;
     assert_eq!(all.len() as u64, total);
+    common::wait_until(
+        "all applied and published",
+        Duration::from_secs(60),
+        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (total, 0) },
+    )
+    .await;
+    assert_eq!(
+        read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len() as u64,
+        total,
+        "an output was published twice"
+    );
     runner.stop();
 }

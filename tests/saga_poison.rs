@@ -252,7 +252,14 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
     )
     .await;
 
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Once the outbox is empty every output is on the stream: nothing more can appear.
+    common::wait_until("the outbox is empty", Duration::from_secs(30), || async {
+        common::saga_progress(&runner.admin, "AGGREGATE_EVENTS")
+            .await
+            .1
+            == 0
+    })
+    .await;
     let all = read_stream(&js, "WORKFLOW_COMMANDS", ">").await;
     assert_eq!(
         all.len(),
@@ -264,4 +271,139 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
             .iter()
             .all(|l| l.2 != "expression" && l.2 != "parked")
     );
+}
+
+/// A deposit of the ledger saga; `n: None` leaves out the field its guard reads.
+fn deposit(account: &str, n: Option<u64>, amount: u64) -> (String, serde_json::Value) {
+    let payload = match n {
+        Some(n) => json!({"n": n, "amount": amount}),
+        None => json!({"amount": amount}),
+    };
+    (
+        format!("tenant.bank.aggregate.Account.{account}"),
+        aggregate_event("bank", "Account", account, "Deposited", TS, payload),
+    )
+}
+
+/// The `n` of each ledger acknowledgement for `account` on the command stream, in order.
+async fn acknowledged(js: &async_nats::jetstream::Context, account: &str) -> Vec<u64> {
+    read_stream(
+        js,
+        "WORKFLOW_COMMANDS",
+        &format!("tenant.bank.command.Account.{account}"),
+    )
+    .await
+    .iter()
+    .map(|s| s.body["payload"]["n"].as_u64().unwrap())
+    .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_held_behind_a_poisoned_key_apply_in_their_original_order_on_redrive() {
+    let nats = NatsServer::start();
+    let ledger = "tests/manifests/ledger.yaml";
+    let runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), ledger, &[]);
+    let admin = runner.admin.clone();
+    let data_dir = runner.data_dir.path().to_str().unwrap().to_string();
+    let js = jetstream(&nats.url()).await;
+
+    // a-1: deposit 1 applies; a deposit without `n` fails the guard and parks the key;
+    // deposits 2, 3, 4 are held behind it. a-2 goes on meanwhile. The ledger breaks on any
+    // deposit out of order, so its final state shows the order they were applied in.
+    let inputs = [
+        deposit("a-1", Some(1), 10),
+        deposit("a-1", None, 1000),
+        deposit("a-2", Some(1), 1),
+        deposit("a-1", Some(2), 20),
+        deposit("a-1", Some(3), 30),
+        deposit("a-2", Some(2), 2),
+        deposit("a-1", Some(4), 40),
+    ];
+    for (s, b) in &inputs {
+        publish_json(&js, s, b).await;
+    }
+    common::wait_until(
+        "all inputs applied and published",
+        Duration::from_secs(30),
+        || async {
+            common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (inputs.len() as u64, 0)
+        },
+    )
+    .await;
+    assert_eq!(acknowledged(&js, "a-1").await, [1]);
+    assert_eq!(acknowledged(&js, "a-2").await, [1, 2]);
+    let listed = dlq_list(&data_dir, &[]);
+    let kinds: Vec<_> = listed
+        .iter()
+        .map(|l| (l.2.as_str(), l.3.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("expression", "ledger/a-1"),
+            ("parked", "ledger/a-1"),
+            ("parked", "ledger/a-1"),
+            ("parked", "ledger/a-1"),
+        ]
+    );
+    let ids: Vec<u64> = listed.iter().map(|l| l.0).collect();
+
+    // The operator's fix: a deposit without `n` is ignored.
+    let fixed = tempfile::tempdir().unwrap();
+    let text = std::fs::read_to_string(common::repo_root().join(ledger)).unwrap();
+    let text = text.replace(
+        "          Deposited:\n",
+        "          Deposited:\n            - when: '!has(event.payload.n)'\n              goto: open\n",
+    );
+    assert!(text.contains("!has(event.payload.n)"));
+    std::fs::write(fixed.path().join("ledger.yaml"), text).unwrap();
+    let (code, out) = run_to_exit(
+        &[
+            "dlq",
+            "redrive",
+            "--tenant",
+            "bank",
+            &ids[0].to_string(),
+            "--data-dir",
+            &data_dir,
+            "--manifest",
+            fixed.path().to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(20),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
+    assert_eq!(
+        report["processed"],
+        json!(ids),
+        "the entry, then the held ones in order"
+    );
+    assert_eq!(report["dead_lettered"], 0);
+    assert_eq!(report["applied"], 4);
+
+    // The running node publishes the redrive's outputs: 2, 3, 4 after 1, once each.
+    common::wait_until(
+        "the redrive's outputs published",
+        Duration::from_secs(30),
+        || async { acknowledged(&js, "a-1").await.len() >= 4 },
+    )
+    .await;
+    common::wait_until("the outbox is empty", Duration::from_secs(30), || async {
+        common::saga_progress(&admin, "AGGREGATE_EVENTS").await.1 == 0
+    })
+    .await;
+    assert_eq!(acknowledged(&js, "a-1").await, [1, 2, 3, 4]);
+    let inst = common::open_store(runner.data_dir.path())
+        .read_blocking(|t| t.instance("bank", "ledger", "a-1"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        inst.state, "open",
+        "a held deposit was applied out of order"
+    );
+    assert_eq!(inst.data["count"], json!(4));
+    assert_eq!(inst.data["total"], json!(100));
+    assert!(dlq_list(&data_dir, &[]).is_empty(), "all redriven");
+    runner.stop();
 }

@@ -114,44 +114,197 @@ fn unreachable_nats_fails_fast_naming_the_url() {
     );
 }
 
-#[test]
-fn incompatible_stream_names_the_field() {
+/// `runner run` against `nats` with `manifests`, on a fresh data dir unless `data` is given;
+/// returns the exit code and everything it printed.
+fn run_against(
+    nats: &NatsServer,
+    manifests: &str,
+    data: Option<&std::path::Path>,
+    envs: &[(&str, &str)],
+) -> (Option<i32>, String) {
+    let fresh = tempfile::tempdir().unwrap();
+    let data = data.unwrap_or(fresh.path());
+    run_to_exit(
+        &[
+            "run",
+            "--nats-url",
+            &nats.url(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--manifest",
+            manifests,
+        ],
+        envs,
+        Duration::from_secs(30),
+    )
+}
+
+/// Creates AGGREGATE_EVENTS as someone else might have, capturing what Runner needs, with
+/// `change` applied; then checks `runner run` refuses to start, naming the stream, the
+/// field and both values, and returns the failure line.
+fn refused_against_existing(
+    change: impl FnOnce(&mut async_nats::jetstream::stream::Config),
+    envs: &[(&str, &str)],
+) -> String {
     let nats = NatsServer::start();
-    let data = tempfile::tempdir().unwrap();
+    let mut config = async_nats::jetstream::stream::Config {
+        name: "AGGREGATE_EVENTS".into(),
+        subjects: vec!["tenant.*.aggregate.*.*".into()],
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    };
+    change(&mut config);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let js = rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        js.create_stream(config).await.unwrap();
+        js
+    });
+    let on_server = || {
+        rt.block_on(async {
+            let s = js.get_stream("AGGREGATE_EVENTS").await.unwrap();
+            s.cached_info().config.clone()
+        })
+    };
+    let before = on_server();
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("m.yaml"), "format: 1\n").unwrap();
-    let base = [
-        "run",
-        "--nats-url",
-        &nats.url(),
-        "--data-dir",
-        data.path().to_str().unwrap(),
-        "--admin-addr",
-        "127.0.0.1:0",
-        "--manifest",
-        manifests.path().to_str().unwrap(),
-    ];
-    // Someone else created AGGREGATE_EVENTS for one tenant only: Runner must not start.
-    let args: Vec<&str> = base.to_vec();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let client = async_nats::connect(nats.url()).await.unwrap();
-        let js = async_nats::jetstream::new(client);
-        js.create_stream(async_nats::jetstream::stream::Config {
-            name: "AGGREGATE_EVENTS".into(),
-            subjects: vec!["tenant.acme.aggregate.>".into()],
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    });
-    let (code, out) = run_to_exit(&args, &[], Duration::from_secs(30));
-    assert_eq!(code, Some(1));
-    let line = failure_line(&out);
+    let (code, out) = run_against(&nats, manifests.path().to_str().unwrap(), None, envs);
+    assert_eq!(code, Some(1), "{out}");
+    let line = failure_line(&out).to_string();
     assert!(
-        line.contains("AGGREGATE_EVENTS") && line.contains("`subjects`"),
+        line.contains("AGGREGATE_EVENTS") && line.contains("incompatible"),
         "{line}"
     );
+    assert_eq!(
+        on_server(),
+        before,
+        "Runner never modifies an existing stream"
+    );
+    line
+}
+
+#[test]
+fn incompatible_stream_names_the_field() {
+    // Someone else created AGGREGATE_EVENTS for one tenant only: Runner must not start.
+    let line =
+        refused_against_existing(|c| c.subjects = vec!["tenant.acme.aggregate.>".into()], &[]);
+    assert!(line.contains("`subjects`"), "{line}");
+}
+
+#[test]
+fn stream_in_memory_is_refused_naming_storage() {
+    use async_nats::jetstream::stream::StorageType;
+    let line = refused_against_existing(|c| c.storage = StorageType::Memory, &[]);
+    assert!(
+        line.contains("`storage` is Memory") && line.contains("needs File"),
+        "{line}"
+    );
+}
+
+#[test]
+fn stream_with_work_queue_retention_is_refused_naming_retention() {
+    use async_nats::jetstream::stream::RetentionPolicy;
+    let line = refused_against_existing(|c| c.retention = RetentionPolicy::WorkQueue, &[]);
+    assert!(
+        line.contains("`retention` is WorkQueue") && line.contains("needs Limits"),
+        "{line}"
+    );
+}
+
+#[test]
+fn stream_with_a_shorter_duplicate_window_is_refused_naming_it() {
+    let line = refused_against_existing(|c| c.duplicate_window = Duration::from_secs(10), &[]);
+    assert!(
+        line.contains("`duplicate_window` is 10s") && line.contains("at least 2m"),
+        "{line}"
+    );
+}
+
+#[test]
+fn stream_with_fewer_replicas_than_configured_is_refused_naming_replicas() {
+    let line = refused_against_existing(|_| {}, &[("RUNNER__STREAMS__REPLICAS", "3")]);
+    assert!(
+        line.contains("`num_replicas` is 1") && line.contains("needs 3"),
+        "{line}"
+    );
+}
+
+#[test]
+fn run_refuses_a_broken_manifest_naming_every_problem_with_its_location() {
+    let nats = NatsServer::start();
+    let (code, out) = run_against(&nats, "tests/broken/semantic.yaml", None, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        failure_line(&out).contains("manifests are invalid"),
+        "{out}"
+    );
+    // Every error `runner validate` reports for this file, each with file:line:column.
+    let expected =
+        std::fs::read_to_string(common::repo_root().join("tests/broken/expected.txt")).unwrap();
+    let errors: Vec<&str> = expected
+        .lines()
+        .filter(|l| l.starts_with("tests/broken/semantic.yaml:") && l.contains(": error: "))
+        .collect();
+    assert!(errors.len() > 5);
+    for e in errors {
+        assert!(out.contains(e), "missing {e:?} in:\n{out}");
+    }
+    assert!(!out.contains("Ready."), "it started anyway:\n{out}");
+
+    let (code, out) = run_against(&nats, "tests/broken/syntax.yaml", None, &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out.contains("tests/broken/syntax.yaml:5:17: error: invalid manifest: unclosed bracket"),
+        "{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_manifests_that_would_strand_stored_instances() {
+    let nats = NatsServer::start();
+    let v1 =
+        std::fs::read_to_string(common::repo_root().join("tests/manifests/ledger.yaml")).unwrap();
+    let manifests = tempfile::tempdir().unwrap();
+    let file = manifests.path().join("m.yaml");
+    std::fs::write(&file, &v1).unwrap();
+    let dir = manifests.path().to_str().unwrap().to_string();
+    // A running instance on version 1.
+    let runner = common::RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), &dir, &[]);
+    let js = common::jetstream(&nats.url()).await;
+    let ev = common::aggregate_event(
+        "bank",
+        "Account",
+        "a-1",
+        "Deposited",
+        1_800_000_000_000,
+        serde_json::json!({"n": 1, "amount": 5}),
+    );
+    common::publish_json(&js, "tenant.bank.aggregate.Account.a-1", &ev).await;
+    common::wait_for_messages(&js, "WORKFLOW_COMMANDS", ">", 1, Duration::from_secs(30)).await;
+    let data = runner.stop();
+
+    // Version 2 alone, with no migration from 1: the start is refused.
+    std::fs::write(&file, v1.replace("version: 1", "version: 2")).unwrap();
+    let (code, out) = run_against(&nats, &dir, Some(data.path()), &[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        failure_line(&out).contains("manifests are invalid"),
+        "{out}"
+    );
+    assert!(
+        out.contains("saga `ledger` version 1 has running instances"),
+        "{out}"
+    );
+    assert!(!out.contains("Ready."), "it started anyway:\n{out}");
+    let inst = common::open_store(data.path())
+        .read_blocking(|t| t.instance("bank", "ledger", "a-1"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(inst.version, 1);
+    assert_eq!(inst.data["count"], serde_json::json!(1));
 }
 
 #[test]

@@ -284,6 +284,23 @@ impl RunnerProc {
         }
     }
 
+    /// The exit status if the process has exited (`Some(code)`; the code is `None` when a
+    /// signal ended it), `None` while it runs. Never waits.
+    pub fn exited(&mut self) -> Option<Option<i32>> {
+        while let Ok(l) = self.lines.try_recv() {
+            self.log.push(l);
+        }
+        self.child.try_wait().unwrap().map(|st| st.code())
+    }
+
+    /// Whether any log line seen so far contains `needle` (reads what has arrived, never waits).
+    pub fn logged(&mut self, needle: &str) -> bool {
+        while let Ok(l) = self.lines.try_recv() {
+            self.log.push(l);
+        }
+        self.log.iter().any(|l| l.contains(needle))
+    }
+
     /// Sends a signal (e.g. "TERM", "KILL", "STOP") to the process.
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")
@@ -357,6 +374,18 @@ pub fn run_to_exit(
     }
 }
 
+/// Polls `f` until it returns true; panics naming `what` when `timeout` passes first.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    assert!(
+        eventually(timeout, f).await,
+        "not within {timeout:?}: {what}"
+    );
+}
+
 /// Polls `f` until it returns true or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
 where
@@ -384,6 +413,8 @@ pub struct Seen {
     pub body: serde_json::Value,
     /// Stream sequence.
     pub seq: u64,
+    /// `traceparent` header.
+    pub traceparent: Option<String>,
 }
 
 /// Reads every message currently in `stream` matching `filter`.
@@ -422,6 +453,11 @@ pub async fn read_stream(
                 .map(|v| v.as_str().to_string()),
             body: serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
             seq,
+            traceparent: m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get("traceparent"))
+                .map(|v| v.as_str().to_string()),
         });
         if pending == 0 {
             break;
@@ -545,4 +581,67 @@ pub async fn get_text(url: &str) -> String {
 /// GET `url` and return the body as JSON (panics on a transport error or bad JSON).
 pub async fn get_json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
+/// One sample from a running runner's `/metrics`, named exactly as Prometheus prints it
+/// (with its labels, e.g. `runner_saga_inputs_total{stream="AGGREGATE_EVENTS"}`). Panics when
+/// the series is missing, so a renamed metric fails the test instead of reading as zero.
+pub async fn metric(admin: &str, sample: &str) -> f64 {
+    let text = get_text(&format!("{admin}/metrics")).await;
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            (name == sample).then(|| value.parse::<f64>().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no sample {sample} in /metrics:\n{text}"))
+}
+
+/// The saga worker's progress from `/info`: the committed checkpoint of `stream` and the
+/// number of records in the outbox (both read from the store).
+pub async fn saga_progress(admin: &str, stream: &str) -> (u64, u64) {
+    let info = get_json(&format!("{admin}/info")).await;
+    let p = &info["saga_progress"];
+    (
+        p["checkpoints"][stream]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no checkpoint for {stream} in {info}")),
+        p["outbox_depth"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no outbox depth in {info}")),
+    )
+}
+
+/// The subjects Runner's WORKFLOW_COMMANDS stream must capture.
+pub const COMMAND_SUBJECTS: [&str; 2] = ["tenant.*.effect.*.*", "tenant.*.command.*.*"];
+
+/// Creates WORKFLOW_COMMANDS before Runner does, as Runner would create it, except that it
+/// accepts only `max_messages` messages and refuses the rest (discard policy `new`): every
+/// later publication is answered with an error, so outputs stay in the outbox. Runner's
+/// compatibility check does not look at message limits, so it starts against this stream.
+pub async fn create_capped_commands_stream(js: &async_nats::jetstream::Context, max_messages: i64) {
+    use async_nats::jetstream::stream::{Config, DiscardPolicy};
+    js.create_stream(Config {
+        name: "WORKFLOW_COMMANDS".into(),
+        subjects: COMMAND_SUBJECTS.iter().map(|s| s.to_string()).collect(),
+        duplicate_window: Duration::from_secs(120),
+        max_messages,
+        discard: DiscardPolicy::New,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// Lifts the message limit of a stream made by [`create_capped_commands_stream`].
+pub async fn uncap_stream(js: &async_nats::jetstream::Context, name: &str) {
+    let mut config = js
+        .get_stream(name)
+        .await
+        .unwrap()
+        .cached_info()
+        .config
+        .clone();
+    config.max_messages = -1;
+    js.update_stream(config).await.unwrap();
 }

@@ -1,0 +1,98 @@
+//! Backpressure: the saga worker stops fetching while the outbox holds more than
+//! `saga.max_outbox_depth` unpublished records, and resumes once the relay catches up.
+//!
+//! The relay is held back for real: the command stream accepts one message and refuses the
+//! rest until the test lifts its limit.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{NatsServer, RunnerProc, aggregate_event, jetstream, read_stream, wait_until};
+use serde_json::json;
+
+const MAX_DEPTH: u64 = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catches_up() {
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    common::create_capped_commands_stream(&js, 1).await;
+    // One input per batch, so the limit is checked before every input.
+    let depth = MAX_DEPTH.to_string();
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "tests/manifests/ledger.yaml",
+        &[
+            ("RUNNER__SAGA__MAX_OUTBOX_DEPTH", &depth),
+            ("RUNNER__SAGA__BATCH_SIZE", "1"),
+        ],
+    );
+    let admin = runner.admin.clone();
+    let total = 50u64;
+    for n in 1..=total {
+        let ev = aggregate_event(
+            "bank",
+            "Account",
+            "a-1",
+            "Deposited",
+            1_800_000_000_000 + n,
+            json!({"n": n, "amount": n}),
+        );
+        common::publish_json(&js, "tenant.bank.aggregate.Account.a-1", &ev).await;
+    }
+    let applied = || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 };
+
+    // Each deposit makes one output, and only the first was published. Fetching goes on
+    // while at most MAX_DEPTH outputs wait, so it stops after MAX_DEPTH + 1 or + 2 inputs
+    // (the second whether the first publication was acknowledged by then or not).
+    // The worker sets the depth gauge as it checks the limit, so a reading above the limit
+    // means it is waiting (it cannot go on: no publication can succeed).
+    wait_until(
+        "the worker waits at the limit",
+        Duration::from_secs(30),
+        || async { common::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64 },
+    )
+    .await;
+    let errors = common::metric(&admin, "runner_relay_errors_total").await;
+    let paused_at = applied().await;
+    // Time passes with the relay failing again and again; the worker takes nothing more.
+    wait_until(
+        "three more refused windows",
+        Duration::from_secs(60),
+        || async { common::metric(&admin, "runner_relay_errors_total").await >= errors + 3.0 },
+    )
+    .await;
+    let still = applied().await;
+    eprintln!("paused at {paused_at}, then {still}, of {total}");
+    assert_eq!(still, paused_at, "fetching went on past the limit");
+    assert!(
+        (MAX_DEPTH + 1..=MAX_DEPTH + 2).contains(&still),
+        "paused after {still} inputs"
+    );
+    assert_eq!(read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len(), 1);
+
+    // The stream takes writes again: the relay drains the outbox and fetching resumes.
+    common::uncap_stream(&js, "WORKFLOW_COMMANDS").await;
+    wait_until(
+        "everything applied and published",
+        Duration::from_secs(60),
+        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (total, 0) },
+    )
+    .await;
+    let ns: Vec<_> = read_stream(&js, "WORKFLOW_COMMANDS", ">")
+        .await
+        .iter()
+        .map(|s| s.body["payload"]["n"].clone())
+        .collect();
+    assert_eq!(ns, (1..=total).map(|n| json!(n)).collect::<Vec<_>>());
+    let dir = runner.stop();
+    let inst = common::open_store(dir.path())
+        .read_blocking(|t| t.instance("bank", "ledger", "a-1"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(inst.state, "open");
+    assert_eq!(inst.data["count"], json!(total));
+}
