@@ -14,9 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::RunnerProc;
-use common::effects::{
-    EffectBed, command, metric, metric_or_zero, one_per_command, wait_metric, wait_quiescent,
-};
+use common::effects::{EffectBed, command, one_per_command, wait_quiescent};
+use common::metrics::{metric, metric_or_zero, wait_metric};
 use common::upstream::{Latch, Reply, Script};
 use futures::StreamExt;
 use serde_json::json;

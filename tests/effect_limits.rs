@@ -12,7 +12,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::effects::{EffectBed, command, metric, metric_or_zero, one_per_command, wait_metric};
+use common::effects::{EffectBed, command, one_per_command};
+use common::metrics::{metric, metric_or_zero, wait_metric};
 use common::upstream::{Latch, Reply};
 use serde_json::json;
 

@@ -14,10 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::RunnerProc;
-use common::effects::{
-    EffectBed, command, metric, metric_across, metric_or_zero, one_per_command, wait_metric,
-    wait_metric_sum, wait_quiescent,
-};
+use common::effects::{EffectBed, command, one_per_command, wait_quiescent};
+use common::metrics::{metric, metric_across, metric_or_zero, wait_metric, wait_metric_sum};
 use common::upstream::{Latch, Reply, Script};
 use serde_json::json;
 

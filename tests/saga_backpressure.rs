@@ -53,16 +53,20 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
     wait_until(
         "the worker waits at the limit",
         Duration::from_secs(30),
-        || async { common::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64 },
+        || async {
+            common::metrics::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64
+        },
     )
     .await;
-    let errors = common::metric(&admin, "runner_relay_errors_total").await;
+    let errors = common::metrics::metric(&admin, "runner_relay_errors_total").await;
     let paused_at = applied().await;
     // Time passes with the relay failing again and again; the worker takes nothing more.
     wait_until(
         "three more refused windows",
         Duration::from_secs(60),
-        || async { common::metric(&admin, "runner_relay_errors_total").await >= errors + 3.0 },
+        || async {
+            common::metrics::metric(&admin, "runner_relay_errors_total").await >= errors + 3.0
+        },
     )
     .await;
     let still = applied().await;

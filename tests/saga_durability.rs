@@ -161,14 +161,17 @@ async fn timers_survive_a_restart_and_cancelled_ones_never_fire() {
     })
     .await;
     assert_eq!(
-        common::metric(&admin, "runner_timers_fired_total").await,
+        common::metrics::metric(&admin, "runner_timers_fired_total").await,
         1.0
     );
     assert_eq!(
-        common::metric(&admin, "runner_timer_fire_lag_seconds_count").await,
+        common::metrics::metric(&admin, "runner_timer_fire_lag_seconds_count").await,
         1.0
     );
-    assert_eq!(common::metric(&admin, "runner_timers_pending").await, 0.0);
+    assert_eq!(
+        common::metrics::metric(&admin, "runner_timers_pending").await,
+        0.0
+    );
     let commands = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.command.Order.*").await;
     assert_eq!(commands.len(), 1, "{commands:?}");
     let dir = runner.stop();

@@ -60,7 +60,7 @@ async fn runner_with_unpublishable_outputs(
         Duration::from_secs(30),
         || async {
             common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 == inputs
-                && common::metric(&admin, "runner_relay_errors_total").await >= 1.0
+                && common::metrics::metric(&admin, "runner_relay_errors_total").await >= 1.0
         },
     )
     .await;
@@ -136,7 +136,7 @@ async fn a_second_signal_during_the_drain_exits_130() {
     wait_until(
         "/metrics reports draining",
         Duration::from_secs(30),
-        || async { common::metric(&admin, "runner_draining").await == 1.0 },
+        || async { common::metrics::metric(&admin, "runner_draining").await == 1.0 },
     )
     .await;
     assert_eq!(runner.exited(), None, "{}", runner.log.join("\n"));

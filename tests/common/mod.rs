@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod effects;
+pub mod metrics;
 pub mod upstream;
 
 use std::io::{BufRead, BufReader};
@@ -581,20 +582,6 @@ pub async fn get_text(url: &str) -> String {
 /// GET `url` and return the body as JSON (panics on a transport error or bad JSON).
 pub async fn get_json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
-}
-
-/// One sample from a running runner's `/metrics`, named exactly as Prometheus prints it
-/// (with its labels, e.g. `runner_saga_inputs_total{stream="AGGREGATE_EVENTS"}`). Panics when
-/// the series is missing, so a renamed metric fails the test instead of reading as zero.
-pub async fn metric(admin: &str, sample: &str) -> f64 {
-    let text = get_text(&format!("{admin}/metrics")).await;
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .find_map(|l| {
-            let (name, value) = l.rsplit_once(' ')?;
-            (name == sample).then(|| value.parse::<f64>().unwrap())
-        })
-        .unwrap_or_else(|| panic!("no sample {sample} in /metrics:\n{text}"))
 }
 
 /// The saga worker's progress from `/info`: the committed checkpoint of `stream` and the
