@@ -11,6 +11,25 @@
 //!  saga worker ◄── WORKFLOW_EVENTS ◄── result events ◄───┘
 //! ```
 //!
+//! Where each guarantee lives (`docs/architecture.md` has the data flow beside it):
+//!
+//! | guarantee | home |
+//! |---|---|
+//! | inputs applied once, in stream order; the checkpoint is the position of truth | [`worker`] (`consume.rs`) |
+//! | state, outbox, timers, dedupe, dead letters and checkpoint commit in one durable transaction | `worker/commit.rs`, [`storage`] |
+//! | poison decided before routing | `worker/admission.rs` |
+//! | pure, deterministic transitions; deterministic output ids | [`saga`], [`saga::ids`] |
+//! | outbox published at least once, in order, deleted only once acknowledged | [`relay`] |
+//! | durable timers; a cancelled timer never fires | `worker/timers.rs` |
+//! | dead letters: recorded with a reason, key parked, redriven in order | [`deadletter`] |
+//! | at most one live executor per effect command | [`effect::claim`] |
+//! | retries, timeouts, lease renewal; circuit breakers | `effect/attempt.rs`, [`effect::breaker`] |
+//! | streams and buckets exist and are compatible; set-up retried while a cluster forms | [`broker`] |
+//! | drain, exit codes | [`app`], [`runtime::Lifecycle`], [`shutdown`] |
+//! | manifests swapped whole; no reload strands instances | [`runtime`] |
+//! | config and manifest errors name their location | [`config`], [`manifest`] |
+//! | every metric defined once | [`telemetry`] |
+//!
 //! | module | role |
 //! |---|---|
 //! | [`cli`] | command-line parsing |
@@ -18,16 +37,19 @@
 //! | [`manifest`] | saga and effect declarations, validation |
 //! | [`expr`] | deterministic CEL expressions and JSON templates |
 //! | [`saga`] | the pure saga engine |
-//! | [`broker`] | NATS connection and stream reconciliation |
-//! | [`storage`] | libmdbx environment, off the async runtime |
-//! | [`worker`] | saga worker: consumers, batch commit, timers, dead letters |
-//! | [`effect`] | effect worker: claims, providers, retries, breakers, result events |
-//! | [`ops`] | operator tools: inspect, dead letters, redrive |
+//! | [`storage`] | libmdbx environment and its tables, off the async runtime |
+//! | [`broker`] | NATS connection, stream and bucket set-up, headers |
+//! | [`clock`], [`backoff`] | the wall clock; the one infrastructure retry backoff |
+//! | [`runtime`] | the context every component shares |
+//! | [`deadletter`] | dead letters of both sides |
+//! | [`telemetry`] | logs and metrics |
+//! | [`worker`] | saga worker: consuming, admission, group commit, timers, sweep |
 //! | [`relay`] | outbox relay to JetStream |
+//! | [`effect`] | effect worker: claims, attempts, providers, breakers, result events |
+//! | [`ops`] | operator tools: inspect, redrive |
 //! | [`admin`] | health, readiness, metrics, info, drain, reload |
 //! | [`app`] | wiring and the drain sequence |
 //! | [`shutdown`] | signal handling |
-//! | [`telemetry`] | logs and metrics |
 #![warn(missing_docs)]
 
 pub mod admin;
