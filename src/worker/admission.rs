@@ -180,3 +180,94 @@ pub fn envelope_malformed(input: &Input) -> bool {
             .is_none_or(str::is_empty)
         || b.get("timestamp_ms").and_then(Json::as_u64).is_none()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(subject: &str, body: &str) -> RawInput {
+        RawInput {
+            subject: subject.into(),
+            body: body.as_bytes().to_vec(),
+            traceparent: None,
+            source: "AGG:1".into(),
+        }
+    }
+
+    fn refused(subject: &str, body: &str, limits: &Limits) -> (String, &'static str) {
+        let r = raw(subject, body);
+        let refusal = admit(&r, limits).expect_err("refused");
+        (refusal.tenant.to_string(), refusal.kind)
+    }
+
+    #[test]
+    fn each_envelope_check_refuses_with_its_kind_and_tenant() {
+        let limits = Limits {
+            allowed_tenants: vec!["acme".into()],
+            max_message_bytes: 64,
+        };
+        let ok = r#"{"tenant_id":"acme"}"#;
+        let long_tenant = format!("tenant.{}.aggregate.A.1", "t".repeat(MAX_TENANT_BYTES + 1));
+        let cases = [
+            ("aggregate.A.1", ok, "_", kind::UNDECODABLE),
+            (long_tenant.as_str(), ok, "_", kind::TOO_LARGE),
+            (
+                "tenant.acme.aggregate.A.1",
+                &"x".repeat(65),
+                "acme",
+                kind::TOO_LARGE,
+            ),
+            (
+                "tenant.other.aggregate.A.1",
+                ok,
+                "other",
+                kind::UNKNOWN_TENANT,
+            ),
+            (
+                "tenant.acme.aggregate.A.1",
+                "[1]",
+                "acme",
+                kind::UNDECODABLE,
+            ),
+            ("tenant.acme.aggregate.A.1", "{", "acme", kind::UNDECODABLE),
+            (
+                "tenant.acme.aggregate.A.1",
+                r#"{"tenant_id":"x"}"#,
+                "acme",
+                kind::TENANT_MISMATCH,
+            ),
+            ("tenant.acme.aggregate.A.1", "{}", "acme", kind::UNDECODABLE),
+        ];
+        for (subject, body, tenant, k) in cases {
+            assert_eq!(
+                refused(subject, body, &limits),
+                (tenant.to_string(), k),
+                "{subject} {body}"
+            );
+        }
+        let r = raw("tenant.acme.aggregate.A.1", ok);
+        let a = admit(&r, &limits).expect("admitted");
+        assert_eq!(
+            (a.tenant, a.input.subject.as_str()),
+            ("acme", "aggregate.A.1")
+        );
+    }
+
+    #[test]
+    fn routed_keys_must_fit_a_storage_key() {
+        assert!(check_key("acme", "o-1", "e-1").is_ok());
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        assert_eq!(
+            check_key("acme", &long, "e").map_err(|r| r.kind),
+            Err(kind::TOO_LARGE)
+        );
+        assert_eq!(
+            check_key("acme", "o", &long).map_err(|r| r.kind),
+            Err(kind::TOO_LARGE)
+        );
+        assert_eq!(
+            check_key("acme", "o\0", "e").map_err(|r| r.kind),
+            Err(kind::UNDECODABLE)
+        );
+    }
+}
