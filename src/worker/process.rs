@@ -333,3 +333,71 @@ impl Reapply for Processor<'_> {
         Ok(self.tally.dead_letters.len() > failed_before)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::config::StorageConfig;
+    use crate::storage::Store;
+
+    /// A log sink for one test.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("sink").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn log_lines_of_an_input_carry_its_span_fields() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..StorageConfig::default()
+        })
+        .expect("store");
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .without_time()
+            .with_writer(move || writer.clone())
+            .finish();
+        let (catalog, limits) = (
+            Catalog::default(),
+            Limits {
+                allowed_tenants: Vec::new(),
+                max_message_bytes: 1024,
+            },
+        );
+        let raw = RawInput {
+            subject: "tenant.acme.aggregate.Order.o-1".into(),
+            body: b"not json".to_vec(),
+            traceparent: None,
+            source: "AGGREGATE_EVENTS:7".into(),
+        };
+        tracing::subscriber::with_default(subscriber, || {
+            store
+                .write_blocking(|t| Processor::new(&catalog, &limits, 1).input(t, &raw))
+                .expect("applies");
+        });
+        let log = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf8");
+        let line = log
+            .lines()
+            .find(|l| l.contains("Input dead-lettered."))
+            .unwrap_or_else(|| panic!("no dead-letter line in {log:?}"));
+        assert!(
+            line.contains(r#"saga_input{tenant="acme" source=AGGREGATE_EVENTS:7}"#),
+            "{line}"
+        );
+    }
+}
