@@ -14,7 +14,8 @@ use crate::deadletter::{self, DeadLetterError};
 use crate::manifest::Catalog;
 use crate::storage::tables::{HistoryEntry, TimerEntry};
 use crate::storage::{StorageError, Store};
-use crate::worker::process::{Limits, Processor};
+use crate::worker::admission::Limits;
+use crate::worker::process::Processor;
 
 /// Errors of the operator tools.
 #[derive(Debug, thiserror::Error)]

@@ -31,8 +31,21 @@ use crate::storage::Store;
 use crate::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
 use crate::telemetry::Metrics;
 
-/// Shared between the relay and the writers of the outbox: wakes the relay early, and
-/// tells writers which published records they may delete.
+/// Shared between the relay and the saga worker, the writer of the outbox in this process:
+/// the one channel between them, and the only flow that runs against the pipeline's
+/// direction (stream → worker → outbox → relay → JetStream).
+///
+/// - Relay → writers: the acknowledged prefix ([`deletable_through`](Self::deletable_through):
+///   the saga worker deletes published records up to it inside its next batch
+///   transaction) and the count of records not yet acknowledged
+///   ([`unpublished`](Self::unpublished): the saga worker pauses fetching while it is above
+///   `saga.max_outbox_depth`).
+/// - Writers → relay: a wake-up after each commit that wrote records
+///   ([`wake`](Self::wake)), the highest sequence written
+///   ([`note_written`](Self::note_written)) and deleted ([`note_deleted`](Self::note_deleted)).
+///
+/// Everything here is in memory and advisory: storage stays the source of truth, so a lost
+/// wake-up costs at most a poll interval and a restart starts from the stored outbox.
 #[derive(Clone, Default, Debug)]
 pub struct RelayHandle {
     notify: Arc<Notify>,

@@ -8,7 +8,7 @@
 //! Every read checks bounds: truncated or non-UTF-8 bytes are reported as corrupt, never a
 //! panic.
 
-use super::{Result, StorageError};
+use super::error::{Result, StorageError};
 
 /// Builds one record.
 pub struct Writer(Vec<u8>);

@@ -22,8 +22,10 @@ use libmdbx::{
 use crate::config::{Durability, StorageConfig};
 
 pub mod codec;
+pub mod error;
 pub mod tables;
 
+pub use error::{Result, StorageError};
 pub use tables::Tables;
 
 /// The named tables of the store (DESIGN §5 keyspaces).
@@ -38,32 +40,6 @@ pub const TABLES: [&str; 9] = [
     "meta",
     "history",
 ];
-
-/// Storage errors.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StorageError {
-    /// The data directory could not be created.
-    #[error("cannot create data directory {}: {source}", path.display())]
-    DataDir {
-        /// The directory.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
-    /// libmdbx reported an error.
-    #[error("libmdbx: {0}")]
-    Mdbx(#[from] libmdbx::Error),
-    /// Stored bytes do not decode: the database is damaged or was written by another program.
-    #[error("corrupt data: {0}")]
-    Corrupt(String),
-    /// A blocking storage task panicked or was cancelled.
-    #[error("storage task failed: {0}")]
-    Task(String),
-}
-
-/// Result alias for storage calls.
-pub type Result<T, E = StorageError> = std::result::Result<T, E>;
 
 /// A handle to the open store; cheap to clone.
 #[derive(Clone)]

@@ -1,0 +1,135 @@
+//! The `deadletter` and `parked` tables: stored dead letters (`tenant 0 id:u64`, each a
+//! [`DeadLetter`] as JSON) and the instance keys parked behind one (`tenant 0 saga 0
+//! correlation_id`, holding the id of the dead letter that parked the key).
+//!
+//! Guarantee: ids come from one counter in `meta`, assigned in the recording transaction,
+//! so they increase in the order dead letters were committed and a tenant's entries list
+//! oldest first. The protocol around these rows (what parks a key, how a redrive replays
+//! it) is [`crate::deadletter`]'s.
+
+use libmdbx::{RW, TransactionKind, WriteFlags};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{DEADLETTER_ID, instance_key, json, to_json, u64_of};
+use super::txn::Tables;
+use crate::storage::error::Result;
+
+/// Where a dead letter stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeadLetterStatus {
+    /// Waiting for an operator.
+    Pending,
+    /// Redriven and processed.
+    Redriven,
+}
+
+/// A dead-lettered input with its reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeadLetter {
+    /// Id, increasing.
+    pub id: u64,
+    /// Tenant (from the subject; `_` when none could be read).
+    pub tenant: String,
+    /// Reason class: `undecodable`, `tenant_mismatch`, `unknown_tenant`, `too_large`,
+    /// `expression`, `version_not_loaded`, `parked` (held behind an earlier dead letter), ...
+    pub kind: String,
+    /// What went wrong, for a person.
+    pub reason: String,
+    /// The original subject.
+    pub subject: String,
+    /// The input's stream and sequence (`stream:seq`), or `timer` for a timer.
+    pub source: String,
+    /// The original body, as text (lossy if it was not UTF-8).
+    pub body: String,
+    /// The original `traceparent`, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// The saga instance this concerns, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub saga: Option<String>,
+    /// The instance key, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub correlation_id: Option<String>,
+    /// How many times it was attempted.
+    pub attempts: u32,
+    /// When it was dead-lettered, ms since the epoch.
+    pub at_ms: u64,
+    /// Pending or redriven.
+    pub status: DeadLetterStatus,
+}
+
+fn deadletter_key(tenant: &str, id: u64) -> Vec<u8> {
+    let mut k = tenant.as_bytes().to_vec();
+    k.push(0);
+    k.extend_from_slice(&id.to_be_bytes());
+    k
+}
+
+impl<K: TransactionKind> Tables<'_, K> {
+    /// One dead letter.
+    pub fn dead_letter(&self, tenant: &str, id: u64) -> Result<Option<DeadLetter>> {
+        let v: Option<Vec<u8>> = self.txn.get(&self.deadletter, deadletter_key(tenant, id))?;
+        v.map(|b| json(&b, "dead letter")).transpose()
+    }
+
+    /// Every dead letter, by tenant then id.
+    pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
+        let mut cur = self.txn.cursor(&self.deadletter)?;
+        let mut out = Vec::new();
+        for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
+            let (_, v) = item?;
+            out.push(json(&v, "dead letter")?);
+        }
+        Ok(out)
+    }
+
+    /// The dead letter that parked an instance key, if parked.
+    pub fn parked_by(&self, tenant: &str, saga: &str, corr: &str) -> Result<Option<u64>> {
+        let v: Option<Vec<u8>> = self
+            .txn
+            .get(&self.parked, instance_key(tenant, saga, corr))?;
+        v.map(|b| u64_of(&b, "parked")).transpose()
+    }
+}
+
+impl Tables<'_, RW> {
+    /// Stores a new dead letter, assigning its id.
+    pub fn push_dead_letter(&self, mut dl: DeadLetter) -> Result<DeadLetter> {
+        let id = self.meta(DEADLETTER_ID)? + 1;
+        self.txn.put(
+            &self.meta,
+            DEADLETTER_ID.as_bytes(),
+            id.to_be_bytes(),
+            WriteFlags::UPSERT,
+        )?;
+        dl.id = id;
+        self.put_dead_letter(&dl)?;
+        Ok(dl)
+    }
+
+    /// Rewrites a dead letter (status change).
+    pub fn put_dead_letter(&self, dl: &DeadLetter) -> Result<()> {
+        Ok(self.txn.put(
+            &self.deadletter,
+            deadletter_key(&dl.tenant, dl.id),
+            to_json(dl)?,
+            WriteFlags::UPSERT,
+        )?)
+    }
+
+    /// Parks an instance key behind dead letter `id`.
+    pub fn park(&self, tenant: &str, saga: &str, corr: &str, id: u64) -> Result<()> {
+        let key = instance_key(tenant, saga, corr);
+        Ok(self
+            .txn
+            .put(&self.parked, key, id.to_be_bytes(), WriteFlags::UPSERT)?)
+    }
+
+    /// Unparks an instance key.
+    pub fn unpark(&self, tenant: &str, saga: &str, corr: &str) -> Result<()> {
+        self.txn
+            .del(&self.parked, instance_key(tenant, saga, corr), None)?;
+        Ok(())
+    }
+}

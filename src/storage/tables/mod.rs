@@ -1,0 +1,43 @@
+//! Typed access to the keyspaces inside one libmdbx transaction: one file per table, each
+//! with its records, its keys and its `impl Tables` block.
+//!
+//! Key layouts (numbers big-endian so byte order is numeric order; strings separated by a
+//! 0x00 byte, which subject tokens and ids never contain; the tenant in every tenant key):
+//!
+//! | table | key | value | file |
+//! |---|---|---|---|
+//! | `saga` | `t 0 saga 0 correlation_id` | [`Instance`](crate::saga::Instance) as JSON | [`saga`] |
+//! | `saga` | `t 0 saga 0 correlation_id 0 slot:u64` | [`HistoryEntry`], binary; slot = n mod [`HISTORY_KEEP`]: each instance keeps its last transitions in a ring beside it | [`history`] |
+//! | `outbox` | `partition:u16 seq:u64` | [`OutboxRecord`], binary | [`outbox`] |
+//! | `checkpoint` | consumer name | last applied stream sequence, `u64` | [`checkpoint`] |
+//! | `dedupe` | `t 0 saga 0 event_id` | applied-at ms, `u64` | [`dedupe`] |
+//! | `schedule` | `due_ms:u64 t 0 saga 0 correlation_id 0 timer` | [`TimerEntry`] as JSON | [`timers`] |
+//! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON | [`deadletter`] |
+//! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` | [`deadletter`] |
+//! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` | [`outbox`], [`deadletter`] |
+//! | `history` | as the ring keys above | history written by earlier versions (read, no longer written) | [`history`] |
+//!
+//! [`Tables`] itself (the open tables of one transaction) is in [`txn`]; the key helpers
+//! and value codecs the tables share are in [`keys`].
+//!
+//! Guarantee: everything here runs inside a caller's transaction; nothing commits on its
+//! own, so a caller composes state, outbox, timers, markers and checkpoint into one atomic
+//! commit.
+
+pub mod checkpoint;
+pub mod deadletter;
+pub mod dedupe;
+pub mod history;
+pub mod keys;
+pub mod outbox;
+pub mod saga;
+pub mod timers;
+pub mod txn;
+
+pub use deadletter::{DeadLetter, DeadLetterStatus};
+pub use dedupe::dedupe_key;
+pub use history::{HISTORY_KEEP, HistoryEntry};
+pub use keys::instance_key;
+pub use outbox::{DEFAULT_PARTITION, OutboxRecord};
+pub use timers::TimerEntry;
+pub use txn::Tables;

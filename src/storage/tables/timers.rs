@@ -1,0 +1,101 @@
+//! The `schedule` table: pending saga timers, keyed `due_ms:u64 tenant 0 saga 0
+//! correlation_id 0 timer`, each a [`TimerEntry`] as JSON.
+//!
+//! Guarantee: the key starts with the due time, so the earliest timer is the first key and
+//! due timers are read in due order without an index. A timer is set and cancelled in the
+//! transaction of the transition that decides it, so a cancelled timer's row is gone
+//! before anything could fire it.
+
+use libmdbx::{RW, TransactionKind, WriteFlags};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{json, push_parts, to_json, u64_of};
+use super::txn::Tables;
+use crate::storage::error::Result;
+
+/// A pending timer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerEntry {
+    /// Tenant.
+    pub tenant: String,
+    /// Saga.
+    pub saga: String,
+    /// Instance key.
+    pub correlation_id: String,
+    /// Timer name.
+    pub name: String,
+    /// The id the firing input carries as its event id.
+    pub timer_id: String,
+    /// Due time, ms since the epoch.
+    pub due_ms: u64,
+}
+
+impl TimerEntry {
+    /// The schedule key of this entry.
+    pub fn key(&self) -> Vec<u8> {
+        let mut k = self.due_ms.to_be_bytes().to_vec();
+        push_parts(
+            &mut k,
+            &[&self.tenant, &self.saga, &self.correlation_id, &self.name],
+        );
+        k
+    }
+}
+
+impl<K: TransactionKind> Tables<'_, K> {
+    /// Number of pending timers.
+    pub fn timers_pending(&self) -> Result<u64> {
+        Ok(self.txn.table_stat(&self.schedule)?.entries() as u64)
+    }
+
+    /// Up to `limit` timers due at or before `now_ms`, earliest first.
+    pub fn due_timers(&self, now_ms: u64, limit: usize) -> Result<Vec<TimerEntry>> {
+        let mut cur = self.txn.cursor(&self.schedule)?;
+        let mut out = Vec::new();
+        for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
+            let (k, v) = item?;
+            if out.len() >= limit || k.len() < 8 || u64_of(&k[..8], "schedule key")? > now_ms {
+                break;
+            }
+            out.push(json(&v, "timer")?);
+        }
+        Ok(out)
+    }
+
+    /// Due time of the earliest timer.
+    pub fn next_timer_due(&self) -> Result<Option<u64>> {
+        let mut cur = self.txn.cursor(&self.schedule)?;
+        match cur.first::<Vec<u8>, ()>()? {
+            Some((k, ())) if k.len() >= 8 => Ok(Some(u64_of(&k[..8], "schedule key")?)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Timers of one instance.
+    pub fn timers_of(&self, tenant: &str, saga: &str, corr: &str) -> Result<Vec<TimerEntry>> {
+        let mut cur = self.txn.cursor(&self.schedule)?;
+        let mut out = Vec::new();
+        for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
+            let (_, v) = item?;
+            let t: TimerEntry = json(&v, "timer")?;
+            if t.tenant == tenant && t.saga == saga && t.correlation_id == corr {
+                out.push(t);
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Tables<'_, RW> {
+    /// Schedules a timer.
+    pub fn put_timer(&self, t: &TimerEntry) -> Result<()> {
+        Ok(self
+            .txn
+            .put(&self.schedule, t.key(), to_json(t)?, WriteFlags::UPSERT)?)
+    }
+
+    /// Unschedules a timer; true if it was there.
+    pub fn delete_timer(&self, t: &TimerEntry) -> Result<bool> {
+        Ok(self.txn.del(&self.schedule, t.key(), None)?)
+    }
+}

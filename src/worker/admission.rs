@@ -1,0 +1,273 @@
+//! Admission: the checks that decide, before an input is routed, whether it can be
+//! processed at all.
+//!
+//! An input from a stream is a subject and a body ([`RawInput`]). It is admitted when its
+//! subject is `tenant.<t>.…` with a tenant of at most [`MAX_TENANT_BYTES`], its body is no
+//! larger than `saga.max_message_bytes`, its tenant is served here (`tenancy.allowed`), its
+//! body is a JSON object, and the body's `tenant_id` equals the subject's tenant. Once
+//! routed, the instance key it names must also fit a storage key ([`check_key`]).
+//!
+//! Guarantee: admission is a pure function of the input and the configured [`Limits`]: it
+//! reads no state and writes nothing, so under the same limits an input is refused for the
+//! same reason whenever it is met (first delivery, re-read after a crash, redrive). A refusal is not an error of
+//! the batch: the caller records it as a dead letter of the returned kind and goes on.
+
+use serde_json::Value as Json;
+
+use crate::deadletter::kind;
+use crate::saga::Input;
+
+/// Longest tenant token accepted.
+pub const MAX_TENANT_BYTES: usize = 128;
+/// Longest correlation id or event id accepted.
+pub const MAX_ID_BYTES: usize = 512;
+
+/// One input as it came off a stream.
+#[derive(Debug, Clone)]
+pub struct RawInput {
+    /// Full subject, `tenant.<t>.…`.
+    pub subject: String,
+    /// Body bytes.
+    pub body: Vec<u8>,
+    /// `traceparent` header, if any.
+    pub traceparent: Option<String>,
+    /// `stream:seq`, for dead letters.
+    pub source: String,
+}
+
+/// Settings the processor needs.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Allowed tenants; empty means any.
+    pub allowed_tenants: Vec<String>,
+    /// Largest accepted body.
+    pub max_message_bytes: usize,
+}
+
+impl Limits {
+    /// The limits configured for this process.
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        Self {
+            allowed_tenants: c.tenancy.allowed.clone(),
+            max_message_bytes: usize::try_from(c.saga.max_message_bytes.get())
+                .unwrap_or(usize::MAX),
+        }
+    }
+}
+
+/// Splits `tenant.<t>.<rest>` into (t, rest).
+pub fn split_subject(subject: &str) -> Option<(&str, &str)> {
+    let rest = subject.strip_prefix("tenant.")?;
+    let (t, rel) = rest.split_once('.')?;
+    (!t.is_empty() && !rel.is_empty() && !t.contains('\0')).then_some((t, rel))
+}
+
+/// An input that passed admission, ready to be routed.
+#[derive(Debug, Clone)]
+pub struct Admitted<'r> {
+    /// The tenant, from the subject (and equal to the body's `tenant_id`).
+    pub tenant: &'r str,
+    /// The input for the engine: the subject after `tenant.<t>.` and the body.
+    pub input: Input,
+}
+
+/// Why an input cannot be processed: it becomes a dead letter of `kind`.
+#[derive(Debug, Clone)]
+pub struct Refusal<'r> {
+    /// The tenant to file it under (`_` when the subject names none that can be used).
+    pub tenant: &'r str,
+    /// Reason class, one of [`kind`].
+    pub kind: &'static str,
+    /// What went wrong, for a person.
+    pub reason: String,
+}
+
+fn refuse<'r>(tenant: &'r str, kind: &'static str, reason: impl Into<String>) -> Refusal<'r> {
+    Refusal {
+        tenant,
+        kind,
+        reason: reason.into(),
+    }
+}
+
+/// Checks the envelope of `raw` against `limits`, in the order given in the module doc;
+/// the first check that fails decides the refusal.
+pub fn admit<'r>(raw: &'r RawInput, limits: &Limits) -> Result<Admitted<'r>, Refusal<'r>> {
+    let unknown = "_";
+    let Some((tenant, rel)) = split_subject(&raw.subject) else {
+        return Err(refuse(
+            unknown,
+            kind::UNDECODABLE,
+            "subject is not tenant.<t>.…",
+        ));
+    };
+    if tenant.len() > MAX_TENANT_BYTES {
+        let why = format!(
+            "tenant token is {} bytes; the limit is {MAX_TENANT_BYTES}",
+            tenant.len()
+        );
+        return Err(refuse(unknown, kind::TOO_LARGE, why));
+    }
+    if raw.body.len() > limits.max_message_bytes {
+        let why = format!(
+            "body is {} bytes; the limit is {}",
+            raw.body.len(),
+            limits.max_message_bytes
+        );
+        return Err(refuse(tenant, kind::TOO_LARGE, why));
+    }
+    if !limits.allowed_tenants.is_empty() && !limits.allowed_tenants.iter().any(|t| t == tenant) {
+        let why = format!("tenant `{tenant}` is not served here");
+        return Err(refuse(tenant, kind::UNKNOWN_TENANT, why));
+    }
+    let body: Json = match serde_json::from_slice(&raw.body) {
+        Ok(b @ Json::Object(_)) => b,
+        Ok(_) => {
+            return Err(refuse(
+                tenant,
+                kind::UNDECODABLE,
+                "body is not a JSON object",
+            ));
+        }
+        Err(e) => {
+            let why = format!("body is not JSON: {e}");
+            return Err(refuse(tenant, kind::UNDECODABLE, why));
+        }
+    };
+    match body.get("tenant_id").and_then(Json::as_str) {
+        Some(t) if t == tenant => {}
+        Some(t) => {
+            let why = format!("subject tenant `{tenant}` differs from body tenant `{t}`");
+            return Err(refuse(tenant, kind::TENANT_MISMATCH, why));
+        }
+        None => return Err(refuse(tenant, kind::UNDECODABLE, "body has no tenant_id")),
+    }
+    Ok(Admitted {
+        tenant,
+        input: Input::new(rel, body),
+    })
+}
+
+/// Checks the instance key and event id an input was routed to. Storage keys are bounded
+/// (libmdbx refuses keys over about 2 KiB, which would fail the whole batch again and
+/// again) and separate their parts with 0x00 (an id holding one could alias another key),
+/// so an over-long id or one with a NUL is poison, not a storage error.
+pub fn check_key<'r>(tenant: &'r str, corr: &str, event_id: &str) -> Result<(), Refusal<'r>> {
+    if corr.len() > MAX_ID_BYTES || event_id.len() > MAX_ID_BYTES {
+        let why = format!(
+            "correlation id ({} bytes) or event id ({} bytes) is over the {MAX_ID_BYTES}-byte limit",
+            corr.len(),
+            event_id.len()
+        );
+        return Err(refuse(tenant, kind::TOO_LARGE, why));
+    }
+    if corr.contains('\0') || event_id.contains('\0') {
+        let why = "correlation id or event id contains a NUL character";
+        return Err(refuse(tenant, kind::UNDECODABLE, why));
+    }
+    Ok(())
+}
+
+/// Whether the envelope lacks what every input needs (`v: 1`, a non-empty `event_id`, a
+/// `timestamp_ms`), as opposed to an expression failing on a well-formed input: it decides
+/// between the dead-letter kinds `undecodable` and `expression` when the engine refuses an
+/// input.
+pub fn envelope_malformed(input: &Input) -> bool {
+    let b = &input.body;
+    b.get("v").and_then(Json::as_u64) != Some(1)
+        || b.get("event_id")
+            .and_then(Json::as_str)
+            .is_none_or(str::is_empty)
+        || b.get("timestamp_ms").and_then(Json::as_u64).is_none()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw(subject: &str, body: &str) -> RawInput {
+        RawInput {
+            subject: subject.into(),
+            body: body.as_bytes().to_vec(),
+            traceparent: None,
+            source: "AGG:1".into(),
+        }
+    }
+
+    fn refused(subject: &str, body: &str, limits: &Limits) -> (String, &'static str) {
+        let r = raw(subject, body);
+        let refusal = admit(&r, limits).expect_err("refused");
+        (refusal.tenant.to_string(), refusal.kind)
+    }
+
+    #[test]
+    fn each_envelope_check_refuses_with_its_kind_and_tenant() {
+        let limits = Limits {
+            allowed_tenants: vec!["acme".into()],
+            max_message_bytes: 64,
+        };
+        let ok = r#"{"tenant_id":"acme"}"#;
+        let long_tenant = format!("tenant.{}.aggregate.A.1", "t".repeat(MAX_TENANT_BYTES + 1));
+        let cases = [
+            ("aggregate.A.1", ok, "_", kind::UNDECODABLE),
+            (long_tenant.as_str(), ok, "_", kind::TOO_LARGE),
+            (
+                "tenant.acme.aggregate.A.1",
+                &"x".repeat(65),
+                "acme",
+                kind::TOO_LARGE,
+            ),
+            (
+                "tenant.other.aggregate.A.1",
+                ok,
+                "other",
+                kind::UNKNOWN_TENANT,
+            ),
+            (
+                "tenant.acme.aggregate.A.1",
+                "[1]",
+                "acme",
+                kind::UNDECODABLE,
+            ),
+            ("tenant.acme.aggregate.A.1", "{", "acme", kind::UNDECODABLE),
+            (
+                "tenant.acme.aggregate.A.1",
+                r#"{"tenant_id":"x"}"#,
+                "acme",
+                kind::TENANT_MISMATCH,
+            ),
+            ("tenant.acme.aggregate.A.1", "{}", "acme", kind::UNDECODABLE),
+        ];
+        for (subject, body, tenant, k) in cases {
+            assert_eq!(
+                refused(subject, body, &limits),
+                (tenant.to_string(), k),
+                "{subject} {body}"
+            );
+        }
+        let r = raw("tenant.acme.aggregate.A.1", ok);
+        let a = admit(&r, &limits).expect("admitted");
+        assert_eq!(
+            (a.tenant, a.input.subject.as_str()),
+            ("acme", "aggregate.A.1")
+        );
+    }
+
+    #[test]
+    fn routed_keys_must_fit_a_storage_key() {
+        assert!(check_key("acme", "o-1", "e-1").is_ok());
+        let long = "x".repeat(MAX_ID_BYTES + 1);
+        assert_eq!(
+            check_key("acme", &long, "e").map_err(|r| r.kind),
+            Err(kind::TOO_LARGE)
+        );
+        assert_eq!(
+            check_key("acme", "o", &long).map_err(|r| r.kind),
+            Err(kind::TOO_LARGE)
+        );
+        assert_eq!(
+            check_key("acme", "o\0", "e").map_err(|r| r.kind),
+            Err(kind::UNDECODABLE)
+        );
+    }
+}

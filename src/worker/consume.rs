@@ -1,0 +1,240 @@
+//! The consuming loop: one per input stream, from the stream to the [`Committer`].
+//!
+//! A loop opens an ordered consumer at its committed checkpoint + 1, reads the stream in
+//! chunks of at most `saga.batch_size` messages, submits each chunk as one batch and waits
+//! for the commit before reading on. It pauses while the outbox is deeper than
+//! `saga.max_outbox_depth` (backpressure, read from the [`RelayHandle`]).
+//!
+//! Guarantees:
+//! - **Resume at the checkpoint.** On any consumer error, NATS reconnection, end of the
+//!   message stream or failed commit, the loop drops its consumer and opens a new one at the
+//!   committed checkpoint + 1 (with [`Backoff`] between tries), so no input is skipped and
+//!   none is applied twice (the commit skips what the checkpoint already covers).
+//! - **Drain.** On cancellation the loop stops reading; a batch already submitted is
+//!   committed and answered before the loop returns, since it waits for the answer.
+//! - Metrics and the relay's wake-up follow a commit, never precede it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::RawInput;
+use super::commit::Committer;
+use crate::backoff::Backoff;
+use crate::broker::headers;
+use crate::relay::RelayHandle;
+use crate::runtime::AppState;
+
+/// One input stream the worker reads.
+#[derive(Debug, Clone)]
+pub struct Input {
+    /// Stream name.
+    pub stream: String,
+    /// Subject filters.
+    pub filters: Vec<String>,
+    /// Checkpoint key (`<consumer>:<stream>`).
+    pub checkpoint: String,
+}
+
+/// The inputs of a saga worker, from config.
+pub fn inputs(state: &AppState) -> Vec<Input> {
+    let c = &state.config;
+    let mk = |stream: &str, filters: &[&str]| Input {
+        stream: stream.to_string(),
+        filters: filters.iter().map(|f| f.to_string()).collect(),
+        checkpoint: format!("{}:{stream}", c.consumers.saga),
+    };
+    vec![
+        mk(&c.streams.aggregate_events, &["tenant.*.aggregate.>"]),
+        mk(
+            &c.streams.workflow_events,
+            &["tenant.*.effect_result.>", "tenant.*.workflow_event.>"],
+        ),
+    ]
+}
+
+/// How often a loop held back by backpressure looks at the outbox depth again.
+const BACKPRESSURE_POLL: Duration = Duration::from_millis(20);
+
+/// Reads `input` into the committer until `cancel` fires.
+pub(crate) async fn run(
+    state: Arc<AppState>,
+    input: Input,
+    relay: RelayHandle,
+    committer: Committer,
+    cancel: CancellationToken,
+) {
+    let batch_size = state.config.saga.batch_size;
+    let metrics = &state.metrics;
+    let mut backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
+    let mut connections = state.broker.connections();
+    'connect: while !cancel.is_cancelled() {
+        connections.mark_unchanged();
+        let key = input.checkpoint.clone();
+        let cp = match state.store.read(move |t| t.checkpoint(&key)).await {
+            Ok(cp) => cp,
+            Err(e) => {
+                tracing::error!(message = "Cannot read checkpoint.", stream = %input.stream, error = %e);
+                backoff.sleep(&cancel).await;
+                continue;
+            }
+        };
+        metrics
+            .consumer_checkpoint
+            .with_label_values(&[&input.stream])
+            .set(cp as i64);
+        let messages = async {
+            let stream = state.broker.jetstream().get_stream(&input.stream).await?;
+            let consumer = stream
+                .create_consumer(OrderedConfig {
+                    filter_subjects: input.filters.clone(),
+                    deliver_policy: if cp == 0 {
+                        DeliverPolicy::All
+                    } else {
+                        DeliverPolicy::ByStartSequence {
+                            start_sequence: cp + 1,
+                        }
+                    },
+                    ..OrderedConfig::default()
+                })
+                .await?;
+            Ok::<_, async_nats::Error>(consumer.messages().await?)
+        };
+        let messages = tokio::select! {
+            _ = cancel.cancelled() => return,
+            m = messages => m,
+        };
+        let mut chunks = match messages {
+            Ok(m) => m.ready_chunks(batch_size),
+            Err(e) => {
+                tracing::warn!(message = "Cannot open consumer; retrying.", stream = %input.stream, error = %e);
+                backoff.sleep(&cancel).await;
+                continue;
+            }
+        };
+        tracing::info!(message = "Consuming.", stream = %input.stream, from_sequence = cp + 1);
+        loop {
+            wait_for_relay(&state, &relay, &cancel).await;
+            let next = tokio::select! {
+                _ = cancel.cancelled() => {
+                    tracing::info!(message = "Consumer stopped for the drain.", stream = %input.stream);
+                    return;
+                }
+                Ok(()) = connections.changed() => {
+                    tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
+                    continue 'connect;
+                }
+                c = chunks.next() => c,
+            };
+            let Some(chunk) = next else {
+                tracing::warn!(message = "Consumer ended; reopening at the checkpoint.", stream = %input.stream);
+                continue 'connect;
+            };
+            let Chunk {
+                batch,
+                failure,
+                lag,
+            } = read_chunk(&input.stream, chunk);
+            if !batch.is_empty() {
+                let n = batch.len();
+                match committer.submit(&input.checkpoint, batch).await {
+                    Ok((cp, tally)) => {
+                        metrics
+                            .saga_inputs
+                            .with_label_values(&[&input.stream])
+                            .inc_by(n as u64);
+                        metrics
+                            .consumer_checkpoint
+                            .with_label_values(&[&input.stream])
+                            .set(cp as i64);
+                        if let Some(l) = lag {
+                            metrics
+                                .consumer_lag
+                                .with_label_values(&[&input.stream])
+                                .set(l as i64);
+                        }
+                        tally.record(metrics);
+                        if tally.outbox > 0 {
+                            relay.note_written(tally.last_outbox);
+                            relay.wake();
+                        }
+                        backoff.reset();
+                    }
+                    Err(e) => {
+                        tracing::error!(message = "Batch commit failed; re-reading from the checkpoint.", stream = %input.stream, error = %e);
+                        backoff.sleep(&cancel).await;
+                        continue 'connect;
+                    }
+                }
+            }
+            if let Some(e) = failure {
+                tracing::warn!(message = "Consumer error; reopening at the checkpoint.", stream = %input.stream, error = %e);
+                backoff.sleep(&cancel).await;
+                continue 'connect;
+            }
+        }
+    }
+}
+
+/// Backpressure: waits while the outbox holds more than `saga.max_outbox_depth` records
+/// not yet acknowledged by JetStream (as the relay reports them), waking the relay, unless
+/// `cancel` has fired.
+async fn wait_for_relay(state: &AppState, relay: &RelayHandle, cancel: &CancellationToken) {
+    let max_depth = state.config.saga.max_outbox_depth;
+    loop {
+        let depth = relay.unpublished();
+        state.metrics.outbox_depth.set(depth as i64);
+        if depth <= max_depth || cancel.is_cancelled() {
+            return;
+        }
+        relay.wake();
+        tokio::time::sleep(BACKPRESSURE_POLL).await;
+    }
+}
+
+/// One chunk of the stream, ready to submit.
+struct Chunk<E> {
+    /// The messages read before any error, as (stream sequence, input).
+    batch: Vec<(u64, RawInput)>,
+    /// The error that ended the chunk early, if any.
+    failure: Option<E>,
+    /// Messages still pending in the stream after the last one read.
+    lag: Option<u64>,
+}
+
+/// Turns a chunk of consumer items into inputs, stopping at the first error.
+fn read_chunk<E>(stream: &str, chunk: Vec<Result<async_nats::jetstream::Message, E>>) -> Chunk<E> {
+    let mut out = Chunk {
+        batch: Vec::with_capacity(chunk.len()),
+        failure: None,
+        lag: None,
+    };
+    for item in chunk {
+        match item {
+            Ok(msg) => {
+                let Ok(info) = msg.info() else { continue };
+                let seq = info.stream_sequence;
+                out.lag = Some(info.pending);
+                let traceparent = headers::traceparent(msg.headers.as_ref());
+                out.batch.push((
+                    seq,
+                    RawInput {
+                        subject: msg.subject.to_string(),
+                        body: msg.payload.to_vec(),
+                        traceparent,
+                        source: format!("{stream}:{seq}"),
+                    },
+                ));
+            }
+            Err(e) => {
+                out.failure = Some(e);
+                break;
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,59 @@
+//! [`Tally`]: what applying a batch did, counted while the transaction runs and turned into
+//! metrics only after it commits.
+//!
+//! Guarantee: the counters of `runner_saga_transitions_total`, `runner_deadletters_total`
+//! and `runner_saga_unrouted_total` move only for committed work. A batch that fails to
+//! commit is re-read and counted once, when it does commit.
+
+use crate::telemetry::Metrics;
+
+/// Per-batch tally, for metrics and logs.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    /// (saga, outcome label, count): routed applications, counted per pair.
+    pub transitions: Vec<(String, &'static str, u64)>,
+    /// Dead letters by kind.
+    pub dead_letters: Vec<&'static str>,
+    /// Inputs no saga wanted.
+    pub unrouted: u64,
+    /// Outbox records written.
+    pub outbox: u64,
+    /// Highest outbox sequence written (0 when none).
+    pub last_outbox: u64,
+}
+
+impl Tally {
+    /// Counts one routed application of `saga` with `outcome`.
+    pub fn note(&mut self, saga: &str, outcome: &'static str) {
+        match self
+            .transitions
+            .iter_mut()
+            .find(|(s, o, _)| s == saga && *o == outcome)
+        {
+            Some(e) => e.2 += 1,
+            None => self.transitions.push((saga.to_string(), outcome, 1)),
+        }
+    }
+
+    /// Applications with `outcome`, over all sagas.
+    pub fn count(&self, outcome: &str) -> u64 {
+        self.transitions
+            .iter()
+            .filter(|(_, o, _)| *o == outcome)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
+    /// Adds a committed batch's counts to the metrics. Call only after the commit.
+    pub fn record(&self, m: &Metrics) {
+        for (saga, outcome, n) in &self.transitions {
+            m.saga_transitions
+                .with_label_values(&[saga.as_str(), outcome])
+                .inc_by(*n);
+        }
+        for k in &self.dead_letters {
+            m.deadletters.with_label_values(&[k]).inc();
+        }
+        m.saga_unrouted.inc_by(self.unrouted);
+    }
+}
