@@ -40,9 +40,7 @@
 
 pub mod breaker;
 pub mod claim;
-pub mod postgres;
 pub mod provider;
-pub mod smtp;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
