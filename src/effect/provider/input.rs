@@ -2,7 +2,7 @@
 //! its idempotency key.
 //!
 //! Before the call, templates see `event` = the command envelope and `saga` = `{tenant,
-//! name, correlation_id, secrets}` ([`saga_vars`]); after it, `state` = the response.
+//! name, correlation_id, secrets}` (`saga_vars`); after it, `state` = the response.
 //! Secrets are read here, once per attempt, from the sources declared in the settings.
 //!
 //! Guarantees: a secret's value never appears in an error (only its name and where it was

@@ -1,6 +1,6 @@
 //! Reading a provider's `settings` when an effect is compiled.
 //!
-//! Owns the reader every provider's `compile` uses ([`Settings`]): settings strings become
+//! Owns the reader every provider's `compile` uses (`Settings`): settings strings become
 //! templates ([`template_of`]), and `secrets` become declarations of where each secret lives
 //! ([`SecretSource`]) — the value itself is read only when an attempt is prepared (see
 //! `input.rs`).
