@@ -22,6 +22,7 @@ use super::attempt::{Guarded, run_guarded};
 use super::claim::{self, ClaimError, Gate, StoredResult};
 use super::command::{Command, CommandError};
 use super::context::{Ctx, event};
+use crate::backoff::Backoff;
 use crate::clock::now_ms;
 use crate::deadletter;
 
@@ -165,16 +166,15 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     let result = cmd.result(rt, payload, attempts);
     // Recording is retried while the lease lasts: the call's outcome is in hand, and giving
     // up here would make another executor call the upstream again.
-    let mut pause = Duration::from_millis(100);
+    let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     loop {
         match ctx.claims.complete(&mut lease, result.clone()).await {
             Ok(()) => break,
             Err(e @ ClaimError::Kv { .. })
-                if now_ms().saturating_add(pause.as_millis() as u64) < lease.expires_ms =>
+                if now_ms().saturating_add(pause.peek().as_millis() as u64) < lease.expires_ms =>
             {
                 tracing::warn!(message = "Recording the outcome failed; retrying while the lease lasts.", command_id = span_fields.2, error = %e);
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
+                tokio::time::sleep(pause.next_wait()).await;
             }
             Err(e) => {
                 ctx.claim_event(event::FAILED);
@@ -187,7 +187,7 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     }
     // The claim is done from here on; a failed publish is retried a few times, and after
     // that the redelivery republishes the stored result.
-    let mut pause = Duration::from_millis(100);
+    let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut tries = 0;
     while let Err(e) = publish(ctx, &result).await {
         tries += 1;
@@ -196,8 +196,7 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             retry_soon(&msg).await;
             return;
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+        tokio::time::sleep(pause.next_wait()).await;
     }
     ctx.claim_event(event::COMPLETED);
     metrics

@@ -63,6 +63,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::backoff::Backoff;
 use crate::runtime::AppState;
 use context::Ctx;
 
@@ -116,7 +117,8 @@ async fn open_consumer(ctx: &Ctx) -> Result<pull::Stream, async_nats::Error> {
 async fn consume(ctx: Arc<Ctx>, cancel: CancellationToken) {
     let in_flight = TaskTracker::new();
     let permits = Arc::new(Semaphore::new(ctx.state.config.effect.concurrency));
-    let mut backoff = Duration::from_millis(100);
+    let mut backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
     'connect: while !cancel.is_cancelled() {
         let opened = tokio::select! {
             _ = cancel.cancelled() => break,
@@ -126,11 +128,9 @@ async fn consume(ctx: Arc<Ctx>, cancel: CancellationToken) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(message = "Cannot open the effect consumer; retrying.", error = %e);
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
+                if !backoff.sleep(&cancel).await {
+                    break;
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
@@ -149,7 +149,7 @@ async fn consume(ctx: Arc<Ctx>, cancel: CancellationToken) {
             };
             match next {
                 Some(Ok(msg)) => {
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     let ctx = ctx.clone();
                     in_flight.spawn(async move {
                         handle::handle(&ctx, msg).await;
@@ -158,8 +158,8 @@ async fn consume(ctx: Arc<Ctx>, cancel: CancellationToken) {
                 }
                 Some(Err(e)) => {
                     tracing::warn!(message = "Effect consumer error; reopening.", error = %e);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    // A drain cuts the wait short; the loop's condition then ends it.
+                    backoff.sleep(&cancel).await;
                     continue 'connect;
                 }
                 None => continue 'connect,
