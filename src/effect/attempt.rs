@@ -62,16 +62,16 @@ pub(super) async fn run_guarded(
                     Ok(()) => ctx.claim_event(event::RENEWED),
                     Err(e @ ClaimError::Fenced { .. }) => {
                         ctx.claim_event(event::RENEW_FAILED);
-                        tracing::warn!(message = "Lease renewal refused: another executor took the command over; abandoning it.", command_id = %cmd.command_id, attempt = lease.attempt, error = %e);
+                        tracing::warn!(message = "Lease renewal refused: another executor took the command over; abandoning it.", error = %e);
                         return Guarded::Lost;
                     }
                     Err(e) => {
                         if now_ms() >= lease.expires_ms {
                             ctx.claim_event(event::RENEW_FAILED);
-                            tracing::warn!(message = "Lease expired without a successful renewal; abandoning the command.", command_id = %cmd.command_id, error = %e);
+                            tracing::warn!(message = "Lease expired without a successful renewal; abandoning the command.", error = %e);
                             return Guarded::Lost;
                         }
-                        tracing::warn!(message = "Lease renewal failed; will try again before it expires.", command_id = %cmd.command_id, error = %e);
+                        tracing::warn!(message = "Lease renewal failed; will try again before it expires.", error = %e);
                     }
                 }
             }
@@ -164,7 +164,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
         };
         let retries_done = attempts.saturating_sub(1);
         if !err.is_retryable() || retries_done >= policy.retry_limit {
-            tracing::info!(message = "Effect failed.", effect = %effect.name, command_id = %cmd.command_id, attempts, error = %err);
+            tracing::info!(message = "Effect failed.", attempts, error = %err);
             let rt = if matches!(err, EffectError::TimedOut(_)) {
                 ResultType::TimedOut
             } else {
@@ -191,7 +191,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
             // No call went out; wait at least a little so an open circuit is not spun on.
             wait = wait.max(Duration::from_millis(100));
         }
-        tracing::debug!(message = "Effect attempt failed; retrying.", effect = %effect.name, command_id = %cmd.command_id, retry, wait = ?wait, error = %err);
+        tracing::debug!(message = "Effect attempt failed; retrying.", retry, wait = ?wait, error = %err);
         // A drain does not wait out a backoff: the command is handed back instead.
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}

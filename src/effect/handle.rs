@@ -4,7 +4,8 @@
 //! (refusing what can never run: [`refuse`] dead-letters it and terminates it), take a
 //! per-effect slot, pass the claim gate, run the attempts under the lease
 //! ([`super::attempt`]), **record** the outcome in the claim, **publish** the result, and
-//! **ack** the command.
+//! **ack** the command. Every line logged while handling a command sits in one span,
+//! `effect_command`, carrying its tenant, effect, command id and claim attempt.
 //!
 //! Guarantees: the outcome is recorded (CAS on the held revision) before the result is
 //! published, so an executor fenced out by a takeover publishes nothing; a result is
@@ -17,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
 use serde_json::Value as Json;
+use tracing::Instrument;
+use tracing::field::Empty;
 
 use super::attempt::{Guarded, run_guarded};
 use super::claim::{self, ClaimError, Gate, StoredResult};
@@ -26,8 +29,23 @@ use crate::backoff::Backoff;
 use crate::clock::now_ms;
 use crate::deadletter;
 
-/// Handles one delivery.
+/// Handles one delivery inside its own `effect_command` span. The span's fields are
+/// recorded once the command is accepted (a refused command has none: its dead letter is
+/// logged with the tenant it is filed under).
 pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
+    // At ERROR level so that the span is enabled under any filter that lets one of its
+    // lines through: a warning must not lose the command it is about.
+    let span = tracing::error_span!(
+        "effect_command",
+        tenant = Empty,
+        effect = Empty,
+        command_id = Empty,
+        attempt = Empty
+    );
+    handle_in(ctx, msg, &span).instrument(span.clone()).await;
+}
+
+async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     let traceparent = crate::broker::headers::traceparent(msg.headers.as_ref());
     let metrics = &ctx.state.metrics;
     let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
@@ -63,6 +81,9 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             return;
         }
     };
+    span.record("tenant", cmd.tenant.as_str());
+    span.record("effect", cmd.effect.as_str());
+    span.record("command_id", cmd.command_id.as_str());
     let Some(_slot) = ctx.effect_slot(&cmd.effect) else {
         metrics
             .effect_commands
@@ -73,16 +94,11 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             .await;
         return;
     };
-    let span_fields = (
-        cmd.tenant.as_str(),
-        cmd.effect.as_str(),
-        cmd.command_id.as_str(),
-    );
     let first_delivery = msg.info().map(|i| i.delivered <= 1).unwrap_or(false);
     let gate = match ctx.claims.gate(&key, first_delivery).await {
         Ok(g) => g,
         Err(e) => {
-            tracing::warn!(message = "Claim check failed; will retry.", tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, error = %e);
+            tracing::warn!(message = "Claim check failed; will retry.", error = %e);
             retry_soon(&msg).await;
             return;
         }
@@ -90,18 +106,13 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     let mut lease = match gate {
         Gate::Done(result) => {
             ctx.claim_event(event::REPLAYED);
-            tracing::info!(
-                message = "Command already done; republishing its stored result.",
-                tenant = span_fields.0,
-                effect = span_fields.1,
-                command_id = span_fields.2
-            );
+            tracing::info!(message = "Command already done; republishing its stored result.");
             match publish(ctx, &result).await {
                 Ok(()) => {
                     let _ = msg.ack().await;
                 }
                 Err(e) => {
-                    tracing::warn!(message = "Republishing a stored result failed; will retry.", command_id = span_fields.2, error = %e);
+                    tracing::warn!(message = "Republishing a stored result failed; will retry.", error = %e);
                     retry_soon(&msg).await;
                 }
             }
@@ -109,28 +120,20 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         }
         Gate::Busy(delay) => {
             ctx.claim_event(event::BUSY);
-            tracing::debug!(message = "Command held by a live executor; retrying later.", command_id = span_fields.2, retry_in = ?delay);
+            tracing::debug!(message = "Command held by a live executor; retrying later.", retry_in = ?delay);
             let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
             return;
         }
         Gate::Acquired(l) => {
             ctx.claim_event(event::ACQUIRED);
-            tracing::debug!(
-                message = "Claim acquired.",
-                command_id = span_fields.2,
-                attempt = l.attempt
-            );
+            span.record("attempt", l.attempt);
+            tracing::debug!(message = "Claim acquired.");
             l
         }
         Gate::Stolen(l) => {
             ctx.claim_event(event::STEAL);
-            tracing::info!(
-                message = "Claim taken over after its lease expired.",
-                tenant = span_fields.0,
-                effect = span_fields.1,
-                command_id = span_fields.2,
-                attempt = l.attempt
-            );
+            span.record("attempt", l.attempt);
+            tracing::info!(message = "Claim taken over after its lease expired.");
             l
         }
     };
@@ -151,7 +154,6 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             let released = ctx.claims.release(&mut lease).await;
             tracing::info!(
                 message = "Draining: command handed back between retries.",
-                command_id = span_fields.2,
                 released = released.is_ok()
             );
             let _ = msg.ack_with(AckKind::Nak(None)).await;
@@ -173,13 +175,13 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
             Err(e @ ClaimError::Kv { .. })
                 if now_ms().saturating_add(pause.peek().as_millis() as u64) < lease.expires_ms =>
             {
-                tracing::warn!(message = "Recording the outcome failed; retrying while the lease lasts.", command_id = span_fields.2, error = %e);
+                tracing::warn!(message = "Recording the outcome failed; retrying while the lease lasts.", error = %e);
                 tokio::time::sleep(pause.next_wait()).await;
             }
             Err(e) => {
                 ctx.claim_event(event::FAILED);
                 let fenced = matches!(e, ClaimError::Fenced { .. });
-                tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, tenant = span_fields.0, effect = span_fields.1, command_id = span_fields.2, attempt = lease.attempt, error = %e);
+                tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, error = %e);
                 retry_soon(&msg).await;
                 return;
             }
@@ -192,7 +194,7 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     while let Err(e) = publish(ctx, &result).await {
         tries += 1;
         if tries >= 5 {
-            tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", command_id = span_fields.2, error = %e);
+            tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", error = %e);
             retry_soon(&msg).await;
             return;
         }
@@ -205,14 +207,11 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
         .inc();
     tracing::debug!(
         message = "Effect completed.",
-        tenant = span_fields.0,
-        effect = span_fields.1,
-        command_id = span_fields.2,
         result_type = rt.as_str(),
         attempts
     );
     if let Err(e) = msg.ack().await {
-        tracing::warn!(message = "Acknowledging an effect command failed; its redelivery republishes the result.", command_id = span_fields.2, error = %e);
+        tracing::warn!(message = "Acknowledging an effect command failed; its redelivery republishes the result.", error = %e);
     }
 }
 

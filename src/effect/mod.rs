@@ -40,7 +40,7 @@
 //!
 //! Files: this one owns the consumer loop (fetching, the process-wide concurrency limit,
 //! reopening the consumer with backoff, waiting for in-flight commands on drain);
-//! `handle.rs` the steps above for one command; `attempt.rs` step 2
+//! `handle.rs` the steps above for one command, in one tracing span; `attempt.rs` step 2
 //! with the lease renewal and progress acks; `command.rs` the envelope and the result
 //! event; `context.rs` what the handlers share; [`claim`], [`breaker`] and [`provider`]
 //! one concept each.

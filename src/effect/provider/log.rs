@@ -1,7 +1,9 @@
 //! The `log` provider: writes one log line for the command and succeeds with `{}`.
 //!
 //! It takes no settings. The line carries the payload's size, never its content (a payload
-//! may hold personal data), with the effect and the command id.
+//! may hold personal data), with the effect and the command id as fields of its own: the
+//! line is this provider's output, read on its own, so it does not rely on the command's
+//! span to say which command it is about.
 //!
 //! Guarantee: it never fails, so a command routed to it always ends `Succeeded`.
 
