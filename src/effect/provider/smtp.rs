@@ -1,6 +1,6 @@
 //! The `smtp` provider: one plain-text mail per command, through `lettre`.
 //!
-//! Settings (strings are templates, see [`super::provider`]): `host` (required), `port`
+//! Settings (strings are templates, see [`super`]): `host` (required), `port`
 //! (default 25), `tls` (`starttls` — the default —, `tls` for implicit TLS, or `none`),
 //! `from`, `to` (a string or a list), `subject`, `body`, and optionally `username` and
 //! `password` (usually `${ saga.secrets.… }`).
@@ -8,6 +8,9 @@
 //! SMTP has no idempotency key; the mail carries `Message-ID: <command_id@runner>` so a
 //! receiver can drop a second copy. Classification: 4xx replies, timeouts and connection
 //! errors are retryable; 5xx replies and invalid addresses are fatal.
+//!
+//! Guarantee: every copy of a command's mail carries the same `Message-ID`, whichever
+//! executor or attempt sent it.
 
 use std::time::Duration;
 
@@ -16,7 +19,9 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use serde_json::{Value as Json, json};
 
-use super::provider::{EffectError, ToEffectResult};
+use super::error::{EffectError, SettingsError, ToEffectResult};
+use super::input::{load_secrets, saga_vars};
+use super::settings::{SecretSource, Settings};
 use crate::expr::{Template, Vars};
 
 /// How the connection is secured.
@@ -34,23 +39,25 @@ pub enum SmtpTls {
 #[derive(Debug, Clone)]
 pub struct SmtpSpec {
     /// Server host.
-    pub host: Template,
+    host: Template,
     /// Server port.
-    pub port: u16,
+    port: u16,
     /// Connection security.
-    pub tls: SmtpTls,
+    tls: SmtpTls,
     /// Sender.
-    pub from: Template,
+    from: Template,
     /// Recipients.
-    pub to: Template,
+    to: Template,
     /// Subject.
-    pub subject: Template,
+    subject: Template,
     /// Text body.
-    pub body: Template,
+    body: Template,
     /// User name.
-    pub username: Option<Template>,
+    username: Option<Template>,
     /// Password.
-    pub password: Option<Template>,
+    password: Option<Template>,
+    /// Secrets the templates may read.
+    secrets: Vec<(String, SecretSource)>,
 }
 
 fn text(t: &Template, vars: &Vars<'_>, what: &str) -> Result<String, EffectError> {
@@ -72,14 +79,52 @@ fn mailbox(s: &str, what: &str) -> Result<Mailbox, EffectError> {
 }
 
 impl SmtpSpec {
-    /// Sends the mail for `command`.
-    pub async fn call(
+    /// Reads and checks the settings.
+    pub(super) fn compile(c: &Settings<'_>) -> Result<Self, SettingsError> {
+        let req = |k: &str| c.template(k)?.ok_or_else(|| c.err(k, "is required"));
+        let port = match c.get("port") {
+            None => 25,
+            Some(v) => v
+                .as_u64()
+                .and_then(|p| u16::try_from(p).ok())
+                .ok_or_else(|| c.err("port", "must be a port number"))?,
+        };
+        let tls = match c.get("tls").and_then(Json::as_str) {
+            None | Some("starttls") => SmtpTls::StartTls,
+            Some("tls") => SmtpTls::Implicit,
+            Some("none") => SmtpTls::None,
+            Some(other) => {
+                return Err(c.err(
+                    "tls",
+                    format!("{other:?} is not one of starttls, tls, none"),
+                ));
+            }
+        };
+        Ok(Self {
+            host: req("host")?,
+            port,
+            tls,
+            from: req("from")?,
+            to: req("to")?,
+            subject: req("subject")?,
+            body: req("body")?,
+            username: c.template("username")?,
+            password: c.template("password")?,
+            secrets: c.secrets()?,
+        })
+    }
+
+    /// Sends the mail for one attempt of `command` (the whole envelope).
+    pub(super) async fn call(
         &self,
         effect: &str,
-        vars: &Vars<'_>,
+        command: &Json,
         command_id: &str,
         timeout: Duration,
     ) -> Result<Json, EffectError> {
+        let saga = saga_vars(command, load_secrets(&self.secrets)?);
+        let empty = json!({});
+        let vars = &Vars::new(command, &empty, &saga);
         let host = text(&self.host, vars, "host")?;
         let from = mailbox(&text(&self.from, vars, "from")?, "from")?;
         let recipients = match self.to.render(vars) {

@@ -12,22 +12,29 @@
 //! errors and SQLSTATE classes 08 (connection), 40 (rollback: serialization, deadlock),
 //! 53 (insufficient resources) and 57 (operator intervention) are retryable; everything
 //! else is fatal. The connection is plain (no TLS).
+//!
+//! Guarantees: no value from a command is ever part of the SQL text; errors name the effect
+//! and the SQLSTATE, never the connection string (it may hold a password).
 
 use serde_json::{Value as Json, json};
 use tokio_postgres::types::{ToSql, Type};
 
-use super::provider::EffectError;
+use super::error::{EffectError, SettingsError};
+use super::input::{load_secrets, saga_vars};
+use super::settings::{SecretSource, Settings, template_of};
 use crate::expr::{Template, Vars};
 
 /// Compiled PostgreSQL settings.
 #[derive(Debug, Clone)]
 pub struct PostgresSpec {
     /// Connection string.
-    pub url: Template,
+    url: Template,
     /// The statement (literal SQL).
-    pub statement: String,
+    statement: String,
     /// Parameter templates.
-    pub params: Vec<Template>,
+    params: Vec<Template>,
+    /// Secrets the templates may read.
+    secrets: Vec<(String, SecretSource)>,
 }
 
 fn classify(effect: &str, e: &tokio_postgres::Error) -> EffectError {
@@ -103,8 +110,41 @@ fn bind(v: &Json, ty: &Type, i: usize) -> Result<Box<dyn ToSql + Sync + Send>, S
 }
 
 impl PostgresSpec {
-    /// Runs the statement for one command.
-    pub async fn call(&self, effect: &str, vars: &Vars<'_>) -> Result<Json, EffectError> {
+    /// Reads and checks the settings; a statement holding a template is refused.
+    pub(super) fn compile(c: &Settings<'_>) -> Result<Self, SettingsError> {
+        let statement = match c.get("statement") {
+            Some(Json::String(s)) if !s.contains("${") => s.clone(),
+            Some(Json::String(_)) => {
+                return Err(c.err(
+                    "statement",
+                    "must not hold templates: pass values through `params`",
+                ));
+            }
+            _ => return Err(c.err("statement", "is required (a SQL string)")),
+        };
+        let params = match c.get("params") {
+            None => Vec::new(),
+            Some(Json::Array(items)) => items
+                .iter()
+                .map(|v| template_of(v).map_err(|e| c.err("params", e.to_string())))
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(c.err("params", "must be a list")),
+        };
+        Ok(Self {
+            url: c
+                .template("url")?
+                .ok_or_else(|| c.err("url", "is required"))?,
+            statement,
+            params,
+            secrets: c.secrets()?,
+        })
+    }
+
+    /// Runs the statement for one attempt of `command` (the whole envelope).
+    pub(super) async fn call(&self, effect: &str, command: &Json) -> Result<Json, EffectError> {
+        let saga = saga_vars(command, load_secrets(&self.secrets)?);
+        let empty = json!({});
+        let vars = &Vars::new(command, &empty, &saga);
         let fatal = |reason: String| EffectError::Fatal {
             reason,
             details: json!({}),

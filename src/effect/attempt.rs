@@ -1,0 +1,201 @@
+//! The attempts of one claimed command, under a live lease.
+//!
+//! Owns [`run_guarded`]: it runs every attempt of a command ([`execute`]: a timeout per
+//! attempt, the effect's circuit breaker, retries of retryable failures with the saga
+//! engine's backoff formula, [`crate::saga::retry`]) while, beside it, the claim's lease is
+//! renewed every third of `effect.lease_ttl` and a `Progress` ack goes out every third of
+//! `effect.ack_wait`.
+//!
+//! Guarantees: a renewal refused by CAS, or a lease that runs out unrenewed, abandons the
+//! call at once ([`Guarded::Lost`]): the executor has lost the right to finish, and another
+//! one may already be running the command. A drain does not wait out a backoff between
+//! retries: the command is handed back ([`Guarded::HandBack`]) for another replica. Every
+//! attempt, by every executor, carries the command id as its idempotency key.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind};
+use serde_json::{Value as Json, json};
+
+use super::claim::{ClaimError, Lease};
+use super::command::{Command, ResultType};
+use super::context::{Ctx, event};
+use super::provider::{CallEnv, EffectError};
+use crate::clock::now_ms;
+use crate::manifest::model::RetryPolicy;
+use crate::saga::retry::{JitterKey, delay_ms};
+
+/// How a guarded execution ended.
+pub(super) enum Guarded {
+    /// An outcome to record and publish.
+    Done(ResultType, Json, u32),
+    /// The lease was lost: the call was abandoned.
+    Lost,
+    /// Draining while waiting between retries: give the command back.
+    HandBack,
+}
+
+/// Runs the command while renewing the lease and sending progress acks.
+pub(super) async fn run_guarded(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    cmd: &Command,
+    lease: &mut Lease,
+) -> Guarded {
+    let ttl = ctx.claims.ttl();
+    let exec = execute(ctx, cmd);
+    tokio::pin!(exec);
+    let mut renew = tokio::time::interval(ttl / 3);
+    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    renew.tick().await;
+    let mut progress = tokio::time::interval(ctx.state.config.effect.ack_wait.get() / 3);
+    progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    progress.tick().await;
+    loop {
+        tokio::select! {
+            out = &mut exec => return match out {
+                Some((rt, payload, attempts)) => Guarded::Done(rt, payload, attempts),
+                None => Guarded::HandBack,
+            },
+            _ = renew.tick() => {
+                match ctx.claims.renew(lease).await {
+                    Ok(()) => ctx.claim_event(event::RENEWED),
+                    Err(e @ ClaimError::Fenced { .. }) => {
+                        ctx.claim_event(event::RENEW_FAILED);
+                        tracing::warn!(message = "Lease renewal refused: another executor took the command over; abandoning it.", error = %e);
+                        return Guarded::Lost;
+                    }
+                    Err(e) => {
+                        if now_ms() >= lease.expires_ms {
+                            ctx.claim_event(event::RENEW_FAILED);
+                            tracing::warn!(message = "Lease expired without a successful renewal; abandoning the command.", error = %e);
+                            return Guarded::Lost;
+                        }
+                        tracing::warn!(message = "Lease renewal failed; will try again before it expires.", error = %e);
+                    }
+                }
+            }
+            _ = progress.tick() => {
+                let _ = msg.ack_with(AckKind::Progress).await;
+            }
+        }
+    }
+}
+
+/// All attempts of one command: timeout per attempt, breaker, retries with backoff.
+async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
+    let catalog = ctx.state.catalog();
+    let Some(effect) = catalog.effect(&cmd.effect).cloned() else {
+        let e = EffectError::Fatal {
+            reason: format!(
+                "effect `{}` is not declared in the loaded manifests",
+                cmd.effect
+            ),
+            details: json!({}),
+        };
+        return Some((ResultType::Failed, e.to_payload(), 0));
+    };
+    let provider = match ctx.provider(&effect) {
+        Ok(p) => p,
+        Err(reason) => {
+            let e = EffectError::Fatal {
+                reason,
+                details: json!({}),
+            };
+            return Some((ResultType::Failed, e.to_payload(), 0));
+        }
+    };
+    let policy = cmd.retry().or(effect.retry).unwrap_or(RetryPolicy {
+        retry_limit: 0,
+        base_backoff: None,
+        max_backoff: 0,
+        enable_jitter: false,
+    });
+    let timeout = cmd
+        .body
+        .get("timeout_ms")
+        .and_then(Json::as_u64)
+        .or(effect.timeout_ms)
+        .map(Duration::from_millis)
+        .unwrap_or(ctx.state.config.effect.default_timeout.get());
+    let env = CallEnv {
+        http: &ctx.http,
+        nats: ctx.state.broker.client(),
+        timeout,
+    };
+    let breaker = effect.circuit_breaker.as_ref();
+    let metrics = &ctx.state.metrics;
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        let result = if ctx.breakers.allow(&effect.name, breaker) {
+            let r = match tokio::time::timeout(
+                timeout,
+                provider.call(&effect.name, &cmd.body, &cmd.command_id, &env),
+            )
+            .await
+            {
+                Ok(r) => r,
+                Err(_) => Err(EffectError::TimedOut(timeout)),
+            };
+            let health_failure = r
+                .as_ref()
+                .err()
+                .is_some_and(EffectError::counts_for_breaker);
+            ctx.breakers.record(&effect.name, breaker, health_failure);
+            r
+        } else {
+            Err(EffectError::CircuitOpen(effect.name.clone()))
+        };
+        let outcome = match &result {
+            Ok(_) => "succeeded",
+            Err(EffectError::Fatal { .. }) => "fatal",
+            Err(EffectError::TimedOut(_)) => "timed_out",
+            Err(EffectError::CircuitOpen(_)) => "circuit_open",
+            Err(_) => "retryable",
+        };
+        metrics
+            .effect_attempts
+            .with_label_values(&[effect.name.as_str(), outcome])
+            .inc();
+        let err = match result {
+            Ok(payload) => return Some((ResultType::Succeeded, payload, attempts)),
+            Err(e) => e,
+        };
+        let retries_done = attempts.saturating_sub(1);
+        if !err.is_retryable() || retries_done >= policy.retry_limit {
+            tracing::info!(message = "Effect failed.", attempts, error = %err);
+            let rt = if matches!(err, EffectError::TimedOut(_)) {
+                ResultType::TimedOut
+            } else {
+                ResultType::Failed
+            };
+            return Some((rt, err.to_payload(), attempts));
+        }
+        let retry = retries_done + 1;
+        let key = JitterKey {
+            tenant: &cmd.tenant,
+            saga: &effect.name,
+            correlation_id: &cmd.command_id,
+            step: "effect",
+        };
+        let mut wait = Duration::from_millis(delay_ms(&policy, retry, &key));
+        if let EffectError::Retryable {
+            retry_after: Some(after),
+            ..
+        } = &err
+        {
+            wait = wait.max(*after);
+        }
+        if matches!(err, EffectError::CircuitOpen(_)) {
+            // No call went out; wait at least a little so an open circuit is not spun on.
+            wait = wait.max(Duration::from_millis(100));
+        }
+        tracing::debug!(message = "Effect attempt failed; retrying.", retry, wait = ?wait, error = %err);
+        // A drain does not wait out a backoff: the command is handed back instead.
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = ctx.drain.cancelled() => return None,
+        }
+    }
+}

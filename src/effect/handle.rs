@@ -1,0 +1,294 @@
+//! The handling of one delivered effect command, from gate to ack.
+//!
+//! Owns the order of the steps described in [`super`]: decode and check the command
+//! (refusing what can never run: [`refuse`] dead-letters it and terminates it), take a
+//! per-effect slot, pass the claim gate, run the attempts under the lease
+//! ([`super::attempt`]), **record** the outcome in the claim, **publish** the result, and
+//! **ack** the command. Every line logged while handling a command sits in one span,
+//! `effect_command`, carrying its tenant, effect, command id and claim attempt.
+//!
+//! Guarantees: the outcome is recorded (CAS on the held revision) before the result is
+//! published, so an executor fenced out by a takeover publishes nothing; a result is
+//! published under its derived `Nats-Msg-Id` before the command is acked, so a crash in
+//! between only makes the redelivery republish the stored result, which JetStream drops as
+//! a duplicate; a command refused before execution never reaches an upstream and is never
+//! dropped silently (no dead letter published, no `Term`).
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, AckKind};
+use serde_json::Value as Json;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use super::attempt::{Guarded, run_guarded};
+use super::claim::{self, ClaimError, Gate, StoredResult};
+use super::command::{Command, CommandError};
+use super::context::{Ctx, event};
+use crate::backoff::Backoff;
+use crate::clock::now_ms;
+use crate::deadletter;
+
+/// Handles one delivery inside its own `effect_command` span. The span's fields are
+/// recorded once the command is accepted (a refused command has none: its dead letter is
+/// logged with the tenant it is filed under).
+pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
+    // At ERROR level so that the span is enabled under any filter that lets one of its
+    // lines through: a warning must not lose the command it is about.
+    let span = tracing::error_span!(
+        "effect_command",
+        tenant = Empty,
+        effect = Empty,
+        command_id = Empty,
+        attempt = Empty
+    );
+    handle_in(ctx, msg, &span).instrument(span.clone()).await;
+}
+
+async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
+    let traceparent = crate::broker::headers::traceparent(msg.headers.as_ref());
+    let metrics = &ctx.state.metrics;
+    let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
+        .map_err(|e| {
+            let kind = match &e {
+                CommandError::Mismatch {
+                    field: "tenant", ..
+                } => deadletter::kind::TENANT_MISMATCH,
+                _ => deadletter::kind::UNDECODABLE,
+            };
+            (kind, e.to_string())
+        })
+        .and_then(|c| {
+            let allowed = &ctx.state.config.tenancy.allowed;
+            if !allowed.is_empty() && !allowed.contains(&c.tenant) {
+                return Err((
+                    deadletter::kind::UNKNOWN_TENANT,
+                    format!("tenant {:?} is not in tenancy.allowed", c.tenant),
+                ));
+            }
+            match claim::claim_key(&c.tenant, &c.command_id) {
+                Some(key) => Ok((c, key)),
+                None => Err((
+                    deadletter::kind::UNDECODABLE,
+                    format!("command id {:?} cannot be a claim key", c.command_id),
+                )),
+            }
+        });
+    let (cmd, key) = match decoded {
+        Ok(v) => v,
+        Err((kind, reason)) => {
+            refuse(ctx, &msg, traceparent, kind, &reason).await;
+            return;
+        }
+    };
+    span.record("tenant", cmd.tenant.as_str());
+    span.record("effect", cmd.effect.as_str());
+    span.record("command_id", cmd.command_id.as_str());
+    let Some(_slot) = ctx.effect_slot(&cmd.effect) else {
+        metrics
+            .effect_commands
+            .with_label_values(&["throttled"])
+            .inc();
+        let _ = msg
+            .ack_with(AckKind::Nak(Some(Duration::from_millis(250))))
+            .await;
+        return;
+    };
+    let first_delivery = msg.info().map(|i| i.delivered <= 1).unwrap_or(false);
+    let gate = match ctx.claims.gate(&key, first_delivery).await {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::warn!(message = "Claim check failed; will retry.", error = %e);
+            retry_soon(&msg).await;
+            return;
+        }
+    };
+    let mut lease = match gate {
+        Gate::Done(result) => {
+            ctx.claim_event(event::REPLAYED);
+            tracing::info!(message = "Command already done; republishing its stored result.");
+            match publish(ctx, &result).await {
+                Ok(()) => {
+                    let _ = msg.ack().await;
+                }
+                Err(e) => {
+                    tracing::warn!(message = "Republishing a stored result failed; will retry.", error = %e);
+                    retry_soon(&msg).await;
+                }
+            }
+            return;
+        }
+        Gate::Busy(delay) => {
+            ctx.claim_event(event::BUSY);
+            tracing::debug!(message = "Command held by a live executor; retrying later.", retry_in = ?delay);
+            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+            return;
+        }
+        Gate::Acquired(l) => {
+            ctx.claim_event(event::ACQUIRED);
+            span.record("attempt", l.attempt);
+            tracing::debug!(message = "Claim acquired.");
+            l
+        }
+        Gate::Stolen(l) => {
+            ctx.claim_event(event::STEAL);
+            span.record("attempt", l.attempt);
+            tracing::info!(message = "Claim taken over after its lease expired.");
+            l
+        }
+    };
+
+    metrics.effect_in_flight.inc();
+    let started = Instant::now();
+    let outcome = run_guarded(ctx, &msg, &cmd, &mut lease).await;
+    metrics.effect_in_flight.dec();
+    let (rt, payload, attempts) = match outcome {
+        Guarded::Done(rt, payload, attempts) => (rt, payload, attempts),
+        Guarded::Lost => {
+            // Someone else owns the command now. Its redelivery finds the new owner's claim.
+            let _ = msg.ack_with(AckKind::Nak(Some(ctx.claims.ttl()))).await;
+            return;
+        }
+        Guarded::HandBack => {
+            // Expire the lease at once so another replica takes the command over now.
+            let released = ctx.claims.release(&mut lease).await;
+            tracing::info!(
+                message = "Draining: command handed back between retries.",
+                released = released.is_ok()
+            );
+            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            return;
+        }
+    };
+    let label = ctx.effect_label(&cmd.effect);
+    metrics
+        .effect_seconds
+        .with_label_values(&[label.as_str()])
+        .observe(started.elapsed().as_secs_f64());
+    let result = cmd.result(rt, payload, attempts);
+    // Recording is retried while the lease lasts: the call's outcome is in hand, and giving
+    // up here would make another executor call the upstream again.
+    let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+    loop {
+        match ctx.claims.complete(&mut lease, result.clone()).await {
+            Ok(()) => break,
+            Err(e @ ClaimError::Kv { .. })
+                if now_ms().saturating_add(pause.peek().as_millis() as u64) < lease.expires_ms =>
+            {
+                tracing::warn!(message = "Recording the outcome failed; retrying while the lease lasts.", error = %e);
+                tokio::time::sleep(pause.next_wait()).await;
+            }
+            Err(e) => {
+                ctx.claim_event(event::FAILED);
+                let fenced = matches!(e, ClaimError::Fenced { .. });
+                tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, error = %e);
+                retry_soon(&msg).await;
+                return;
+            }
+        }
+    }
+    // The claim is done from here on; a failed publish is retried a few times, and after
+    // that the redelivery republishes the stored result.
+    let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    let mut tries = 0;
+    while let Err(e) = publish(ctx, &result).await {
+        tries += 1;
+        if tries >= 5 {
+            tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", error = %e);
+            retry_soon(&msg).await;
+            return;
+        }
+        tokio::time::sleep(pause.next_wait()).await;
+    }
+    ctx.claim_event(event::COMPLETED);
+    metrics
+        .effect_results
+        .with_label_values(&[label.as_str(), rt.as_str()])
+        .inc();
+    tracing::debug!(
+        message = "Effect completed.",
+        result_type = rt.as_str(),
+        attempts
+    );
+    if let Err(e) = msg.ack().await {
+        tracing::warn!(message = "Acknowledging an effect command failed; its redelivery republishes the result.", error = %e);
+    }
+}
+
+/// Dead-letters a command that can never run (`tenant.<t>.deadletter.<kind>` on the
+/// dead-letter stream, with the reason and the original body), then terminates it. If the
+/// dead letter cannot be published the command is nak'ed and comes back later.
+async fn refuse(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    traceparent: Option<String>,
+    kind: &'static str,
+    reason: &str,
+) {
+    let metrics = &ctx.state.metrics;
+    let subject = msg.subject.as_str();
+    let tenant = subject
+        .split('.')
+        .nth(1)
+        .filter(|t| crate::config::is_subject_token(t))
+        .unwrap_or(ctx.state.config.tenancy.default_tenant.as_str())
+        .to_string();
+    let source = match msg.info() {
+        Ok(i) => format!("{}:{}", i.stream, i.stream_sequence),
+        Err(_) => subject.to_string(),
+    };
+    let message = deadletter::refused_command(deadletter::Poison {
+        tenant: &tenant,
+        kind,
+        reason,
+        subject,
+        source: &source,
+        body: &msg.payload,
+        traceparent: traceparent.as_deref(),
+        route: None,
+        at_ms: now_ms(),
+    });
+    let dl = StoredResult {
+        subject: message.subject,
+        msg_id: format!("dl:{source}:effect"),
+        traceparent,
+        body: message.body,
+    };
+    if let Err(e) = publish(ctx, &dl).await {
+        tracing::warn!(message = "Cannot dead-letter a refused effect command; will retry.", source = %source, error = %e);
+        retry_soon(msg).await;
+        return;
+    }
+    tracing::error!(message = "Effect command refused and dead-lettered.", tenant = %tenant, kind, reason, source = %source);
+    metrics
+        .effect_commands
+        .with_label_values(&["refused"])
+        .inc();
+    metrics.deadletters.with_label_values(&[kind]).inc();
+    let _ = msg.ack_with(AckKind::Term).await;
+}
+
+async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
+    let h = crate::broker::headers::outgoing(
+        &r.msg_id,
+        r.body.get("tenant_id").and_then(Json::as_str),
+        r.traceparent.as_deref(),
+    );
+    let body = serde_json::to_vec(&r.body)?;
+    ctx.state
+        .broker
+        .jetstream()
+        .publish_with_headers(r.subject.clone(), h, body.into())
+        .await?
+        .await?;
+    Ok(())
+}
+
+/// How long a command handed back after a transient failure waits before redelivery.
+const RETRY_SOON: Duration = Duration::from_secs(1);
+
+/// Hands a command back to JetStream for redelivery after [`RETRY_SOON`]; a failed nak only
+/// means JetStream redelivers after the ack wait instead.
+async fn retry_soon(msg: &async_nats::jetstream::Message) {
+    let _ = msg.ack_with(AckKind::Nak(Some(RETRY_SOON))).await;
+}
