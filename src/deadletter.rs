@@ -46,6 +46,18 @@ pub mod kind {
     pub const PARKED: &str = "parked";
     /// The engine panicked on this input (a bug; the input is kept for a redrive).
     pub const ENGINE_PANIC: &str = "engine_panic";
+
+    /// Every kind, so their metric series exist (at 0) from the start.
+    pub const ALL: [&str; 8] = [
+        UNDECODABLE,
+        TENANT_MISMATCH,
+        UNKNOWN_TENANT,
+        TOO_LARGE,
+        EXPRESSION,
+        VERSION_NOT_LOADED,
+        PARKED,
+        ENGINE_PANIC,
+    ];
 }
 
 /// An input that cannot be processed, as the saga worker met it.

@@ -1,8 +1,13 @@
 //! Logging and metrics.
 //!
 //! Logs go to stderr through `tracing`, as text or one JSON object per line, filtered by
-//! `RUST_LOG` (default `info`). Events carry structured fields (`tenant`, `saga`,
-//! `correlation_id`, `trace_id` where they apply) rather than values baked into messages.
+//! `RUST_LOG` (default `info`). Events carry structured fields rather than values baked into
+//! messages; the fields that identify the work come from its span: `effect_command`
+//! (tenant, effect, command id, attempt; always on) around each effect command, and
+//! `saga_input` (tenant, source) / `saga_apply` (saga, correlation id) around each input the
+//! saga worker applies (debug level: an enabled span costs microseconds per input on the
+//! commit path, so at the default level a warning there names its key itself). In text the
+//! spans are a prefix of the line; in JSON they are under `span` and `spans`.
 //!
 //! Metrics live in one Prometheus [`Registry`] owned by the application. Every collector is
 //! defined and registered here, once, by [`Metrics::new`] (so one file lists every metric
@@ -207,6 +212,9 @@ impl Metrics {
             &["outcome"],
         )?;
         registry.register(Box::new(manifest_reloads.clone()))?;
+        for outcome in ["applied", "rejected"] {
+            manifest_reloads.with_label_values(&[outcome]);
+        }
         let manifest_sagas =
             IntGauge::new(names::MANIFEST_SAGAS, "Saga versions currently loaded.")?;
         registry.register(Box::new(manifest_sagas.clone()))?;

@@ -39,6 +39,26 @@ pub mod event {
     pub const FAILED: &str = "failed";
     /// A finished command came again: its stored result was republished.
     pub const REPLAYED: &str = "replayed";
+
+    /// Every event, so their metric series exist (at 0) from the start.
+    pub const ALL: [&str; 8] = [
+        ACQUIRED,
+        BUSY,
+        STEAL,
+        RENEWED,
+        RENEW_FAILED,
+        COMPLETED,
+        FAILED,
+        REPLAYED,
+    ];
+}
+
+/// Outcomes of `runner_effect_commands_total` (commands turned away before any claim).
+pub mod outcome {
+    /// The effect's concurrency limit was reached: nak'ed with a short delay.
+    pub const THROTTLED: &str = "throttled";
+    /// Undecodable or not allowed: dead-lettered and terminated.
+    pub const REFUSED: &str = "refused";
 }
 
 /// Everything a command handler shares.

@@ -24,7 +24,7 @@ use tracing::field::Empty;
 use super::attempt::{Guarded, run_guarded};
 use super::claim::{self, ClaimError, Gate, StoredResult};
 use super::command::{Command, CommandError};
-use super::context::{Ctx, event};
+use super::context::{Ctx, event, outcome};
 use crate::backoff::Backoff;
 use crate::clock::now_ms;
 use crate::deadletter;
@@ -87,7 +87,7 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     let Some(_slot) = ctx.effect_slot(&cmd.effect) else {
         metrics
             .effect_commands
-            .with_label_values(&["throttled"])
+            .with_label_values(&[outcome::THROTTLED])
             .inc();
         let _ = msg
             .ack_with(AckKind::Nak(Some(Duration::from_millis(250))))
@@ -262,7 +262,7 @@ async fn refuse(
     tracing::error!(message = "Effect command refused and dead-lettered.", tenant = %tenant, kind, reason, source = %source);
     metrics
         .effect_commands
-        .with_label_values(&["refused"])
+        .with_label_values(&[outcome::REFUSED])
         .inc();
     metrics.deadletters.with_label_values(&[kind]).inc();
     let _ = msg.ack_with(AckKind::Term).await;

@@ -68,7 +68,7 @@ use crate::runtime::AppState;
 use context::Ctx;
 
 pub use command::{Command, CommandError, ResultType};
-pub use context::event;
+pub use context::{event, outcome};
 
 /// Subject filter of the effect consumer.
 pub const COMMAND_FILTER: &str = "tenant.*.effect.>";
@@ -81,6 +81,18 @@ pub fn spawn(
     kv: kv::Store,
     cancel: CancellationToken,
 ) {
+    // Series of bounded label sets exist from the start, so a zero reads as zero rather
+    // than as a missing metric.
+    let m = &state.metrics;
+    for ev in event::ALL {
+        m.effect_claims.with_label_values(&[ev]);
+    }
+    for o in [outcome::THROTTLED, outcome::REFUSED] {
+        m.effect_commands.with_label_values(&[o]);
+    }
+    for k in crate::deadletter::kind::ALL {
+        m.deadletters.with_label_values(&[k]);
+    }
     let ctx = Arc::new(Ctx::new(state, kv, cancel.clone()));
     tracker.spawn(consume(ctx, cancel));
 }

@@ -88,8 +88,17 @@ pub fn spawn(
     relay: RelayHandle,
     cancel: CancellationToken,
 ) {
+    // Series of bounded label sets exist from the start, so a zero reads as zero rather
+    // than as a missing metric.
+    for k in crate::deadletter::kind::ALL {
+        state.metrics.deadletters.with_label_values(&[k]);
+    }
     let committer = Committer::spawn(tracker, state.clone(), relay.clone());
     for input in inputs(&state) {
+        state
+            .metrics
+            .saga_inputs
+            .with_label_values(&[&input.stream]);
         tracker.spawn(consume::run(
             state.clone(),
             input,
