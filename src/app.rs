@@ -90,19 +90,31 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         })?;
 
     let broker = Broker::connect(&config.nats).await?;
-    let setup = config.nats.setup_timeout.get();
-    broker::with_setup_retry("streams", setup, || {
+    // One deadline for all of set-up; a drain requested meanwhile ends the start cleanly.
+    let setup = std::time::Instant::now() + config.nats.setup_timeout.get();
+    let interrupt = lifecycle.work_token();
+    let streams = broker::with_setup_retry("streams", setup, &interrupt, || {
         broker::ensure_streams(broker.jetstream(), &config.streams)
     })
-    .await?;
-    let claims_kv = if mode.runs_effects() {
-        let bucket = broker::with_setup_retry("claims bucket", setup, || {
-            broker::ensure_claims_bucket(broker.jetstream(), &config)
-        })
-        .await?;
-        Some(bucket)
-    } else {
-        None
+    .await;
+    let claims_kv = match streams {
+        Ok(()) if mode.runs_effects() => Some(
+            broker::with_setup_retry("claims bucket", setup, &interrupt, || {
+                broker::ensure_claims_bucket(broker.jetstream(), &config)
+            })
+            .await,
+        )
+        .transpose(),
+        Ok(()) => Ok(None),
+        Err(e) => Err(e),
+    };
+    let claims_kv = match claims_kv {
+        Ok(kv) => kv,
+        Err(_) if lifecycle.is_draining() => {
+            tracing::info!(message = "Drain requested during start-up; stopping before any work.");
+            return Ok(Exit::Drained);
+        }
+        Err(e) => return Err(e.into()),
     };
 
     let paths = config.runner.manifests.clone();

@@ -128,3 +128,77 @@ fn a_cluster_that_never_forms_stops_the_start_past_the_setup_deadline() {
         "the final error does not name the stream:\n{out}"
     );
 }
+
+#[test]
+fn a_drain_requested_while_set_up_waits_ends_the_start_cleanly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let mut cluster = Cluster::new(3);
+    cluster.start_node(0);
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(common::runner_bin())
+        .current_dir(common::repo_root())
+        .args([
+            "--log-format",
+            "json",
+            "run",
+            "--mode",
+            "saga",
+            "--admin-addr",
+            "127.0.0.1:0",
+            "--nats-url",
+            &cluster.urls(),
+            "--manifest",
+            "manifests",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        // Far longer than the waits below: exiting before it proves the drain cut it short.
+        .env("RUNNER__NATS__SETUP_TIMEOUT", "600s")
+        .env("RUNNER__STREAMS__REPLICAS", "3")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        seen.push(line.clone());
+        if line.contains("JetStream set-up not possible yet") {
+            break;
+        }
+    }
+    assert!(
+        seen.iter()
+            .any(|l| l.contains("JetStream set-up not possible yet")),
+        "the runner exited before retrying set-up:\n{}",
+        seen.join("\n")
+    );
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "runner did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(0), "log:\n{}", rest.join("\n"));
+    assert!(
+        rest.iter()
+            .any(|l| l.contains("Drain requested during start-up")),
+        "log:\n{}",
+        rest.join("\n")
+    );
+}

@@ -316,3 +316,40 @@ fn version_names_revision() {
         "{out}"
     );
 }
+
+#[test]
+fn a_stream_whose_subjects_another_stream_owns_is_refused_at_once_not_retried() {
+    // Someone else's stream captures the aggregate subjects under another name: the server
+    // refuses to create AGGREGATE_EVENTS for good, so the start stops without waiting out
+    // nats.setup_timeout (set far beyond the run_to_exit bound below).
+    let nats = NatsServer::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(nats.url()).await.unwrap());
+        js.create_stream(async_nats::jetstream::stream::Config {
+            name: "THEIRS".into(),
+            subjects: vec!["tenant.*.aggregate.>".into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    });
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("m.yaml"), "format: 1\n").unwrap();
+    let (code, out) = run_against(
+        &nats,
+        manifests.path().to_str().unwrap(),
+        None,
+        &[("RUNNER__NATS__SETUP_TIMEOUT", "600s")],
+    );
+    assert_eq!(code, Some(1), "{out}");
+    let line = failure_line(&out);
+    assert!(
+        line.contains("refused") && line.contains("AGGREGATE_EVENTS"),
+        "{line}"
+    );
+    assert!(
+        !out.contains("JetStream set-up not possible yet"),
+        "a definite refusal was retried:\n{out}"
+    );
+}

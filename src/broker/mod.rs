@@ -72,7 +72,19 @@ pub enum BrokerError {
         /// Stream name.
         stream: String,
     },
-    /// A JetStream API call failed.
+    /// The server refused a set-up request for good (say, subjects that overlap another
+    /// stream's): waiting would not help.
+    #[error("JetStream refused to {op} {stream}: {reason}")]
+    Refused {
+        /// What we tried.
+        op: &'static str,
+        /// Stream name.
+        stream: String,
+        /// The server's answer.
+        reason: String,
+    },
+    /// A JetStream API call failed (no answer, or an answer that may change: a cluster still
+    /// electing its leaders).
     #[error("JetStream {op} {stream}: {reason}")]
     JetStream {
         /// What we tried.
@@ -93,17 +105,19 @@ impl BrokerError {
 }
 
 /// Runs set-up step `what`, retrying transient failures ([`BrokerError::is_transient`]) with
-/// a capped doubling backoff until `timeout` has passed; then returns the last error.
+/// a capped doubling backoff until `deadline` (one deadline for every step of a start);
+/// then, or at once when `cancel` fires (a drain requested during start), returns the last
+/// error.
 pub async fn with_setup_retry<T, F, Fut>(
     what: &str,
-    timeout: Duration,
+    deadline: Instant,
+    cancel: &tokio_util::sync::CancellationToken,
     mut step: F,
 ) -> Result<T, BrokerError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, BrokerError>>,
 {
-    let deadline = Instant::now() + timeout;
     let mut backoff =
         Backoff::new(Duration::from_millis(200), Duration::from_secs(3)).with_jitter();
     let mut tries = 1u32;
@@ -117,7 +131,10 @@ where
                 }
                 let wait = backoff.next_wait().min(deadline - now);
                 tracing::warn!(message = "JetStream set-up not possible yet, retrying.", step = what, attempt = tries, error = %e, retry_in = ?wait);
-                tokio::time::sleep(wait).await;
+                tokio::select! {
+                    _ = cancel.cancelled() => return Err(e),
+                    _ = tokio::time::sleep(wait) => {}
+                }
                 tries += 1;
             }
             Err(e) => return Err(e),

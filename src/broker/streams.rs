@@ -83,6 +83,39 @@ pub async fn ensure_streams(
     Ok(())
 }
 
+/// Refusals to create a stream that no amount of waiting changes (the other codes a server
+/// gives while a cluster forms — no leader, no peers for placement, temporarily
+/// unavailable — are worth retrying).
+const DEFINITE_REFUSALS: [jetstream::ErrorCode; 4] = [
+    jetstream::ErrorCode::STREAM_SUBJECT_OVERLAP,
+    jetstream::ErrorCode::STREAM_NAME_EXIST,
+    jetstream::ErrorCode::STREAM_INVALID_CONFIG,
+    jetstream::ErrorCode::STREAM_LIMITS,
+];
+
+/// The config of stream `name`, or None when the server says it does not exist; any other
+/// failure (no answer, no leader yet) is a transient [`BrokerError::JetStream`].
+async fn existing_stream(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<Option<StreamConfig>, BrokerError> {
+    match js.get_stream(name).await {
+        Ok(s) => Ok(Some(s.cached_info().config.clone())),
+        Err(e) => match e.kind() {
+            jetstream::context::GetStreamErrorKind::JetStream(inner)
+                if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
+            {
+                Ok(None)
+            }
+            _ => Err(BrokerError::JetStream {
+                op: "stream info",
+                stream: name.to_string(),
+                reason: e.to_string(),
+            }),
+        },
+    }
+}
+
 async fn ensure_one(
     js: &jetstream::Context,
     cfg: &StreamsConfig,
@@ -93,18 +126,7 @@ async fn ensure_one(
         stream: spec.name.clone(),
         reason: e.to_string(),
     };
-    let existing = match js.get_stream(&spec.name).await {
-        Ok(s) => Some(s.cached_info().config.clone()),
-        Err(e) => match e.kind() {
-            jetstream::context::GetStreamErrorKind::JetStream(inner)
-                if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND =>
-            {
-                None
-            }
-            _ => return Err(js_err("stream info", &e)),
-        },
-    };
-    let existing = match existing {
+    let existing = match existing_stream(js, &spec.name).await? {
         Some(c) => c,
         None if !cfg.create => {
             return Err(BrokerError::Missing {
@@ -129,7 +151,19 @@ async fn ensure_one(
                 // Another replica may have created it meanwhile: check what is there.
                 Err(e) => match js.get_stream(&spec.name).await {
                     Ok(s) => s.cached_info().config.clone(),
-                    Err(_) => return Err(js_err("create stream", &e)),
+                    Err(_) => match e.kind() {
+                        // The server answered, and waiting will not change its answer.
+                        jetstream::context::CreateStreamErrorKind::JetStream(inner)
+                            if DEFINITE_REFUSALS.contains(&inner.error_code()) =>
+                        {
+                            return Err(BrokerError::Refused {
+                                op: "create stream",
+                                stream: spec.name.clone(),
+                                reason: e.to_string(),
+                            });
+                        }
+                        _ => return Err(js_err("create stream", &e)),
+                    },
                 },
             }
         }
@@ -203,8 +237,14 @@ pub async fn ensure_claims_bucket(
         stream: format!("KV_{bucket}"),
         reason: e.to_string(),
     };
-    if let Ok(store) = js.get_key_value(bucket).await {
-        return Ok(store);
+    if existing_stream(js, &format!("KV_{bucket}"))
+        .await?
+        .is_some()
+    {
+        return js
+            .get_key_value(bucket)
+            .await
+            .map_err(|e| err("open bucket", &e));
     }
     if !config.streams.create {
         return Err(BrokerError::Missing {

@@ -21,12 +21,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
-
-use crate::backoff::Backoff;
 use async_nats::jetstream::Context;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::storage::Store;
 use crate::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
 use crate::telemetry::Metrics;
@@ -132,8 +131,10 @@ impl Relay {
     /// not fully acknowledged, the newer window is forgotten too and publishing resumes
     /// after the acknowledged prefix (repeats are dropped by JetStream's de-duplication).
     pub async fn run(self, stop: CancellationToken) {
-        // Waits after a failed read or a window that was not fully acknowledged.
+        // Waits after a window that was not fully acknowledged, and after a failed read of
+        // the outbox (a storage fault: waits grow longer).
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+        let mut read_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
         let mut next_from = self.handle.acked.load(Ordering::SeqCst) + 1;
         let mut inflight: Option<InFlight> = None;
         loop {
@@ -147,10 +148,13 @@ impl Relay {
                 .read(move |t| t.outbox_batch(DEFAULT_PARTITION, from, window))
                 .await
             {
-                Ok(b) => b,
+                Ok(b) => {
+                    read_backoff.reset();
+                    b
+                }
                 Err(e) => {
                     tracing::error!(message = "Relay cannot read the outbox.", error = %e);
-                    tokio::time::sleep(backoff.next_wait()).await;
+                    tokio::time::sleep(read_backoff.next_wait()).await;
                     continue;
                 }
             };
