@@ -1,9 +1,11 @@
 //! The wall clock, read in one place.
 //!
-//! Runner reads wall time only for bookkeeping: lease expiries in effect claims, dedupe and
-//! dead-letter timestamps, and deciding which timers are due. Saga logic never reads it (a
-//! saga's time is its input's `timestamp_ms`), so replaying an input gives the same result
-//! whatever this clock says.
+//! Runner reads wall time for bookkeeping (lease expiries in effect claims, dedupe and
+//! dead-letter timestamps, deciding which timers are due) and to stamp the effect result
+//! events it creates (their `timestamp_ms`, which becomes the time of the saga step that
+//! consumes them). The saga engine itself never reads it: a saga's time is its input's
+//! `timestamp_ms`, so replaying a stored input gives the same result whatever this clock
+//! says.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -83,19 +83,11 @@ pub struct Poison<'a> {
     pub at_ms: u64,
 }
 
-/// A dead letter recorded by [`record`].
-#[derive(Debug, Clone)]
-pub struct Recorded {
-    /// The stored entry.
-    pub letter: DeadLetter,
-    /// Outbox sequence of its message to the dead-letter stream.
-    pub outbox_seq: u64,
-}
-
 /// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
 /// instance is known and not parked yet, and queues its message for the dead-letter stream
-/// in the outbox. Nothing is durable until the caller commits `tx`.
-pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<Recorded, StorageError> {
+/// in the outbox. Returns that message's outbox sequence. Nothing is durable until the
+/// caller commits `tx`.
+pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<u64, StorageError> {
     let letter = tx.push_dead_letter(DeadLetter {
         id: 0,
         tenant: p.tenant.to_string(),
@@ -119,19 +111,18 @@ pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<Recorded, StorageErr
         tx.park(p.tenant, &r.saga, &r.correlation_id, letter.id)?;
     }
     let message = message(&letter);
-    let saga_part = p.route.map(|r| r.saga.as_str()).unwrap_or("-");
     let outbox_seq = tx.push_outbox(
         DEFAULT_PARTITION,
         &OutboxRecord {
             subject: message.subject,
-            msg_id: format!("dl:{}:{saga_part}:{}", p.source, letter.id),
+            msg_id: message.msg_id,
             tenant: p.tenant.to_string(),
             traceparent: letter.traceparent.clone(),
             body: message.body.to_string(),
         },
     )?;
     tracing::warn!(message = "Input dead-lettered.", tenant = p.tenant, kind = p.kind, reason = %letter.reason, source = %letter.source, saga = ?letter.saga, correlation_id = ?letter.correlation_id, id = letter.id);
-    Ok(Recorded { letter, outbox_seq })
+    Ok(outbox_seq)
 }
 
 /// A message for the dead-letter stream.
@@ -139,6 +130,9 @@ pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<Recorded, StorageErr
 pub struct Message {
     /// `tenant.<t>.deadletter.<kind>`.
     pub subject: String,
+    /// Its `Nats-Msg-Id`, derived from where the input came from, so a republished dead
+    /// letter is dropped by JetStream's de-duplication.
+    pub msg_id: String,
     /// The JSON body.
     pub body: Json,
 }
@@ -152,6 +146,12 @@ pub fn subject(tenant: &str, kind: &str) -> String {
 pub fn message(dl: &DeadLetter) -> Message {
     Message {
         subject: subject(&dl.tenant, &dl.kind),
+        msg_id: format!(
+            "dl:{}:{}:{}",
+            dl.source,
+            dl.saga.as_deref().unwrap_or("-"),
+            dl.id
+        ),
         body: json!({
             "v": 1,
             "id": dl.id,
@@ -168,11 +168,31 @@ pub fn message(dl: &DeadLetter) -> Message {
     }
 }
 
+/// An effect command that can never run, as the effect worker met it.
+#[derive(Debug, Clone, Copy)]
+pub struct RefusedCommand<'a> {
+    /// Tenant (from the subject, or the default tenant when it has none).
+    pub tenant: &'a str,
+    /// Reason class, one of [`kind`].
+    pub kind: &'static str,
+    /// What went wrong, for a person.
+    pub reason: &'a str,
+    /// The command's subject.
+    pub subject: &'a str,
+    /// The command's `stream:seq`.
+    pub source: &'a str,
+    /// The command's body.
+    pub body: &'a [u8],
+    /// Wall-clock time of the refusal, ms since the epoch.
+    pub at_ms: u64,
+}
+
 /// The message for an effect command that can never run (the effect worker keeps no local
 /// store: this message is the whole record).
-pub fn refused_command(p: Poison<'_>) -> Message {
+pub fn refused_command(p: RefusedCommand<'_>) -> Message {
     Message {
         subject: subject(p.tenant, p.kind),
+        msg_id: format!("dl:{}:effect", p.source),
         body: json!({
             "v": 1,
             "tenant_id": p.tenant,
@@ -325,7 +345,16 @@ mod tests {
             route: Some(&route),
             at_ms: 42,
         };
-        let effect = refused_command(p);
+        let effect = refused_command(RefusedCommand {
+            tenant: p.tenant,
+            kind: p.kind,
+            reason: p.reason,
+            subject: p.subject,
+            source: p.source,
+            body: p.body,
+            at_ms: p.at_ms,
+        });
+        assert_eq!(effect.msg_id, "dl:AGGREGATE_EVENTS:7:effect");
         assert_eq!(effect.subject, "tenant.acme.deadletter.undecodable");
         for field in [
             "tenant_id",

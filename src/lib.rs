@@ -15,12 +15,12 @@
 //!
 //! | guarantee | home |
 //! |---|---|
-//! | inputs applied once, in stream order; the checkpoint is the position of truth | [`worker`] (`consume.rs`) |
+//! | inputs applied once, in stream order; the checkpoint is the position of truth | [`worker`] (`consume.rs` resumes at it, `commit.rs` skips what it covers, [`worker::process`] dedupes by event id) |
 //! | state, outbox, timers, dedupe, dead letters and checkpoint commit in one durable transaction | `worker/commit.rs`, [`storage`] |
 //! | poison decided before routing | `worker/admission.rs` |
 //! | pure, deterministic transitions; deterministic output ids | [`saga`], [`saga::ids`] |
 //! | outbox published at least once, in order, deleted only once acknowledged | [`relay`] |
-//! | durable timers; a cancelled timer never fires | `worker/timers.rs` |
+//! | durable timers; a cancelled timer never fires | `worker/timers.rs` (firing), [`worker::process`] (a cancel deletes the row in its own transaction) |
 //! | dead letters: recorded with a reason, key parked, redriven in order | [`deadletter`] |
 //! | at most one live executor per effect command | [`effect::claim`] |
 //! | retries, timeouts, lease renewal; circuit breakers | `effect/attempt.rs`, [`effect::breaker`] |

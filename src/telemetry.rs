@@ -315,6 +315,10 @@ impl Metrics {
                 &["kind"],
             )?,
         )?;
+        // Every kind exists from the start, so a zero reads as zero, not as a missing series.
+        for k in crate::deadletter::kind::ALL {
+            deadletters.with_label_values(&[k]);
+        }
         let counters = |name: &str, help: &str, labels: &[&str]| {
             reg(r, IntCounterVec::new(Opts::new(name, help), labels)?)
         };

@@ -1,10 +1,11 @@
 //! The NATS headers Runner writes and reads, built in one place.
 //!
-//! Every message Runner publishes (outbox records, effect results, dead letters) carries
-//! `Nats-Msg-Id` (its deterministic id, so JetStream drops a republished copy inside the
-//! duplicate window), `Runner-Tenant`, and the `traceparent` of the input that caused it,
-//! passed on unchanged so one trace follows a saga across every hop. Inputs are read back
-//! through [`traceparent`].
+//! Every message Runner publishes to its own streams (outbox records, effect results, dead
+//! letters) carries `Nats-Msg-Id` (its deterministic id, so JetStream drops a republished
+//! copy inside the duplicate window), `Runner-Tenant`, and the `traceparent` of the input
+//! that caused it, passed on unchanged so one trace follows a saga across every hop. Inputs
+//! are read back through [`traceparent`]. (Messages the `nats` effect providers send to an
+//! upstream carry the command's `Idempotency-Key` instead: see `effect/provider/nats.rs`.)
 
 use async_nats::HeaderMap;
 

@@ -5,8 +5,9 @@
 //! token; and the names of the claim events ([`event`]) it counts.
 //!
 //! Guarantee: a provider is compiled once per catalog generation — the cache keeps the
-//! declaration it was compiled from, so after a manifest reload a command never runs with
-//! the settings of the previous generation.
+//! declaration it was compiled from, so a command that starts after a manifest reload runs
+//! with the new settings. A command already executing keeps the settings it started with
+//! for all its attempts.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -12,7 +12,7 @@
 //! published under its derived `Nats-Msg-Id` before the command is acked, so a crash in
 //! between only makes the redelivery republish the stored result, which JetStream drops as
 //! a duplicate; a command refused before execution never reaches an upstream and is never
-//! dropped silently (no dead letter published, no `Term`).
+//! dropped silently: it is terminated (`Term`) only after its dead letter is published.
 
 use std::time::{Duration, Instant};
 
@@ -237,20 +237,18 @@ async fn refuse(
         Ok(i) => format!("{}:{}", i.stream, i.stream_sequence),
         Err(_) => subject.to_string(),
     };
-    let message = deadletter::refused_command(deadletter::Poison {
+    let message = deadletter::refused_command(deadletter::RefusedCommand {
         tenant: &tenant,
         kind,
         reason,
         subject,
         source: &source,
         body: &msg.payload,
-        traceparent: traceparent.as_deref(),
-        route: None,
         at_ms: now_ms(),
     });
     let dl = StoredResult {
         subject: message.subject,
-        msg_id: format!("dl:{source}:effect"),
+        msg_id: message.msg_id,
         traceparent,
         body: message.body,
     };

@@ -90,9 +90,6 @@ pub fn spawn(
     for o in [outcome::THROTTLED, outcome::REFUSED] {
         m.effect_commands.with_label_values(&[o]);
     }
-    for k in crate::deadletter::kind::ALL {
-        m.deadletters.with_label_values(&[k]);
-    }
     let ctx = Arc::new(Ctx::new(state, kv, cancel.clone()));
     tracker.spawn(consume(ctx, cancel));
 }

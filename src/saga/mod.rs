@@ -22,6 +22,7 @@
 //!
 //! Event names: transitions are keyed by the input's *event name* — the `event_type` of an
 //! aggregate or workflow event, `<effect>.<result_type>` of an effect result
+//! (`charge_card.Succeeded`), `timer.<name>` of a timer firing.
 //!
 //! Inside (each file states its own guarantee):
 //!

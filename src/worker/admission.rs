@@ -9,8 +9,10 @@
 //!
 //! Guarantee: admission is a pure function of the input and the configured [`Limits`]: it
 //! reads no state and writes nothing, so under the same limits an input is refused for the
-//! same reason whenever it is met (first delivery, re-read after a crash, redrive). A refusal is not an error of
-//! the batch: the caller records it as a dead letter of the returned kind and goes on.
+//! same reason whenever it is met (first delivery, re-read after a crash, the redrive of an
+//! input that never reached a saga; a redriven input whose saga is known was admitted
+//! before and goes straight to routing). A refusal is not an error of the batch: the caller
+//! records it as a dead letter of the returned kind and goes on.
 
 use serde_json::Value as Json;
 

@@ -8,8 +8,9 @@
 //! Guarantees:
 //! - **Resume at the checkpoint.** On any consumer error, NATS reconnection, end of the
 //!   message stream or failed commit, the loop drops its consumer and opens a new one at the
-//!   committed checkpoint + 1 (with [`Backoff`] between tries), so no input is skipped and
-//!   none is applied twice (the commit skips what the checkpoint already covers).
+//!   committed checkpoint + 1 (after a consumer error or a failed commit with [`Backoff`]
+//!   between tries; after a reconnection at once), so no input is skipped and none is
+//!   applied twice (the commit skips what the checkpoint already covers).
 //! - **Drain.** On cancellation the loop stops reading; a batch already submitted is
 //!   committed and answered before the loop returns, since it waits for the answer.
 //! - Metrics and the relay's wake-up follow a commit, never precede it.

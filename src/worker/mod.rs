@@ -2,9 +2,11 @@
 //!
 //! ```text
 //!  AGGREGATE_EVENTS ─► consume.rs ─┐ Committer::submit(batch)
-//!  WORKFLOW_EVENTS  ─► consume.rs ─┴─────────────────► commit.rs ─┐ one write transaction
-//!  schedule table   ─► timers.rs ─────────────────────────────────┤ (admission.rs, then
-//!                                                                 ▼  process.rs)
+//!  WORKFLOW_EVENTS  ─► consume.rs ─┴──► commit.rs ── one write transaction per group of
+//!                                        │            batches (admission.rs, process.rs)
+//!  schedule table   ─► timers.rs ── its own write transaction per set of due timers
+//!                                        │            (process.rs; no admission)
+//!                                        ▼
 //!                                            libmdbx: state, outbox, checkpoint, timers
 //!                                                                 │
 //!                                                                 ▼
@@ -88,13 +90,9 @@ pub fn spawn(
     relay: RelayHandle,
     cancel: CancellationToken,
 ) {
-    // Series of bounded label sets exist from the start, so a zero reads as zero rather
-    // than as a missing metric.
-    for k in crate::deadletter::kind::ALL {
-        state.metrics.deadletters.with_label_values(&[k]);
-    }
     let committer = Committer::spawn(tracker, state.clone(), relay.clone());
     for input in inputs(&state) {
+        // The series exists from the start, so a zero reads as zero, not as a missing metric.
         state
             .metrics
             .saga_inputs

@@ -282,7 +282,7 @@ impl<'a> Processor<'a> {
         reason: String,
         route: Option<&Route>,
     ) -> Result<()> {
-        let recorded = deadletter::record(
+        let outbox_seq = deadletter::record(
             tx,
             Poison {
                 tenant,
@@ -296,7 +296,7 @@ impl<'a> Processor<'a> {
                 at_ms: self.now_ms,
             },
         )?;
-        self.tally.last_outbox = recorded.outbox_seq;
+        self.tally.last_outbox = outbox_seq;
         self.tally.outbox += 1;
         self.tally.dead_letters.push(k);
         Ok(())
