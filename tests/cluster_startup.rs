@@ -12,6 +12,26 @@ use common::cluster::Cluster;
 use common::{RunnerProc, aggregate_event, jetstream, publish_json, wait_for_messages};
 use serde_json::json;
 
+/// `runner run` in saga mode against every node of `cluster`, on data directory `dir`.
+fn saga_run(cluster: &Cluster, dir: &std::path::Path) -> Vec<String> {
+    [
+        "run",
+        "--mode",
+        "saga",
+        "--admin-addr",
+        "127.0.0.1:0",
+        "--nats-url",
+        &cluster.urls(),
+        "--manifest",
+        "manifests",
+        "--data-dir",
+        dir.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
 /// Whether node 0's monitoring endpoint lists a client connection named `runner`.
 fn runner_connected(cluster: &Cluster) -> bool {
     let Some(connz) = cluster.monitor_json(0, "/connz") else {
@@ -97,20 +117,9 @@ fn a_cluster_that_never_forms_stops_the_start_past_the_setup_deadline() {
     let mut cluster = Cluster::new(3);
     cluster.start_node(0);
     let dir = tempfile::tempdir().unwrap();
+    let args = saga_run(&cluster, dir.path());
     let (code, out) = common::run_to_exit(
-        &[
-            "run",
-            "--mode",
-            "saga",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--nats-url",
-            &cluster.urls(),
-            "--manifest",
-            "manifests",
-            "--data-dir",
-            dir.path().to_str().unwrap(),
-        ],
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
         &[
             ("RUNNER__STREAMS__REPLICAS", "3"),
             ("RUNNER__NATS__SETUP_TIMEOUT", "3s"),
@@ -139,21 +148,8 @@ fn a_drain_requested_while_set_up_waits_ends_the_start_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(common::runner_bin())
         .current_dir(common::repo_root())
-        .args([
-            "--log-format",
-            "json",
-            "run",
-            "--mode",
-            "saga",
-            "--admin-addr",
-            "127.0.0.1:0",
-            "--nats-url",
-            &cluster.urls(),
-            "--manifest",
-            "manifests",
-            "--data-dir",
-        ])
-        .arg(dir.path())
+        .args(["--log-format", "json"])
+        .args(saga_run(&cluster, dir.path()))
         // Far longer than the waits below: exiting before it proves the drain cut it short.
         .env("RUNNER__NATS__SETUP_TIMEOUT", "600s")
         .env("RUNNER__STREAMS__REPLICAS", "3")
