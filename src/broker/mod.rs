@@ -26,7 +26,9 @@ use crate::config::NatsConfig;
 
 pub mod headers;
 
-pub use streams::{StreamSpec, ensure_claims_bucket, ensure_streams, stream_specs};
+pub use streams::{
+    StreamSpec, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, stream_specs,
+};
 
 /// Errors while connecting or preparing streams.
 #[derive(Debug, thiserror::Error)]

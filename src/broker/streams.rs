@@ -1,8 +1,11 @@
 //! The streams and buckets Runner relies on, derived from config, and their idempotent
-//! reconciliation: the streams of DESIGN §2 and the effect claims bucket.
+//! reconciliation: the streams of DESIGN §2, the effect claims bucket and the ownership
+//! leases bucket (DESIGN §8.3; set up by [`ensure_leases_bucket`], not used by the worker yet).
 //!
 //! A missing stream or bucket is created (when `streams.create` is on) with the configured
 //! storage type and replica count; an existing one is checked and never modified.
+
+use std::time::Duration;
 
 use async_nats::jetstream::{
     self, kv,
@@ -274,6 +277,124 @@ pub async fn ensure_claims_bucket(
             .await
             .map_err(|_| err("create bucket", &e)),
     }
+}
+
+/// How long the server keeps the marker it writes when a lease entry ages out: the
+/// smallest it accepts. Watchers see the marker when it is written; afterwards the key is
+/// simply absent, which `create` treats the same way.
+const LEASE_MARKER_TTL: Duration = Duration::from_secs(1);
+
+/// Opens the ownership leases bucket `name`, creating it when missing (see
+/// `worker/lease.rs`): `history 1`, `max_age = ttl` (an entry disappears `ttl` after its last
+/// write, which is what expires a lease that is no longer renewed) and `limit_markers` (the
+/// expiry is written as a marker, so watchers see it at once). Leases never use per-key TTL.
+///
+/// An existing bucket is checked, never modified: a different `max_age` would expire leases
+/// earlier or later than their holders count on, so it stops the start
+/// ([`BrokerError::Incompatible`]), as do a history other than 1 and missing limit markers.
+pub async fn ensure_leases_bucket(
+    js: &jetstream::Context,
+    name: &str,
+    ttl: Duration,
+    replicas: usize,
+    storage: StreamStorage,
+) -> Result<kv::Store, BrokerError> {
+    let stream = format!("KV_{name}");
+    if let Some(have) = existing_stream(js, &stream).await? {
+        return open_leases_bucket(js, name, ttl, have).await;
+    }
+    match js
+        .create_key_value(kv::Config {
+            bucket: name.to_string(),
+            description: "Runner ownership leases: one key per partition (owner, epoch)".into(),
+            history: 1,
+            max_age: ttl,
+            limit_markers: Some(LEASE_MARKER_TTL),
+            storage: storage_type(storage),
+            num_replicas: replicas,
+            ..Default::default()
+        })
+        .await
+    {
+        Ok(s) => {
+            tracing::info!(message = "Created leases bucket.", bucket = %name, ttl = ?ttl);
+            Ok(s)
+        }
+        Err(e) => {
+            if e.kind() == jetstream::context::CreateKeyValueErrorKind::LimitMarkersNotSupported {
+                return Err(BrokerError::Refused {
+                    op: "create bucket",
+                    stream,
+                    reason: e.to_string(),
+                });
+            }
+            // Another replica may have created it meanwhile: check what is there.
+            match existing_stream(js, &stream).await {
+                Ok(Some(have)) => open_leases_bucket(js, name, ttl, have).await,
+                _ => Err(BrokerError::JetStream {
+                    op: "create bucket",
+                    stream,
+                    reason: e.to_string(),
+                }),
+            }
+        }
+    }
+}
+
+/// Opens the existing leases bucket `name` (whose stream config is `have`) once it is
+/// checked.
+async fn open_leases_bucket(
+    js: &jetstream::Context,
+    name: &str,
+    ttl: Duration,
+    have: StreamConfig,
+) -> Result<kv::Store, BrokerError> {
+    check_leases_bucket(&format!("KV_{name}"), ttl, &have)?;
+    js.get_key_value(name)
+        .await
+        .map_err(|e| BrokerError::JetStream {
+            op: "open bucket",
+            stream: format!("KV_{name}"),
+            reason: e.to_string(),
+        })
+}
+
+/// Whether an existing leases bucket expires leases the way [`ensure_leases_bucket`] would.
+fn check_leases_bucket(
+    stream: &str,
+    ttl: Duration,
+    have: &StreamConfig,
+) -> Result<(), BrokerError> {
+    let incompatible = |field: &'static str, existing: String, wanted: String| {
+        Err(BrokerError::Incompatible {
+            stream: stream.to_string(),
+            field,
+            existing,
+            wanted,
+        })
+    };
+    if have.max_age != ttl {
+        return incompatible(
+            "max_age",
+            format!("{:?}", have.max_age),
+            format!("{ttl:?} (the lease TTL)"),
+        );
+    }
+    if have.max_messages_per_subject != 1 {
+        return incompatible(
+            "max_msgs_per_subject",
+            have.max_messages_per_subject.to_string(),
+            "1".into(),
+        );
+    }
+    if have.subject_delete_marker_ttl.is_none() {
+        return incompatible(
+            "subject_delete_marker_ttl",
+            "none".into(),
+            "set (limit markers)".into(),
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -24,6 +24,8 @@
 //! | [`tally`] | what a batch did, turned into metrics after its commit |
 //! | `timers.rs` | the timer loop |
 //! | `sweep.rs` | expiry of dedupe markers |
+//! | [`partition`] | the partition of a saga instance, as the server's `partition()` transform computes it; not wired yet (scale-out) |
+//! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline; not wired yet (scale-out) |
 //!
 //! **Position of truth.** Each loop reads its stream through an ordered consumer that
 //! starts at the committed checkpoint + 1. Inputs are applied strictly in stream order, and
@@ -64,6 +66,8 @@
 pub mod admission;
 mod commit;
 mod consume;
+pub mod lease;
+pub mod partition;
 pub mod process;
 mod sweep;
 pub mod tally;
