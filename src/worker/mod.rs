@@ -26,6 +26,7 @@
 //! | `sweep.rs` | expiry of dedupe markers |
 //! | [`partition`] | the partition of a saga instance, as the server's `partition()` transform computes it; not wired yet (scale-out) |
 //! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline; not wired yet (scale-out) |
+//! | [`fence`] | broker-side fencing of a partition's publishes: fence marker, expected-sequence headers; not wired yet (scale-out) |
 //!
 //! **Position of truth.** Each loop reads its stream through an ordered consumer that
 //! starts at the committed checkpoint + 1. Inputs are applied strictly in stream order, and
@@ -66,6 +67,7 @@
 pub mod admission;
 mod commit;
 mod consume;
+pub mod fence;
 pub mod lease;
 pub mod partition;
 pub mod process;
