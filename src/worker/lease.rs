@@ -40,8 +40,9 @@
 //! afterwards, when another holder already owns the key. No check on the client closes that
 //! gap; only the resource written to can refuse a stale writer. That is broker-side fencing
 //! (DESIGN §8.4: a fence marker per partition and an expected-last-subject-sequence header
-//! on every outbox publish), and it is **not in this module yet**: until it exists, leases
-//! alone keep two live owners apart only while nobody pauses past the margin.
+//! on every outbox publish), which lives in [`super::fence`] and is **not wired into the relay
+//! yet**: until it is, leases alone keep two live owners apart only while nobody pauses past
+//! the margin.
 //!
 //! **What each failure costs.**
 //! - A holder that crashes or stops renewing: the key is free TTL after its last write;
