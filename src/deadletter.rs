@@ -60,34 +60,24 @@ pub mod kind {
     ];
 }
 
-/// An input that cannot be processed, as the saga worker met it.
+/// An input that cannot be processed, as the saga worker met it: what was refused and why,
+/// plus what only a saga input has.
 #[derive(Debug, Clone, Copy)]
 pub struct Poison<'a> {
-    /// Tenant (from the subject; `_` when none could be read).
-    pub tenant: &'a str,
-    /// Reason class, one of [`kind`].
-    pub kind: &'static str,
-    /// What went wrong, for a person.
-    pub reason: &'a str,
-    /// The original subject.
-    pub subject: &'a str,
-    /// The input's `stream:seq` (or `timer`, or `redrive:<id>`).
-    pub source: &'a str,
-    /// The original body.
-    pub body: &'a [u8],
+    /// The input, its tenant (`_` when none could be read) and the reason.
+    pub refused: Refused<'a>,
     /// The original `traceparent`.
     pub traceparent: Option<&'a str>,
     /// The saga instance it concerns, when known: its key is parked.
     pub route: Option<&'a Route>,
-    /// Wall-clock time of the recording, ms since the epoch.
-    pub at_ms: u64,
 }
 
 /// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
 /// instance is known and not parked yet, and queues its message for the dead-letter stream
 /// in the outbox. Returns that message's outbox sequence. Nothing is durable until the
 /// caller commits `tx`.
-pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<u64, StorageError> {
+pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<u64, StorageError> {
+    let p = poison.refused;
     let letter = tx.push_dead_letter(DeadLetter {
         id: 0,
         tenant: p.tenant.to_string(),
@@ -96,14 +86,14 @@ pub fn record(tx: &Tables<'_, RW>, p: Poison<'_>) -> Result<u64, StorageError> {
         subject: p.subject.to_string(),
         source: p.source.to_string(),
         body: String::from_utf8_lossy(p.body).into_owned(),
-        traceparent: p.traceparent.map(str::to_string),
-        saga: p.route.map(|r| r.saga.clone()),
-        correlation_id: p.route.map(|r| r.correlation_id.clone()),
+        traceparent: poison.traceparent.map(str::to_string),
+        saga: poison.route.map(|r| r.saga.clone()),
+        correlation_id: poison.route.map(|r| r.correlation_id.clone()),
         attempts: 1,
         at_ms: p.at_ms,
         status: DeadLetterStatus::Pending,
     })?;
-    if let Some(r) = p.route
+    if let Some(r) = poison.route
         && tx
             .parked_by(p.tenant, &r.saga, &r.correlation_id)?
             .is_none()
@@ -168,20 +158,22 @@ pub fn message(dl: &DeadLetter) -> Message {
     }
 }
 
-/// An effect command that can never run, as the effect worker met it.
+/// An input that can never be processed (a saga input or an effect command): where it came
+/// from, what it was, and why it was refused.
 #[derive(Debug, Clone, Copy)]
-pub struct RefusedCommand<'a> {
-    /// Tenant (from the subject, or the default tenant when it has none).
+pub struct Refused<'a> {
+    /// Tenant (from the subject; when it has none, `_` on the saga side and the default
+    /// tenant on the effect side).
     pub tenant: &'a str,
     /// Reason class, one of [`kind`].
     pub kind: &'static str,
     /// What went wrong, for a person.
     pub reason: &'a str,
-    /// The command's subject.
+    /// The original subject.
     pub subject: &'a str,
-    /// The command's `stream:seq`.
+    /// The input's `stream:seq` (or `timer`, or `redrive:<id>`).
     pub source: &'a str,
-    /// The command's body.
+    /// The original body.
     pub body: &'a [u8],
     /// Wall-clock time of the refusal, ms since the epoch.
     pub at_ms: u64,
@@ -189,7 +181,7 @@ pub struct RefusedCommand<'a> {
 
 /// The message for an effect command that can never run (the effect worker keeps no local
 /// store: this message is the whole record).
-pub fn refused_command(p: RefusedCommand<'_>) -> Message {
+pub fn refused_command(p: Refused<'_>) -> Message {
     Message {
         subject: subject(p.tenant, p.kind),
         msg_id: format!("dl:{}:effect", p.source),
@@ -330,32 +322,36 @@ mod tests {
 
     #[test]
     fn saga_and_effect_messages_share_subject_and_fields() {
-        let route = Route {
-            saga: "order".into(),
-            correlation_id: "o-1".into(),
-        };
-        let p = Poison {
+        let refused = Refused {
             tenant: "acme",
             kind: kind::UNDECODABLE,
             reason: "body is not JSON",
             subject: "tenant.acme.aggregate.Order.o-1",
             source: "AGGREGATE_EVENTS:7",
             body: b"\xff{",
-            traceparent: None,
-            route: Some(&route),
             at_ms: 42,
         };
-        let effect = refused_command(RefusedCommand {
-            tenant: p.tenant,
-            kind: p.kind,
-            reason: p.reason,
-            subject: p.subject,
-            source: p.source,
-            body: p.body,
-            at_ms: p.at_ms,
-        });
+        let effect = refused_command(refused);
         assert_eq!(effect.msg_id, "dl:AGGREGATE_EVENTS:7:effect");
         assert_eq!(effect.subject, "tenant.acme.deadletter.undecodable");
+        assert_eq!(effect.body["body"], Json::from("\u{fffd}{"));
+        let saga = message(&DeadLetter {
+            id: 3,
+            tenant: refused.tenant.into(),
+            kind: refused.kind.into(),
+            reason: refused.reason.into(),
+            subject: refused.subject.into(),
+            source: refused.source.into(),
+            body: String::from_utf8_lossy(refused.body).into_owned(),
+            traceparent: None,
+            saga: Some("order".into()),
+            correlation_id: Some("o-1".into()),
+            attempts: 1,
+            at_ms: refused.at_ms,
+            status: DeadLetterStatus::Pending,
+        });
+        assert_eq!(saga.subject, effect.subject);
+        assert_eq!(saga.msg_id, "dl:AGGREGATE_EVENTS:7:order:3");
         for field in [
             "tenant_id",
             "kind",
@@ -366,7 +362,7 @@ mod tests {
             "at_ms",
         ] {
             assert!(effect.body.get(field).is_some(), "{field} missing");
+            assert_eq!(saga.body[field], effect.body[field], "{field} differs");
         }
-        assert_eq!(effect.body["body"], Json::from("\u{fffd}{"));
     }
 }

@@ -249,16 +249,7 @@ async fn reload_refuses_to_strand_running_instances() {
         &[],
     );
     let js = common::jetstream(&nats.url()).await;
-    let ev = common::aggregate_event(
-        "bank",
-        "Account",
-        "a-1",
-        "Deposited",
-        1_800_000_000_000,
-        serde_json::json!({"n": 1, "amount": 5}),
-    );
-    common::publish_json(&js, "tenant.bank.aggregate.Account.a-1", &ev).await;
-    common::wait_for_messages(&js, "WORKFLOW_COMMANDS", ">", 1, Duration::from_secs(30)).await;
+    common::start_ledger_instance(&js).await;
 
     // Version 2 alone, with no migration from 1: the running instance would be stranded.
     let v2 = saga_named("ledger").replace("version: 1", "version: 2");

@@ -86,11 +86,7 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
         || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (total, 0) },
     )
     .await;
-    let ns: Vec<_> = read_stream(&js, "WORKFLOW_COMMANDS", ">")
-        .await
-        .iter()
-        .map(|s| s.body["payload"]["n"].clone())
-        .collect();
+    let ns = common::command_numbers(&js).await;
     assert_eq!(ns, (1..=total).map(|n| json!(n)).collect::<Vec<_>>());
     let dir = runner.stop();
     let inst = common::open_store(dir.path())

@@ -186,11 +186,7 @@ async fn a_drain_past_drain_timeout_exits_1_and_the_next_start_publishes_the_res
         common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (inputs, 0)
     })
     .await;
-    let ns: Vec<_> = read_stream(&js, "WORKFLOW_COMMANDS", ">")
-        .await
-        .iter()
-        .map(|s| s.body["payload"]["n"].clone())
-        .collect();
+    let ns = common::command_numbers(&js).await;
     assert_eq!(ns, (1..=inputs).map(|n| json!(n)).collect::<Vec<_>>());
     runner.stop();
 }

@@ -274,16 +274,7 @@ async fn run_refuses_manifests_that_would_strand_stored_instances() {
     // A running instance on version 1.
     let runner = common::RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), &dir, &[]);
     let js = common::jetstream(&nats.url()).await;
-    let ev = common::aggregate_event(
-        "bank",
-        "Account",
-        "a-1",
-        "Deposited",
-        1_800_000_000_000,
-        serde_json::json!({"n": 1, "amount": 5}),
-    );
-    common::publish_json(&js, "tenant.bank.aggregate.Account.a-1", &ev).await;
-    common::wait_for_messages(&js, "WORKFLOW_COMMANDS", ">", 1, Duration::from_secs(30)).await;
+    common::start_ledger_instance(&js).await;
     let data = runner.stop();
 
     // Version 2 alone, with no migration from 1: the start is refused.

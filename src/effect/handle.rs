@@ -237,7 +237,7 @@ async fn refuse(
         Ok(i) => format!("{}:{}", i.stream, i.stream_sequence),
         Err(_) => subject.to_string(),
     };
-    let message = deadletter::refused_command(deadletter::RefusedCommand {
+    let message = deadletter::refused_command(deadletter::Refused {
         tenant: &tenant,
         kind,
         reason,

@@ -28,7 +28,7 @@ use libmdbx::RW;
 use serde_json::Value as Json;
 
 use super::admission::{self, envelope_malformed};
-use crate::deadletter::{self, DeadLetter, Poison, Reapply, kind};
+use crate::deadletter::{self, DeadLetter, Poison, Reapply, Refused, kind};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
 use crate::storage::tables::{DEFAULT_PARTITION, HistoryEntry, OutboxRecord, TimerEntry};
@@ -285,15 +285,17 @@ impl<'a> Processor<'a> {
         let outbox_seq = deadletter::record(
             tx,
             Poison {
-                tenant,
-                kind: k,
-                reason: &reason,
-                subject: &raw.subject,
-                source: &raw.source,
-                body: &raw.body,
+                refused: Refused {
+                    tenant,
+                    kind: k,
+                    reason: &reason,
+                    subject: &raw.subject,
+                    source: &raw.source,
+                    body: &raw.body,
+                    at_ms: self.now_ms,
+                },
                 traceparent: raw.traceparent.as_deref(),
                 route,
-                at_ms: self.now_ms,
             },
         )?;
         self.tally.last_outbox = outbox_seq;

@@ -632,3 +632,28 @@ pub async fn uncap_stream(js: &async_nats::jetstream::Context, name: &str) {
     config.max_messages = -1;
     js.update_stream(config).await.unwrap();
 }
+
+/// Starts one `ledger` instance (tenant `bank`, account `a-1`) on a running saga runner: a
+/// deposit is published and its command waited for, so the instance is stored and running.
+pub async fn start_ledger_instance(js: &async_nats::jetstream::Context) {
+    let ev = aggregate_event(
+        "bank",
+        "Account",
+        "a-1",
+        "Deposited",
+        1_800_000_000_000,
+        serde_json::json!({"n": 1, "amount": 5}),
+    );
+    publish_json(js, "tenant.bank.aggregate.Account.a-1", &ev).await;
+    wait_for_messages(js, "WORKFLOW_COMMANDS", ">", 1, Duration::from_secs(30)).await;
+}
+
+/// The `payload.n` of every message on WORKFLOW_COMMANDS, in stream order (the ledger
+/// saga's commands carry the deposit number there, so order and repeats show).
+pub async fn command_numbers(js: &async_nats::jetstream::Context) -> Vec<serde_json::Value> {
+    read_stream(js, "WORKFLOW_COMMANDS", ">")
+        .await
+        .iter()
+        .map(|s| s.body["payload"]["n"].clone())
+        .collect()
+}
