@@ -94,7 +94,11 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let setup = std::time::Instant::now() + config.nats.setup_timeout.get();
     let interrupt = lifecycle.work_token();
     let streams = broker::with_setup_retry("streams", setup, &interrupt, || {
-        broker::ensure_streams(broker.jetstream(), &config.streams)
+        broker::ensure_streams(
+            broker.jetstream(),
+            &config.streams,
+            config.partitions.enabled,
+        )
     })
     .await;
     let claims_kv = match streams {

@@ -15,6 +15,7 @@
 //! Runner's guarantees (subjects, storage, replicas, de-duplication window) stops the start
 //! with the stream, the field and both values named.
 
+pub mod batch;
 mod streams;
 
 use std::time::{Duration, Instant};
@@ -27,7 +28,8 @@ use crate::config::NatsConfig;
 pub mod headers;
 
 pub use streams::{
-    StreamSpec, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, stream_specs,
+    StreamSpec, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, fence_subjects,
+    stream_specs,
 };
 
 /// Errors while connecting or preparing streams.

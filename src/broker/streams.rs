@@ -22,26 +22,39 @@ pub struct StreamSpec {
     pub name: String,
     /// Subjects it must capture.
     pub subjects: Vec<String>,
+    /// Whether partitioned saga mode publishes into it through fenced atomic batches: it
+    /// then also captures [`fence_subjects`] and allows atomic publishing.
+    pub fenced: bool,
+}
+
+/// The fence subjects of stream `stream`: `runner.fence.<stream>.*`, one per partition (or
+/// router source), captured by the stream itself because the broker checks an expected
+/// subject sequence only against the stream that stores the message.
+pub fn fence_subjects(stream: &str) -> String {
+    format!("runner.fence.{stream}.*")
 }
 
 /// The streams Runner uses, with the subjects each must capture.
 pub fn stream_specs(cfg: &StreamsConfig) -> Vec<StreamSpec> {
-    let spec = |name: &str, subjects: &[&str]| StreamSpec {
+    let spec = |name: &str, subjects: &[&str], fenced: bool| StreamSpec {
         name: name.to_string(),
         subjects: subjects.iter().map(|s| s.to_string()).collect(),
+        fenced,
     };
     vec![
-        spec(&cfg.aggregate_events, &["tenant.*.aggregate.*.*"]),
+        spec(&cfg.aggregate_events, &["tenant.*.aggregate.*.*"], false),
         spec(
             &cfg.workflow_commands,
             &["tenant.*.effect.*.*", "tenant.*.command.*.*"],
+            true,
         ),
         spec(
             &cfg.workflow_events,
             &["tenant.*.effect_result.*.*", "tenant.*.workflow_event.*.*"],
+            true,
         ),
-        spec(&cfg.saga_inbox, &["runner.inbox.>"]),
-        spec(&cfg.dead_letter, &["tenant.*.deadletter.*"]),
+        spec(&cfg.saga_inbox, &["runner.inbox.>"], true),
+        spec(&cfg.dead_letter, &["tenant.*.deadletter.*"], true),
     ]
 }
 
@@ -76,12 +89,15 @@ fn storage_type(s: StreamStorage) -> StorageType {
 }
 
 /// Creates missing streams and checks existing ones. Never modifies an existing stream.
+/// Streams it creates always carry the fence subjects and allow atomic batches; an existing
+/// stream must have them only when `partitioned` (partitioned saga mode publishes there).
 pub async fn ensure_streams(
     js: &jetstream::Context,
     cfg: &StreamsConfig,
+    partitioned: bool,
 ) -> Result<(), BrokerError> {
     for spec in stream_specs(cfg) {
-        ensure_one(js, cfg, &spec).await?;
+        ensure_one(js, cfg, &spec, partitioned).await?;
     }
     Ok(())
 }
@@ -123,6 +139,7 @@ async fn ensure_one(
     js: &jetstream::Context,
     cfg: &StreamsConfig,
     spec: &StreamSpec,
+    partitioned: bool,
 ) -> Result<(), BrokerError> {
     let js_err = |op: &'static str, e: &dyn std::fmt::Display| BrokerError::JetStream {
         op,
@@ -137,9 +154,14 @@ async fn ensure_one(
             });
         }
         None => {
+            let mut subjects = spec.subjects.clone();
+            if spec.fenced {
+                subjects.push(fence_subjects(&spec.name));
+            }
             let want = StreamConfig {
                 name: spec.name.clone(),
-                subjects: spec.subjects.clone(),
+                subjects,
+                allow_atomic_publish: spec.fenced,
                 storage: storage_type(cfg.storage),
                 num_replicas: cfg.replicas,
                 duplicate_window: cfg.duplicate_window.get(),
@@ -171,13 +193,14 @@ async fn ensure_one(
             }
         }
     };
-    check_compatible(cfg, spec, &existing)
+    check_compatible(cfg, spec, &existing, partitioned)
 }
 
 fn check_compatible(
     cfg: &StreamsConfig,
     spec: &StreamSpec,
     have: &StreamConfig,
+    partitioned: bool,
 ) -> Result<(), BrokerError> {
     let incompatible = |field: &'static str, existing: String, wanted: String| {
         Err(BrokerError::Incompatible {
@@ -194,6 +217,19 @@ fn check_compatible(
                 format!("{:?}", have.subjects),
                 format!("a filter covering {s:?}"),
             );
+        }
+    }
+    if partitioned && spec.fenced {
+        let fences = fence_subjects(&spec.name);
+        if !have.subjects.iter().any(|h| covers(h, &fences)) {
+            return incompatible(
+                "subjects",
+                format!("{:?}", have.subjects),
+                format!("a filter covering {fences:?} (the partition fences)"),
+            );
+        }
+        if !have.allow_atomic_publish {
+            return incompatible("allow_atomic", "false".into(), "true".into());
         }
     }
     if have.storage != storage_type(cfg.storage) {

@@ -53,6 +53,35 @@ pub struct Config {
     pub saga: SagaConfig,
     /// Effect worker: claims, concurrency, acknowledgement timing.
     pub effect: EffectConfig,
+    /// Saga partitions and their ownership (scale-out).
+    pub partitions: PartitionsConfig,
+}
+
+/// `[partitions]`: saga partitions, owned one replica at a time through leases.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PartitionsConfig {
+    /// Run saga mode partitioned: inputs routed into `streams.saga_inbox`, each partition
+    /// owned by one replica under a lease, every outbox publish fenced. Off: the single-active
+    /// saga worker (one replica per set of streams).
+    pub enabled: bool,
+    /// Number of partitions P (1..=1024). Fixed per deployment: changing it re-maps keys.
+    pub count: u32,
+    /// Lease TTL: the bucket's `max_age`; renewed every third of it (1s..=5m).
+    pub lease_ttl: HumanDuration,
+    /// KV bucket of partition and router leases and member heartbeats.
+    pub leases_bucket: String,
+}
+
+impl Default for PartitionsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            count: 64,
+            lease_ttl: HumanDuration::secs(10),
+            leases_bucket: "RUNNER_LEASES".into(),
+        }
+    }
 }
 
 /// `[effect]`: the effect worker.

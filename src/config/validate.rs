@@ -234,6 +234,18 @@ impl Config {
             HumanDuration::secs(60),
             HumanDuration::secs(365 * 24 * 3600),
         )?;
+        if !(1..=1024).contains(&self.partitions.count) {
+            return invalid(
+                "partitions.count",
+                format!("must be 1 to 1024, got {}", self.partitions.count),
+            );
+        }
+        range(
+            "partitions.lease_ttl",
+            self.partitions.lease_ttl,
+            HumanDuration::secs(1),
+            HumanDuration::secs(300),
+        )?;
         range(
             "effect.default_timeout",
             self.effect.default_timeout,
