@@ -207,7 +207,7 @@ async fn fenced_messages_carry_exactly_the_fence_headers() {
     );
     assert_eq!(
         get("Nats-Expected-Last-Subject-Sequence-Subject"),
-        Some(fence_subject(5))
+        Some(fence_subject(STREAM, 5))
     );
     assert_eq!(get("Nats-Msg-Id").as_deref(), Some("h-1"));
 

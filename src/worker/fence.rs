@@ -2,10 +2,10 @@
 //! yet (scale-out groundwork); it closes the gap [`super::lease`] leaves open: a holder
 //! paused past its deadline that wakes up and publishes after another holder took over.
 //!
-//! **The fence** of partition `p` is the subject `runner.fence.<p>` ([`fence_subject`]). It
-//! must be captured by the same stream the fenced messages go to, because the server checks
-//! a publish only against the stream that stores it. (The WORKFLOW_COMMANDS stream does not
-//! capture it today; wiring this in means adding the subject there or to an outbox stream.)
+//! **The fence** of partition `p` in stream `S` is the subject `runner.fence.<S>.<p>`
+//! ([`fence_subject`]); a router's fence uses its source's name as the key. It is captured by
+//! the same stream the fenced messages go to ([`crate::broker::fence_subjects`]), because the
+//! server checks a publish only against the stream that stores it.
 //! The stream must also keep the last message of every fence subject: a limit that removes
 //! it refuses every fenced publish until the owner raises again.
 //!
@@ -21,8 +21,16 @@
 //! 2. *Publish* ([`Fence::publish`], or [`Fence::headers`] for a caller's own publish or the
 //!    first message of an atomic batch): every fenced message carries
 //!    `Nats-Expected-Last-Subject-Sequence: F` and
-//!    `Nats-Expected-Last-Subject-Sequence-Subject: runner.fence.<p>`; the server stores it
+//!    `Nats-Expected-Last-Subject-Sequence-Subject: runner.fence.<S>.<p>`; the server stores it
 //!    only while `F` is still the last sequence of the fence subject.
+//! 3. *Batch* (the relay and the routers): a fenced publisher's messages go out as atomic
+//!    batches ([`crate::broker::batch`]) whose first message carries the fence headers and
+//!    whose last is a new marker ([`Fence::marker`]) with the publisher's watermark
+//!    ([`Position`]): the messages and the watermark that covers them are stored together or
+//!    not at all, and the marker's sequence becomes the fence's `F` ([`Fence::advance`]).
+//!    A new owner reads the watermark when it raises ([`Observed::through`]; the raise's own
+//!    marker carries it forward), so it knows exactly what its predecessors stored — however
+//!    long ago, without leaning on the de-duplication window.
 //!
 //! **Guarantee.** Once a newer owner's marker is stored, the broker refuses every publish
 //! carrying the older fence (error 10071, "wrong last sequence"), however long its sender
@@ -56,23 +64,43 @@ use async_nats::jetstream::{self, context::PublishErrorKind, stream::LastRawMess
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::broker::batch::BatchMessage;
+
 /// The header naming the subject whose last sequence `Nats-Expected-Last-Subject-Sequence`
 /// refers to (async-nats has no constant for it).
 pub const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
     "Nats-Expected-Last-Subject-Sequence-Subject";
 
-/// The fence subject of `partition`: `runner.fence.<partition>`.
-pub fn fence_subject(partition: u32) -> String {
-    format!("runner.fence.{partition}")
+/// The fence subject of `key` (a partition number, or a router's source) in `stream`:
+/// `runner.fence.<stream>.<key>`, which [`crate::broker::fence_subjects`] makes the stream
+/// capture.
+pub fn fence_subject(stream: &str, key: impl std::fmt::Display) -> String {
+    format!("runner.fence.{stream}.{key}")
 }
 
-/// The marker a raise stores on the fence subject.
+/// How far a fenced publisher got: everything it publishes is ordered by (`seq`, `ord`) —
+/// for the relay the SAGA_INBOX sequence of the input that caused a record and the record's
+/// rank among that input's records, for a router the source stream sequence (`ord` 0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
+pub struct Position {
+    /// Sequence of the cause.
+    pub seq: u64,
+    /// Rank among the messages of one cause.
+    #[serde(default)]
+    pub ord: u32,
+}
+
+/// The marker stored on a fence subject: by a raise, and at the end of every fenced batch.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Marker {
     /// The raiser's lease epoch.
     epoch: u64,
     /// Who raised it (for people and logs; safety does not depend on it).
     owner: String,
+    /// Everything at or before this position is stored in the stream (absent: nothing
+    /// known). Written in the same atomic batch as the messages it covers, so it is exact.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    through: Option<Position>,
 }
 
 /// Fencing errors.
@@ -138,6 +166,8 @@ pub struct Fence {
     subject: String,
     epoch: u64,
     seq: u64,
+    owner: String,
+    through: Option<Position>,
 }
 
 /// A fence subject as read by [`Fence::observe`]: its last sequence `S` and the epoch of its
@@ -148,6 +178,7 @@ pub struct Observed {
     subject: String,
     seq: u64,
     epoch: Option<u64>,
+    through: Option<Position>,
 }
 
 impl Observed {
@@ -159,6 +190,11 @@ impl Observed {
     /// The epoch of the last marker, `None` when there was none.
     pub fn epoch(&self) -> Option<u64> {
         self.epoch
+    }
+
+    /// The watermark of the last marker: what every earlier owner has stored.
+    pub fn through(&self) -> Option<Position> {
+        self.through
     }
 
     /// Publishes this owner's marker expecting `S`. [`FenceError::Superseded`] when the last
@@ -174,6 +210,7 @@ impl Observed {
             subject,
             seq: expected,
             epoch: held,
+            through,
         } = self;
         if held.is_some_and(|held| held > epoch) {
             return Err(FenceError::Superseded { subject, epoch });
@@ -185,6 +222,7 @@ impl Observed {
             serde_json::to_vec(&Marker {
                 epoch,
                 owner: owner.to_string(),
+                through,
             })
             .unwrap_or_default(),
         );
@@ -194,6 +232,8 @@ impl Observed {
                 subject,
                 epoch,
                 seq,
+                owner: owner.to_string(),
+                through,
             }),
             Err(Sent::WrongLastSequence) => Err(FenceError::Superseded { subject, epoch }),
             Err(Sent::Other(reason)) => Err(FenceError::Nats {
@@ -212,40 +252,86 @@ impl Fence {
     pub async fn raise(
         js: &jetstream::Context,
         stream: &str,
-        partition: u32,
+        key: impl std::fmt::Display,
         epoch: u64,
         owner: &str,
     ) -> Result<Fence, FenceError> {
-        Fence::observe(js, stream, partition)
+        Fence::observe(js, stream, key)
             .await?
             .raise(js, epoch, owner)
             .await
     }
 
-    /// Reads the fence of `partition` in `stream` as it stands: the first half of a raise.
+    /// Reads the fence of `key` in `stream` as it stands: the first half of a raise.
     pub async fn observe(
         js: &jetstream::Context,
         stream: &str,
-        partition: u32,
+        key: impl std::fmt::Display,
     ) -> Result<Observed, FenceError> {
-        let subject = fence_subject(partition);
-        let (seq, epoch) = match last(js, stream, &subject).await? {
+        let subject = fence_subject(stream, key);
+        let (seq, held) = match last(js, stream, &subject).await? {
             None => (0, None),
-            Some((seq, payload)) => {
-                let held: Marker =
-                    serde_json::from_slice(&payload).map_err(|e| FenceError::Corrupt {
-                        subject: subject.clone(),
-                        reason: e.to_string(),
-                    })?;
-                (seq, Some(held.epoch))
-            }
+            Some((seq, payload)) => (seq, Some(decode(&subject, &payload)?)),
         };
         Ok(Observed {
             stream: stream.to_string(),
             subject,
             seq,
-            epoch,
+            epoch: held.as_ref().map(|m| m.epoch),
+            through: held.and_then(|m| m.through),
         })
+    }
+
+    /// Whether this fence still holds: the fence subject's last message is this fence's
+    /// marker. After an unknown or refused batch, [`Fence::recheck`] tells whether the batch
+    /// landed (the marker moved to one of ours) or not.
+    pub async fn recheck(&self, js: &jetstream::Context) -> Result<Recheck, FenceError> {
+        match last(js, &self.stream, &self.subject).await? {
+            Some((seq, _)) if seq == self.seq => Ok(Recheck::Unchanged),
+            Some((seq, payload)) => {
+                let m = decode(&self.subject, &payload)?;
+                if m.epoch == self.epoch && m.owner == self.owner {
+                    Ok(Recheck::Advanced {
+                        seq,
+                        through: m.through,
+                    })
+                } else {
+                    Ok(Recheck::Superseded)
+                }
+            }
+            None => Ok(Recheck::Superseded),
+        }
+    }
+
+    /// The watermark this fence knows: the last marker's when raised, then the last one this
+    /// owner stored.
+    pub fn through(&self) -> Option<Position> {
+        self.through
+    }
+
+    /// The marker message that ends this fence's part of a batch and records `through`.
+    pub fn marker(&self, through: Position) -> BatchMessage {
+        BatchMessage {
+            subject: self.subject.clone(),
+            headers: HeaderMap::new(),
+            payload: Bytes::from(
+                // A struct of strings and integers always serialises.
+                serde_json::to_vec(&Marker {
+                    epoch: self.epoch,
+                    owner: self.owner.clone(),
+                    through: Some(through),
+                })
+                .unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// Moves the fence to a marker of ours stored at `seq`, covering `through`.
+    pub fn advance(&mut self, seq: u64, through: Option<Position>) {
+        self.seq = seq;
+        if through.is_some() {
+            self.through = through;
+        }
     }
 
     /// `base` with the two fence headers added (replacing any earlier values):
@@ -312,6 +398,29 @@ impl Fence {
     }
 }
 
+/// What [`Fence::recheck`] found on the fence subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recheck {
+    /// Still this fence's marker: a batch that carried it was not stored.
+    Unchanged,
+    /// A later marker of this same owner and epoch: a batch of ours was stored.
+    Advanced {
+        /// Its sequence (the fence's new `F`).
+        seq: u64,
+        /// Its watermark.
+        through: Option<Position>,
+    },
+    /// Someone else's marker, or none: the fence is lost.
+    Superseded,
+}
+
+fn decode(subject: &str, payload: &[u8]) -> Result<Marker, FenceError> {
+    serde_json::from_slice(payload).map_err(|e| FenceError::Corrupt {
+        subject: subject.to_string(),
+        reason: e.to_string(),
+    })
+}
+
 /// How a publish went, as far as fencing cares.
 enum Sent {
     WrongLastSequence,
@@ -367,17 +476,19 @@ mod tests {
 
     #[test]
     fn fence_subject_names_the_partition() {
-        assert_eq!(fence_subject(0), "runner.fence.0");
-        assert_eq!(fence_subject(17), "runner.fence.17");
+        assert_eq!(fence_subject("S", 0), "runner.fence.S.0");
+        assert_eq!(fence_subject("OUT", 17), "runner.fence.OUT.17");
     }
 
     #[test]
     fn headers_add_exactly_the_two_fence_headers() {
         let fence = Fence {
             stream: "S".into(),
-            subject: fence_subject(3),
+            subject: fence_subject("S", 3),
             epoch: 9,
             seq: 42,
+            owner: "r1".into(),
+            through: None,
         };
         let mut base = HeaderMap::new();
         base.insert("Nats-Msg-Id", "m-1");
@@ -392,7 +503,7 @@ mod tests {
         assert_eq!(
             h.get(EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT)
                 .map(|v| v.as_str()),
-            Some("runner.fence.3")
+            Some("runner.fence.S.3")
         );
         assert_eq!(h.get("Nats-Msg-Id").map(|v| v.as_str()), Some("m-1"));
         assert_eq!(h.iter().count(), 3);
@@ -403,8 +514,14 @@ mod tests {
         let json: serde_json::Value = serde_json::to_value(Marker {
             epoch: 5,
             owner: "r1".into(),
+            through: None,
         })
         .unwrap();
         assert_eq!(json, serde_json::json!({"epoch": 5, "owner": "r1"}));
+        let with: Marker = serde_json::from_value(
+            serde_json::json!({"epoch": 5, "owner": "r1", "through": {"seq": 9, "ord": 2}}),
+        )
+        .unwrap();
+        assert_eq!(with.through, Some(Position { seq: 9, ord: 2 }));
     }
 }
