@@ -22,7 +22,7 @@ use libmdbx::RW;
 use serde_json::{Value as Json, json};
 
 use crate::saga::Route;
-use crate::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
+use crate::storage::tables::OutboxRecord;
 use crate::storage::{StorageError, Store, Tables};
 
 pub use crate::storage::tables::{DeadLetter, DeadLetterStatus};
@@ -70,6 +70,8 @@ pub struct Poison<'a> {
     pub traceparent: Option<&'a str>,
     /// The saga instance it concerns, when known: its key is parked.
     pub route: Option<&'a Route>,
+    /// Outbox partition and cause of its message (see [`OutboxRecord::cause`]).
+    pub outbox: (u16, (u64, u32)),
 }
 
 /// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
@@ -102,13 +104,14 @@ pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<u64, StorageErr
     }
     let message = message(&letter);
     let outbox_seq = tx.push_outbox(
-        DEFAULT_PARTITION,
+        poison.outbox.0,
         &OutboxRecord {
             subject: message.subject,
             msg_id: message.msg_id,
             tenant: p.tenant.to_string(),
             traceparent: letter.traceparent.clone(),
             body: message.body.to_string(),
+            cause: poison.outbox.1,
         },
     )?;
     tracing::warn!(message = "Input dead-lettered.", tenant = p.tenant, kind = p.kind, reason = %letter.reason, source = %letter.source, saga = ?letter.saga, correlation_id = ?letter.correlation_id, id = letter.id);

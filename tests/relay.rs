@@ -29,6 +29,7 @@ fn record(i: u64, subject_of: u64) -> OutboxRecord {
         msg_id: format!("rec-{i}"),
         tenant: "t".into(),
         traceparent: None,
+        cause: (0, 0),
         body: format!("{{\"i\":{i}}}"),
     }
 }

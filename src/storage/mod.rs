@@ -286,6 +286,7 @@ mod table_tests {
             tenant: "acme".into(),
             traceparent: Some("00-abc-def-01".into()),
             body: r#"{"quote":"\"x\"","n":1}"#.into(),
+            cause: (0, 0),
         };
         let without = OutboxRecord {
             traceparent: None,

@@ -47,6 +47,33 @@ pub struct Processor<'a> {
     pub now_ms: u64,
     /// What happened.
     pub tally: Tally,
+    /// In partitioned mode, the partition being applied and the current cause.
+    pub scope: Option<Scope>,
+}
+
+/// The partition a [`Processor`] applies inputs of (partitioned mode): only routes whose key
+/// hashes to `partition` are applied (the other routes of one input belong to other
+/// partitions, whose owners apply them from their own copy), and every outbox record is
+/// written to that partition with its cause.
+#[derive(Debug, Clone, Copy)]
+pub struct Scope {
+    /// This partition.
+    pub partition: u32,
+    /// P.
+    pub count: u32,
+    /// The cause of the records written now: the input's SAGA_INBOX sequence, or the
+    /// partition checkpoint when a timer fires.
+    pub seq: u64,
+    /// Records written so far for this cause.
+    pub ord: u32,
+}
+
+impl Scope {
+    /// Whether a route's key belongs to this partition.
+    fn owns(&self, tenant: &str, route: &Route) -> bool {
+        super::partition::partition(tenant, &route.saga, &route.correlation_id, self.count)
+            == self.partition
+    }
 }
 
 impl<'a> Processor<'a> {
@@ -57,6 +84,26 @@ impl<'a> Processor<'a> {
             limits,
             now_ms,
             tally: Tally::default(),
+            scope: None,
+        }
+    }
+
+    /// Sets the cause of the records written from now on (partitioned mode).
+    pub fn cause(&mut self, seq: u64) {
+        if let Some(s) = &mut self.scope {
+            s.seq = seq;
+            s.ord = 0;
+        }
+    }
+
+    /// The outbox partition and cause of the next record, advancing the rank.
+    fn next_slot(&mut self) -> (u16, (u64, u32)) {
+        match &mut self.scope {
+            None => (DEFAULT_PARTITION, (0, 0)),
+            Some(s) => {
+                s.ord += 1;
+                (s.partition as u16, (s.seq, s.ord))
+            }
         }
     }
 
@@ -99,6 +146,11 @@ impl<'a> Processor<'a> {
             return Ok(());
         }
         for route in &routes {
+            if let Some(s) = &self.scope
+                && !s.owns(tenant, route)
+            {
+                continue;
+            }
             self.route(tx, raw, tenant, &input, route, false)?;
         }
         Ok(())
@@ -176,8 +228,11 @@ impl<'a> Processor<'a> {
                         tenant: tenant.to_string(),
                         traceparent: raw.traceparent.clone(),
                         body: serde_json::to_string(&w.body).unwrap_or_default(),
+                        cause: (0, 0),
                     };
-                    self.tally.last_outbox = tx.push_outbox(DEFAULT_PARTITION, &rec)?;
+                    let (partition, cause) = self.next_slot();
+                    let rec = OutboxRecord { cause, ..rec };
+                    self.tally.last_outbox = tx.push_outbox(partition, &rec)?;
                     self.tally.outbox += 1;
                 }
                 for c in &applied.timers_cancelled {
@@ -282,9 +337,11 @@ impl<'a> Processor<'a> {
         reason: String,
         route: Option<&Route>,
     ) -> Result<()> {
+        let outbox = self.next_slot();
         let outbox_seq = deadletter::record(
             tx,
             Poison {
+                outbox,
                 refused: Refused {
                     tenant,
                     kind: k,

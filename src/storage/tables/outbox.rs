@@ -33,27 +33,57 @@ pub struct OutboxRecord {
     pub traceparent: Option<String>,
     /// Body bytes (JSON text).
     pub body: String,
+    /// What caused the record, in partitioned mode: the SAGA_INBOX sequence of the input
+    /// (or the partition's checkpoint when a timer fired) and the record's rank among that
+    /// cause's records. The relay compares it with the partition's fence watermark, so a
+    /// record whose cause a predecessor already published is not published again.
+    /// `(0, 0)`: unpartitioned.
+    #[serde(default)]
+    pub cause: (u64, u32),
 }
 
 /// Format byte of a binary outbox record (see [`crate::storage::codec`]).
 const OUTBOX_FORMAT_1: u8 = 1;
+/// Format 2: format 1 with the cause (sequence, rank) before the body.
+const OUTBOX_FORMAT_2: u8 = 2;
 
 impl OutboxRecord {
     /// Encodes the record: subject, msg id, tenant, traceparent, then the body bytes to
     /// the end, stored as they are (no escaping, no second JSON around them).
     pub fn encode(&self) -> Vec<u8> {
         let size = 16 + self.subject.len() + self.msg_id.len() + self.tenant.len();
-        Writer::new(OUTBOX_FORMAT_1, size + self.body.len() + 64)
+        if self.cause == (0, 0) {
+            return Writer::new(OUTBOX_FORMAT_1, size + self.body.len() + 64)
+                .str(&self.subject)
+                .str(&self.msg_id)
+                .str(&self.tenant)
+                .opt_str(self.traceparent.as_deref())
+                .tail(self.body.as_bytes())
+                .finish();
+        }
+        Writer::new(OUTBOX_FORMAT_2, size + self.body.len() + 80)
             .str(&self.subject)
             .str(&self.msg_id)
             .str(&self.tenant)
             .opt_str(self.traceparent.as_deref())
+            .u64(self.cause.0)
+            .u64(u64::from(self.cause.1))
             .tail(self.body.as_bytes())
             .finish()
     }
 
     /// Decodes what [`OutboxRecord::encode`] wrote, or the JSON form of older stores.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
+        if let Some(mut r) = Reader::open(bytes, OUTBOX_FORMAT_2, "outbox record") {
+            return Ok(Self {
+                subject: r.str()?,
+                msg_id: r.str()?,
+                tenant: r.str()?,
+                traceparent: r.opt_str()?,
+                cause: (r.u64()?, r.u64()? as u32),
+                body: r.rest()?,
+            });
+        }
         let Some(mut r) = Reader::open(bytes, OUTBOX_FORMAT_1, "outbox record") else {
             return json(bytes, "outbox record");
         };
@@ -63,6 +93,7 @@ impl OutboxRecord {
             tenant: r.str()?,
             traceparent: r.opt_str()?,
             body: r.rest()?,
+            cause: (0, 0),
         })
     }
 }
