@@ -90,6 +90,22 @@ pub mod names {
     pub const TIMER_FIRE_LAG_SECONDS: &str = "runner_timer_fire_lag_seconds";
     /// Dead letters by kind.
     pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
+    /// Saga partitions this replica owns now (partitioned mode).
+    pub const PARTITIONS_OWNED: &str = "runner_partitions_owned";
+    /// Lease epoch of each partition this replica owns (0 when not owned).
+    pub const PARTITION_EPOCH: &str = "runner_partition_epoch";
+    /// Inbox messages after the last one read, by owned partition.
+    pub const PARTITION_LAG: &str = "runner_partition_lag";
+    /// Partition lease events (`acquired`, `renewed`, `lost`, `released`, `fenced`).
+    pub const LEASE_EVENTS_TOTAL: &str = "runner_lease_events_total";
+    /// Fenced publishes the broker refused because a newer owner raised the fence.
+    pub const FENCED_REJECTIONS_TOTAL: &str = "runner_fenced_rejections_total";
+    /// Outbox records not published because the fence watermark showed a predecessor had.
+    pub const RELAY_SUPPRESSED_TOTAL: &str = "runner_relay_suppressed_total";
+    /// Input copies the routers stored in the saga inbox.
+    pub const ROUTER_COPIES_TOTAL: &str = "runner_router_copies_total";
+    /// Partitions taken over, and how long from lease to first read, seconds.
+    pub const PARTITION_START_SECONDS: &str = "runner_partition_start_seconds";
     /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
     /// `completed`, `failed`, `replayed`).
     pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
@@ -152,6 +168,22 @@ pub struct Metrics {
     pub timer_fire_lag: Histogram,
     /// See [`names::DEADLETTERS_TOTAL`].
     pub deadletters: IntCounterVec,
+    /// See [`names::PARTITIONS_OWNED`].
+    pub partitions_owned: IntGauge,
+    /// See [`names::PARTITION_EPOCH`].
+    pub partition_epoch: IntGaugeVec,
+    /// See [`names::PARTITION_LAG`].
+    pub partition_lag: IntGaugeVec,
+    /// See [`names::LEASE_EVENTS_TOTAL`].
+    pub lease_events: IntCounterVec,
+    /// See [`names::FENCED_REJECTIONS_TOTAL`].
+    pub fenced_rejections: IntCounter,
+    /// See [`names::RELAY_SUPPRESSED_TOTAL`].
+    pub relay_suppressed: IntCounter,
+    /// See [`names::ROUTER_COPIES_TOTAL`].
+    pub router_copies: IntCounter,
+    /// See [`names::PARTITION_START_SECONDS`].
+    pub partition_start_seconds: Histogram,
     /// See [`names::EFFECT_CLAIMS_TOTAL`].
     pub effect_claims: IntCounterVec,
     /// See [`names::EFFECT_COMMANDS_TOTAL`].
@@ -367,6 +399,60 @@ impl Metrics {
             r,
             IntGauge::new(names::EFFECT_IN_FLIGHT, "Effect commands executing now.")?,
         )?;
+        let partitions_owned = reg(
+            r,
+            IntGauge::new(names::PARTITIONS_OWNED, "Saga partitions owned now.")?,
+        )?;
+        let partition_epoch = reg(
+            r,
+            IntGaugeVec::new(
+                Opts::new(names::PARTITION_EPOCH, "Lease epoch per owned partition."),
+                &["partition"],
+            )?,
+        )?;
+        let partition_lag = reg(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    names::PARTITION_LAG,
+                    "Inbox messages not yet read, per partition.",
+                ),
+                &["partition"],
+            )?,
+        )?;
+        let lease_events = reg(
+            r,
+            IntCounterVec::new(
+                Opts::new(names::LEASE_EVENTS_TOTAL, "Partition lease events."),
+                &["event"],
+            )?,
+        )?;
+        for e in ["acquired", "renewed", "lost", "released", "fenced"] {
+            lease_events.with_label_values(&[e]);
+        }
+        let fenced_rejections = reg(
+            r,
+            IntCounter::new(
+                names::FENCED_REJECTIONS_TOTAL,
+                "Fenced publishes refused by the broker.",
+            )?,
+        )?;
+        let relay_suppressed = reg(
+            r,
+            IntCounter::new(
+                names::RELAY_SUPPRESSED_TOTAL,
+                "Outbox records a predecessor had already published.",
+            )?,
+        )?;
+        let router_copies = reg(
+            r,
+            IntCounter::new(names::ROUTER_COPIES_TOTAL, "Input copies routed.")?,
+        )?;
+        let partition_start_seconds = hist(
+            names::PARTITION_START_SECONDS,
+            "Seconds from winning a partition lease to reading its inbox.",
+            LATENCY_BUCKETS,
+        )?;
         Ok(Self {
             registry,
             effect_claims,
@@ -395,6 +481,14 @@ impl Metrics {
             timers_fired,
             timer_fire_lag,
             deadletters,
+            partitions_owned,
+            partition_epoch,
+            partition_lag,
+            lease_events,
+            fenced_rejections,
+            relay_suppressed,
+            router_copies,
+            partition_start_seconds,
         })
     }
 

@@ -25,7 +25,9 @@
 
 use std::time::Duration;
 
-use async_nats::header::{NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE};
+use async_nats::header::{
+    NATS_BATCH_COMMIT, NATS_BATCH_COMMIT_FINAL, NATS_BATCH_ID, NATS_BATCH_SEQUENCE,
+};
 use async_nats::{Client, HeaderMap};
 use bytes::Bytes;
 use serde::Deserialize;
@@ -186,9 +188,8 @@ mod tests {
         )
         .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.error.map(|e| e.err_code), Some(DUPLICATE_ID));
-        let a: Answer =
-            serde_json::from_str(r#"{"stream":"S","seq":7,"batch":"b1","count":5}"#)
-                .unwrap_or_else(|e| panic!("{e}"));
+        let a: Answer = serde_json::from_str(r#"{"stream":"S","seq":7,"batch":"b1","count":5}"#)
+            .unwrap_or_else(|e| panic!("{e}"));
         assert!(a.error.is_none());
         assert_eq!((a.seq, a.count), (7, Some(5)));
     }

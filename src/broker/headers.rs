@@ -13,6 +13,10 @@ use async_nats::HeaderMap;
 pub const TENANT_HEADER: &str = "Runner-Tenant";
 /// W3C trace context header.
 pub const TRACEPARENT_HEADER: &str = "traceparent";
+/// On a routed input in the saga inbox: the subject it was published on.
+pub const ROUTED_SUBJECT: &str = "Runner-Subject";
+/// On a routed input in the saga inbox: where it was read, `<stream>:<sequence>`.
+pub const ROUTED_SOURCE: &str = "Runner-Source";
 
 /// The headers of a message Runner publishes: its id, its tenant when known, and the
 /// causing input's trace context when it had one.
@@ -54,4 +58,19 @@ mod tests {
         assert_eq!(traceparent(Some(&bare)), None);
         assert_eq!(traceparent(None), None);
     }
+}
+
+/// `headers` without `Nats-Msg-Id` (a fenced batch sent again after the stream refused an
+/// id an earlier writer left in its window: the fence, not the id, keeps it single).
+pub fn without_msg_id(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, values) in headers.iter() {
+        if *name == async_nats::header::NATS_MESSAGE_ID {
+            continue;
+        }
+        for v in values {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    out
 }

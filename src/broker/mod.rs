@@ -29,7 +29,7 @@ pub mod headers;
 
 pub use streams::{
     StreamSpec, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, fence_subjects,
-    stream_specs,
+    stream_for, stream_specs,
 };
 
 /// Errors while connecting or preparing streams.

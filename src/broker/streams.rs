@@ -58,6 +58,13 @@ pub fn stream_specs(cfg: &StreamsConfig) -> Vec<StreamSpec> {
     ]
 }
 
+/// The stream among [`stream_specs`] that captures `subject`, if any.
+pub fn stream_for(cfg: &StreamsConfig, subject: &str) -> Option<StreamSpec> {
+    stream_specs(cfg)
+        .into_iter()
+        .find(|s| s.subjects.iter().any(|f| covers(f, subject)))
+}
+
 /// Whether subject filter `filter` matches every subject that `pattern` matches.
 pub(crate) fn covers(filter: &str, pattern: &str) -> bool {
     let f: Vec<&str> = filter.split('.').collect();

@@ -16,6 +16,8 @@
 //!
 //! On drain it keeps publishing until the outbox is empty, then returns.
 
+pub mod fenced;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

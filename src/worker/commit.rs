@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Limits, RawInput};
-use super::process::Processor;
+use super::process::{Processor, Scope, TIMER_SUBJECT};
 use super::tally::Tally;
 use crate::clock::now_ms;
 use crate::manifest::Catalog;
@@ -47,7 +47,21 @@ const QUEUE: usize = 8;
 struct Job {
     checkpoint: String,
     batch: Vec<(u64, RawInput)>,
+    scope: Option<Scoped>,
     reply: oneshot::Sender<Committed>,
+}
+
+/// The partition a batch belongs to (partitioned mode): its inputs are applied to that
+/// partition's keys only, its outbox records go to that partition with their causes, and
+/// the records its relay has published are deleted in the same transaction.
+#[derive(Clone, Debug)]
+pub(crate) struct Scoped {
+    /// The partition.
+    pub partition: u32,
+    /// P.
+    pub count: u32,
+    /// The partition's relay handle.
+    pub relay: RelayHandle,
 }
 
 /// The consumer loops' handle on the group commit: cheap to clone, one per loop.
@@ -74,13 +88,19 @@ impl Committer {
     /// Hands `batch` (stream sequence and input, in stream order) to the commit task and
     /// waits until it is durably applied under checkpoint key `checkpoint`. Returns the new
     /// checkpoint and what happened, or the error that kept the transaction from committing.
-    pub(crate) async fn submit(&self, checkpoint: &str, batch: Vec<(u64, RawInput)>) -> Committed {
+    pub(crate) async fn submit(
+        &self,
+        checkpoint: &str,
+        batch: Vec<(u64, RawInput)>,
+        scope: Option<Scoped>,
+    ) -> Committed {
         let (reply, answer) = oneshot::channel();
         let gone = || StorageError::Task("the committer has stopped".into());
         self.jobs
             .send(Job {
                 checkpoint: checkpoint.to_string(),
                 batch,
+                scope,
                 reply,
             })
             .await
@@ -117,31 +137,46 @@ impl CommitTask {
         let metrics = &self.state.metrics;
         let started = Instant::now();
         let inputs: usize = group.iter().map(|j| j.batch.len()).sum();
+        let mut deletions = vec![(DEFAULT_PARTITION, self.relay.clone())];
+        for j in &group {
+            if let Some(s) = &j.scope {
+                deletions.push((s.partition as u16, s.relay.clone()));
+            }
+        }
+        let published: Vec<(u16, RelayHandle, u64)> = deletions
+            .into_iter()
+            .filter_map(|(p, h)| h.deletable_through().map(|upto| (p, h, upto)))
+            .collect();
         let (replies, work): (Vec<_>, Vec<_>) = group
             .into_iter()
-            .map(|j| (j.reply, (j.checkpoint, j.batch)))
+            .map(|j| {
+                let scope = j.scope.map(|s| (s.partition, s.count));
+                (j.reply, (j.checkpoint, j.batch, scope))
+            })
             .unzip();
         let catalog = self.state.catalog();
         let limits = Limits::from_config(&self.state.config);
-        let published = self.relay.deletable_through();
+        let doomed: Vec<(u16, u64)> = published.iter().map(|(p, _, u)| (*p, *u)).collect();
         let out = self
             .state
             .store
             .run(move |s| {
                 s.write_blocking(|t| {
-                    if let Some(upto) = published {
-                        t.delete_outbox_through(DEFAULT_PARTITION, upto)?;
+                    for (p, upto) in &doomed {
+                        t.delete_outbox_through(*p, *upto)?;
                     }
                     work.iter()
-                        .map(|(key, batch)| apply_in(t, &catalog, &limits, key, batch))
+                        .map(|(key, batch, scope)| {
+                            apply_in(t, &catalog, &limits, key, batch, *scope)
+                        })
                         .collect::<Result<Vec<_>>>()
                 })
             })
             .await;
         match out {
             Ok(results) => {
-                if let Some(upto) = published {
-                    self.relay.note_deleted(upto);
+                for (_, handle, upto) in &published {
+                    handle.note_deleted(*upto);
                 }
                 metrics
                     .saga_commit_seconds
@@ -171,7 +206,7 @@ pub fn apply_inputs(
     checkpoint_key: &str,
     batch: &[(u64, RawInput)],
 ) -> Result<(u64, Tally)> {
-    store.write_blocking(|t| apply_in(t, catalog, limits, checkpoint_key, batch))
+    store.write_blocking(|t| apply_in(t, catalog, limits, checkpoint_key, batch, None))
 }
 
 /// [`apply_inputs`] inside the caller's transaction.
@@ -181,15 +216,27 @@ fn apply_in(
     limits: &Limits,
     checkpoint_key: &str,
     batch: &[(u64, RawInput)],
+    scope: Option<(u32, u32)>,
 ) -> Result<(u64, Tally)> {
     let cp = t.checkpoint(checkpoint_key)?;
     let mut p = Processor::new(catalog, limits, now_ms());
+    p.scope = scope.map(|(partition, count)| Scope {
+        partition,
+        count,
+        seq: 0,
+        ord: 0,
+    });
     let mut last = cp;
     for (seq, raw) in batch {
         if *seq <= last {
             continue;
         }
-        p.input(t, raw)?;
+        p.cause(*seq);
+        if raw.subject == TIMER_SUBJECT {
+            p.fired_timer(t, raw)?;
+        } else {
+            p.input(t, raw)?;
+        }
         last = *seq;
     }
     if last > cp {

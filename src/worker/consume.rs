@@ -23,7 +23,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
-use super::commit::Committer;
+use super::commit::{Committer, Scoped};
 use crate::backoff::Backoff;
 use crate::broker::headers;
 use crate::relay::RelayHandle;
@@ -36,8 +36,10 @@ pub struct Input {
     pub stream: String,
     /// Subject filters.
     pub filters: Vec<String>,
-    /// Checkpoint key (`<consumer>:<stream>`).
+    /// Checkpoint key (`<consumer>:<stream>`, or `<consumer>:<inbox>:<p>` for a partition).
     pub checkpoint: String,
+    /// The partition read (partitioned mode).
+    pub(crate) scope: Option<Scoped>,
 }
 
 /// The inputs of a saga worker, from config.
@@ -47,6 +49,7 @@ pub fn inputs(state: &AppState) -> Vec<Input> {
         stream: stream.to_string(),
         filters: filters.iter().map(|f| f.to_string()).collect(),
         checkpoint: format!("{}:{stream}", c.consumers.saga),
+        scope: None,
     };
     vec![
         mk(&c.streams.aggregate_events, &["tenant.*.aggregate.>"]),
@@ -139,10 +142,13 @@ pub(crate) async fn run(
                 batch,
                 failure,
                 lag,
-            } = read_chunk(&input.stream, chunk);
+            } = read_chunk(&input.stream, input.scope.is_some(), chunk);
             if !batch.is_empty() {
                 let n = batch.len();
-                match committer.submit(&input.checkpoint, batch).await {
+                match committer
+                    .submit(&input.checkpoint, batch, input.scope.clone())
+                    .await
+                {
                     Ok((cp, tally)) => {
                         metrics
                             .saga_inputs
@@ -208,7 +214,11 @@ struct Chunk<E> {
 }
 
 /// Turns a chunk of consumer items into inputs, stopping at the first error.
-fn read_chunk<E>(stream: &str, chunk: Vec<Result<async_nats::jetstream::Message, E>>) -> Chunk<E> {
+fn read_chunk<E>(
+    stream: &str,
+    inbox: bool,
+    chunk: Vec<Result<async_nats::jetstream::Message, E>>,
+) -> Chunk<E> {
     let mut out = Chunk {
         batch: Vec::with_capacity(chunk.len()),
         failure: None,
@@ -221,13 +231,25 @@ fn read_chunk<E>(stream: &str, chunk: Vec<Result<async_nats::jetstream::Message,
                 let seq = info.stream_sequence;
                 out.lag = Some(info.pending);
                 let traceparent = headers::traceparent(msg.headers.as_ref());
+                // A routed input (read from the inbox, which only routers write) names where
+                // it came from; on any other stream these headers are ignored, so a
+                // publisher cannot claim another subject or tenant through them.
+                let routed = |name: &str| {
+                    msg.headers
+                        .as_ref()
+                        .filter(|_| inbox)
+                        .and_then(|h| h.get(name))
+                        .map(|v| v.as_str().to_string())
+                };
                 out.batch.push((
                     seq,
                     RawInput {
-                        subject: msg.subject.to_string(),
+                        subject: routed(headers::ROUTED_SUBJECT)
+                            .unwrap_or_else(|| msg.subject.to_string()),
                         body: msg.payload.to_vec(),
                         traceparent,
-                        source: format!("{stream}:{seq}"),
+                        source: routed(headers::ROUTED_SOURCE)
+                            .unwrap_or_else(|| format!("{stream}:{seq}")),
                     },
                 ));
             }

@@ -65,12 +65,14 @@
 //! expects, so a cancelled timer never fires.
 
 pub mod admission;
+pub mod assign;
 mod commit;
 mod consume;
 pub mod fence;
 pub mod lease;
 pub mod partition;
 pub mod process;
+pub mod router;
 mod sweep;
 pub mod tally;
 mod timers;

@@ -37,6 +37,10 @@ use crate::storage::{Result, Tables};
 pub use super::admission::{Limits, MAX_ID_BYTES, MAX_TENANT_BYTES, RawInput, split_subject};
 pub use super::tally::Tally;
 
+/// The subject a timer firing carries in the inbox (header `Runner-Subject`); never a
+/// subject anyone publishes on.
+pub const TIMER_SUBJECT: &str = "runner.timer";
+
 /// Applies inputs to the tables of one write transaction.
 pub struct Processor<'a> {
     /// The manifests in force for this batch.
@@ -154,6 +158,26 @@ impl<'a> Processor<'a> {
             self.route(tx, raw, tenant, &input, route, false)?;
         }
         Ok(())
+    }
+
+    /// Applies a timer firing read from the partition's inbox (partitioned mode: a due
+    /// timer is published into the inbox and applied from there, so it has a place in the
+    /// partition's log and replays like any input). Its body is the [`TimerEntry`]; a timer
+    /// no longer pending (cancelled, or fired by an earlier copy of this message) is ignored.
+    pub fn fired_timer(&mut self, tx: &Tables<'_, RW>, raw: &RawInput) -> Result<()> {
+        let Ok(t) = serde_json::from_slice::<TimerEntry>(&raw.body) else {
+            tracing::warn!(message = "Unreadable timer firing ignored.", source = %raw.source);
+            return Ok(());
+        };
+        let pending = tx
+            .timers_of(&t.tenant, &t.saga, &t.correlation_id)?
+            .into_iter()
+            .any(|e| e == t);
+        if !pending {
+            self.tally.note(&t.saga, "ignored");
+            return Ok(());
+        }
+        self.timer(tx, &t)
     }
 
     /// Applies a due timer and removes its schedule entry.

@@ -1,0 +1,339 @@
+//! The router of one source stream (partitioned mode, DESIGN §8.2): copies each input of
+//! the source into the saga inbox partition of every saga instance it reaches.
+//!
+//! A routed copy goes to `runner.inbox.<p>.<source>` with headers `Runner-Subject` (where
+//! it was published), `Runner-Source` (`<source>:<seq>`), its `traceparent`, and
+//! `Nats-Msg-Id` `<source>:<seq>:<p>`. An input that reaches several instances in one
+//! partition is copied there once (the partition's owner applies it to each); an input
+//! that cannot be routed (undecodable, a failing correlation expression, an engine panic)
+//! goes to partition `seq mod P`, whose owner dead-letters it with the reason; an input no
+//! saga wants is not copied.
+//!
+//! **Guarantees.**
+//! - **One router per source.** It runs only while holding the lease `r.<source>` in the
+//!   leases bucket; past its monotonic deadline it stops before the next batch.
+//! - **Fenced, atomic, exact progress.** Copies go out as atomic batches into the inbox,
+//!   fenced on `runner.fence.<inbox>.<source>`, each ending with a marker that records the
+//!   last source sequence it covers. So a batch and its progress are stored together or not
+//!   at all; a router that was paused and replaced cannot store anything (the new router
+//!   raised the fence); and a new router resumes exactly after the last marker. No input
+//!   is copied twice or skipped, whatever the de-duplication window.
+//! - **Per-source order.** One batch in flight; the next starts after the answer, so the
+//!   inbox holds every partition's inputs in source order.
+//!
+//! **What each failure costs.** A refused or unanswered batch is checked against the fence
+//! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
+//! routing; contend for the lease again). A source message larger than the inbox accepts
+//! stops this source's routing with an error logged on each try (the other source goes on).
+
+use std::collections::BTreeSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use async_nats::jetstream::kv;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::admission::{self, Limits, RawInput};
+use super::consume::Input;
+use super::fence::{Fence, Position, Recheck};
+use super::lease::Lease;
+use super::partition::partition;
+use crate::backoff::Backoff;
+use crate::broker::batch::{self, BatchError, BatchMessage};
+use crate::broker::headers;
+use crate::manifest::Catalog;
+use crate::runtime::AppState;
+
+/// Most source inputs in one batch (each may add a few copies; the batch limit is 1000).
+const INPUTS_PER_BATCH: usize = 200;
+/// Most copies in one batch before it is cut.
+const COPIES_PER_BATCH: usize = 900;
+
+/// The lease key of a source's router.
+pub fn router_key(source: &str) -> String {
+    format!("r.{source}")
+}
+
+/// The partitions an input's copies go to: one per partition its routes reach, or
+/// `seq mod P` for an input that cannot be routed (its owner dead-letters it).
+pub fn destinations(
+    catalog: &Catalog,
+    limits: &Limits,
+    raw: &RawInput,
+    seq: u64,
+    count: u32,
+) -> BTreeSet<u32> {
+    let poison = || BTreeSet::from([(seq % u64::from(count)) as u32]);
+    let Ok(admitted) = admission::admit(raw, limits) else {
+        return poison();
+    };
+    match catch_unwind(AssertUnwindSafe(|| {
+        crate::saga::route(catalog, &admitted.input)
+    })) {
+        Ok(Ok(routes)) => routes
+            .iter()
+            .map(|r| partition(admitted.tenant, &r.saga, &r.correlation_id, count))
+            .collect(),
+        _ => poison(),
+    }
+}
+
+/// Routes `source` while this replica holds its lease, contending again after losing it,
+/// until `cancel` fires.
+pub(crate) async fn run(
+    state: Arc<AppState>,
+    leases: kv::Store,
+    source: Input,
+    cancel: CancellationToken,
+) {
+    let ttl = state.config.partitions.lease_ttl.get();
+    let key = router_key(&source.stream);
+    let mut backoff = Backoff::new(Duration::from_millis(200), ttl / 3).with_jitter();
+    while !cancel.is_cancelled() {
+        let lease = match Lease::acquire(&leases, &key, &state.node_id, ttl).await {
+            Ok(Some(l)) => l,
+            Ok(None) => {
+                // Someone routes it; look again in a while (it may die).
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(ttl / 3) => continue,
+                }
+            }
+            Err(e) => {
+                tracing::warn!(message = "Cannot contend for the router lease.", source = %source.stream, error = %e);
+                backoff.sleep(&cancel).await;
+                continue;
+            }
+        };
+        tracing::info!(message = "Routing.", source = %source.stream, epoch = lease.epoch());
+        let why = route_while_held(&state, &source, lease, &cancel).await;
+        tracing::info!(message = "Stopped routing.", source = %source.stream, reason = %why);
+        backoff.sleep(&cancel).await;
+    }
+}
+
+/// Routes until the lease or the fence is lost, or `cancel` fires; returns why it stopped.
+async fn route_while_held(
+    state: &AppState,
+    source: &Input,
+    mut lease: Lease,
+    cancel: &CancellationToken,
+) -> String {
+    let js = state.broker.jetstream();
+    let inbox = &state.config.streams.saga_inbox;
+    let mut fence =
+        match Fence::raise(js, inbox, &source.stream, lease.epoch(), &state.node_id).await {
+            Ok(f) => f,
+            Err(e) => return format!("cannot raise the fence: {e}"),
+        };
+    let mut renewed = Instant::now();
+    let mut backoff =
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_jitter();
+    'open: loop {
+        let from = fence.through().map_or(1, |p| p.seq + 1);
+        let consumer = async {
+            let stream = js.get_stream(&source.stream).await?;
+            let c = stream
+                .create_consumer(OrderedConfig {
+                    filter_subjects: source.filters.clone(),
+                    deliver_policy: DeliverPolicy::ByStartSequence {
+                        start_sequence: from,
+                    },
+                    ..OrderedConfig::default()
+                })
+                .await?;
+            Ok::<_, async_nats::Error>(c.messages().await?)
+        };
+        let mut chunks = match consumer.await {
+            Ok(m) => m.ready_chunks(INPUTS_PER_BATCH),
+            Err(e) => {
+                tracing::warn!(message = "Router cannot open its consumer; retrying.", source = %source.stream, error = %e);
+                backoff.sleep(cancel).await;
+                if cancel.is_cancelled() {
+                    return "drain".into();
+                }
+                continue;
+            }
+        };
+        loop {
+            if renewed.elapsed() >= lease.renew_every() {
+                match lease.renew().await {
+                    Ok(()) => renewed = Instant::now(),
+                    Err(e) => {
+                        tracing::warn!(message = "Router lease renewal failed.", source = %source.stream, error = %e)
+                    }
+                }
+            }
+            if !lease.is_valid() {
+                return "the lease expired or was lost".into();
+            }
+            let next = tokio::select! {
+                _ = cancel.cancelled() => {
+                    let _ = lease.release().await;
+                    return "drain".into();
+                }
+                _ = tokio::time::sleep(lease.renew_every() / 2) => continue,
+                c = chunks.next() => c,
+            };
+            let Some(chunk) = next else { continue 'open };
+            let mut inputs = Vec::with_capacity(chunk.len());
+            let mut failed = false;
+            for item in chunk {
+                match item {
+                    Ok(msg) => inputs.push(msg),
+                    Err(e) => {
+                        tracing::warn!(message = "Router consumer error; reopening.", source = %source.stream, error = %e);
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if !inputs.is_empty() {
+                match send(state, source, &mut fence, inputs).await {
+                    Ok(()) => backoff.reset(),
+                    Err(Stop::Fenced) => return "fenced off by a newer router".into(),
+                    Err(Stop::Retry) => {
+                        backoff.sleep(cancel).await;
+                        continue 'open;
+                    }
+                }
+            }
+            if failed {
+                backoff.sleep(cancel).await;
+                continue 'open;
+            }
+        }
+    }
+}
+
+/// Why a batch did not go through.
+enum Stop {
+    /// The fence moved to another router.
+    Fenced,
+    /// Reopen at the fence's watermark and try again.
+    Retry,
+}
+
+/// Copies `inputs` into the inbox as fenced batches; advances the fence.
+async fn send(
+    state: &AppState,
+    source: &Input,
+    fence: &mut Fence,
+    inputs: Vec<async_nats::jetstream::Message>,
+) -> Result<(), Stop> {
+    let count = state.config.partitions.count;
+    let catalog = state.catalog();
+    let limits = Limits::from_config(&state.config);
+    let mut copies: Vec<BatchMessage> = Vec::new();
+    let mut last = None;
+    for msg in inputs {
+        let Ok(info) = msg.info() else { continue };
+        let seq = info.stream_sequence;
+        if fence.through().is_some_and(|t| seq <= t.seq) {
+            continue;
+        }
+        let traceparent = headers::traceparent(msg.headers.as_ref());
+        let raw = RawInput {
+            subject: msg.subject.to_string(),
+            body: msg.payload.to_vec(),
+            traceparent: traceparent.clone(),
+            source: format!("{}:{seq}", source.stream),
+        };
+        for p in destinations(&catalog, &limits, &raw, seq, count) {
+            let mut h = HeaderMap::new();
+            h.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{}:{seq}:{p}", source.stream).as_str(),
+            );
+            h.insert(headers::ROUTED_SUBJECT, raw.subject.as_str());
+            h.insert(headers::ROUTED_SOURCE, raw.source.as_str());
+            if let Some(tp) = &traceparent {
+                h.insert(headers::TRACEPARENT_HEADER, tp.as_str());
+            }
+            copies.push(BatchMessage {
+                subject: format!("runner.inbox.{p}.{}", source.stream),
+                headers: h,
+                payload: Bytes::from(raw.body.clone()),
+            });
+        }
+        last = Some(seq);
+        if copies.len() >= COPIES_PER_BATCH {
+            flush(state, fence, std::mem::take(&mut copies), seq).await?;
+        }
+    }
+    match last {
+        Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
+            flush(state, fence, copies, seq).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Publishes `copies` plus a marker covering source sequence `through` as one fenced batch.
+async fn flush(
+    state: &AppState,
+    fence: &mut Fence,
+    copies: Vec<BatchMessage>,
+    through: u64,
+) -> Result<(), Stop> {
+    let js = state.broker.jetstream();
+    let position = Position {
+        seq: through,
+        ord: 0,
+    };
+    let mut with_ids = true;
+    for _ in 0..3 {
+        let mut batch_msgs: Vec<BatchMessage> = copies.clone();
+        if !with_ids {
+            for m in &mut batch_msgs {
+                m.headers = crate::broker::headers::without_msg_id(&m.headers);
+            }
+        }
+        batch_msgs.push(fence.marker(position));
+        if let Some(first) = batch_msgs.first_mut() {
+            first.headers = fence.headers(first.headers.clone());
+        }
+        let marker_index = batch_msgs.len() - 1;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let timeout = state.config.nats.request_timeout.get();
+        let answer = batch::publish(state.broker.client(), &id, batch_msgs, timeout).await;
+        match answer {
+            Ok(stored) => {
+                fence.advance(stored.sequence_of(marker_index), Some(position));
+                state.metrics.router_copies.inc_by(copies.len() as u64);
+                return Ok(());
+            }
+            Err(e) => {
+                let dup = matches!(e, BatchError::DuplicateId(_));
+                match fence.recheck(js).await {
+                    Ok(Recheck::Advanced { seq, through }) => {
+                        fence.advance(seq, through);
+                        if through.is_some_and(|t| t >= position) {
+                            return Ok(());
+                        }
+                        return Err(Stop::Retry);
+                    }
+                    Ok(Recheck::Superseded) => return Err(Stop::Fenced),
+                    Ok(Recheck::Unchanged) => {
+                        tracing::warn!(message = "Router batch not stored; sending it again.", error = %e);
+                        // The fence alone keeps copies single: ids another writer left in
+                        // the window must not block the batch.
+                        if dup {
+                            with_ids = false;
+                        }
+                    }
+                    Err(re) => {
+                        tracing::warn!(message = "Router batch outcome unknown.", error = %e, recheck = %re);
+                        return Err(Stop::Retry);
+                    }
+                }
+            }
+        }
+    }
+    Err(Stop::Retry)
+}
