@@ -112,7 +112,26 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         Ok(()) => Ok(None),
         Err(e) => Err(e),
     };
-    let claims_kv = match claims_kv {
+    let partitioned = mode.runs_sagas() && config.partitions.enabled;
+    let leases_kv = match claims_kv {
+        Ok(kv) if partitioned => {
+            let p = &config.partitions;
+            broker::with_setup_retry("leases bucket", setup, &interrupt, || {
+                broker::ensure_leases_bucket(
+                    broker.jetstream(),
+                    &p.leases_bucket,
+                    p.lease_ttl.get(),
+                    config.streams.replicas,
+                    config.streams.storage,
+                )
+            })
+            .await
+            .map(|l| (kv, Some(l)))
+        }
+        Ok(kv) => Ok((kv, None)),
+        Err(e) => Err(e),
+    };
+    let (claims_kv, leases_kv) = match leases_kv {
         Ok(kv) => kv,
         Err(_) if lifecycle.is_draining() => {
             tracing::info!(message = "Drain requested during start-up; stopping before any work.");
@@ -182,7 +201,14 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let workers = TaskTracker::new();
     let relay_stop = CancellationToken::new();
     let mut relay_task = None;
-    if mode.runs_sagas() {
+    if let Some(leases) = leases_kv {
+        crate::worker::spawn_partitioned(
+            &workers,
+            state.clone(),
+            leases,
+            state.lifecycle.work_token(),
+        );
+    } else if mode.runs_sagas() {
         let handle = RelayHandle::new();
         let relay = Relay {
             js: state.broker.jetstream().clone(),

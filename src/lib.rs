@@ -64,6 +64,7 @@ pub mod effect;
 pub mod expr;
 pub mod manifest;
 pub mod ops;
+pub mod placement;
 pub mod relay;
 pub mod runtime;
 pub mod saga;

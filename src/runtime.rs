@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::broker::Broker;
 use crate::config::Config;
 use crate::manifest::{self, Catalog, Diagnostic};
+use crate::placement::Placement;
 use crate::storage::Store;
 use crate::telemetry::Metrics;
 
@@ -94,6 +95,8 @@ pub struct AppState {
     catalog: RwLock<Arc<Catalog>>,
     /// When the process started.
     pub started_at: SystemTime,
+    /// Node mode, and what this replica holds in partitioned mode.
+    pub placement: Placement,
 }
 
 /// Result of a manifest reload.
@@ -133,6 +136,7 @@ impl AppState {
             lifecycle,
             catalog: RwLock::new(Arc::new(catalog)),
             started_at: SystemTime::now(),
+            placement: Placement::default(),
         }
     }
 

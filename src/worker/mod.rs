@@ -70,6 +70,7 @@ mod commit;
 mod consume;
 pub mod fence;
 pub mod lease;
+pub mod ownership;
 pub mod partition;
 pub mod process;
 pub mod router;
@@ -114,5 +115,34 @@ pub fn spawn(
         ));
     }
     tracker.spawn(timers::run(state.clone(), relay, cancel.clone()));
+    tracker.spawn(sweep::run(state, cancel));
+}
+
+/// Partitioned mode: spawns a router per source stream, partition ownership (each owned
+/// partition's consumer loop and fenced relay), the timer loop and the dedupe sweep on
+/// `tracker`; all stop when `cancel` fires, after handing over what they hold.
+pub fn spawn_partitioned(
+    tracker: &TaskTracker,
+    state: Arc<AppState>,
+    leases: async_nats::jetstream::kv::Store,
+    cancel: CancellationToken,
+) {
+    // No unpartitioned outbox in this mode: the committer's own relay handle stays idle.
+    let committer = Committer::spawn(tracker, state.clone(), RelayHandle::new());
+    for source in inputs(&state) {
+        tracker.spawn(router::run(
+            state.clone(),
+            leases.clone(),
+            source,
+            cancel.clone(),
+        ));
+    }
+    tracker.spawn(ownership::run(
+        state.clone(),
+        leases,
+        committer,
+        cancel.clone(),
+    ));
+    tracker.spawn(timers::run_partitioned(state.clone(), cancel.clone()));
     tracker.spawn(sweep::run(state, cancel));
 }

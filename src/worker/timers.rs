@@ -20,7 +20,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::Limits;
-use super::process::Processor;
+use super::partition::partition;
+use super::process::{Processor, TIMER_SUBJECT};
+use crate::broker::headers;
 use crate::clock::now_ms;
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
@@ -90,6 +92,81 @@ pub(crate) async fn run(state: Arc<AppState>, relay: RelayHandle, cancel: Cancel
         tokio::select! {
             _ = cancel.cancelled() => return,
             _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// How long a timer firing published to the inbox is not published again while its
+/// partition has not applied it yet.
+const REFIRE_AFTER: Duration = Duration::from_secs(5);
+
+/// Partitioned mode: publishes each due timer of an owned partition into that partition's
+/// inbox (`runner.inbox.<p>.timer`), where it is applied in log order like any input
+/// ([`Processor::fired_timer`]) — so a timer firing replays after a fail-over like the
+/// inputs around it. The schedule row is deleted when the firing is applied, not here; a
+/// firing published twice (a re-publish, a former owner) finds no row the second time and
+/// is ignored. The `Nats-Msg-Id` is the timer's id, so repeats inside the window are not
+/// even stored.
+pub(crate) async fn run_partitioned(state: Arc<AppState>, cancel: CancellationToken) {
+    let poll = state.config.saga.timer_poll.get();
+    let count = state.config.partitions.count;
+    let js = state.broker.jetstream().clone();
+    let mut sent: std::collections::HashMap<String, std::time::Instant> = Default::default();
+    while !cancel.is_cancelled() {
+        let now = now_ms();
+        let due = state
+            .store
+            .read(move |t| Ok((t.due_timers(now, TIMER_BATCH)?, t.timers_pending()?)))
+            .await;
+        let (due, pending) = match due {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(message = "Cannot read timers.", error = %e);
+                (Vec::new(), 0)
+            }
+        };
+        state.metrics.timers_pending.set(pending as i64);
+        sent.retain(|_, at| at.elapsed() < REFIRE_AFTER);
+        for t in due {
+            let p = partition(&t.tenant, &t.saga, &t.correlation_id, count);
+            if !state.placement.owns(p) {
+                continue;
+            }
+            let id = format!(
+                "timer:{}:{}:{}:{}",
+                t.tenant, t.saga, t.correlation_id, t.timer_id
+            );
+            if sent.contains_key(&id) {
+                continue;
+            }
+            let mut h = headers::outgoing(&id, Some(&t.tenant), None);
+            h.insert(headers::ROUTED_SUBJECT, TIMER_SUBJECT);
+            h.insert(headers::ROUTED_SOURCE, "timer");
+            let body = serde_json::to_vec(&t).unwrap_or_default();
+            let published = async {
+                js.publish_with_headers(format!("runner.inbox.{p}.timer"), h, body.into())
+                    .await?
+                    .await
+                    .map_err(async_nats::Error::from)
+            };
+            match published.await {
+                Ok(_) => {
+                    sent.insert(id, std::time::Instant::now());
+                    state
+                        .metrics
+                        .timer_fire_lag
+                        .observe(now.saturating_sub(t.due_ms) as f64 / 1000.0);
+                    state.metrics.timers_fired.inc();
+                }
+                Err(e) => {
+                    tracing::warn!(message = "Cannot publish a timer firing; will retry.", error = %e);
+                    break;
+                }
+            }
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(poll) => {}
         }
     }
 }

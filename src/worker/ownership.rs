@@ -1,0 +1,423 @@
+//! Partition ownership (partitioned mode, DESIGN §8.3–§8.7): membership heartbeats, the
+//! sticky assignment, one lease per owned partition, and the start and stop of each owned
+//! partition's consumer loop and fenced relay.
+//!
+//! **The bucket** (`partitions.leases_bucket`, `max_age` = `partitions.lease_ttl`) holds
+//! `m.<node>` — a member's heartbeat, written every TTL/3, gone TTL after the last one —
+//! and `p.<partition>` — a partition's lease ([`super::lease`]). Every replica watches the
+//! whole bucket, so it sees members come and go and leases expire at once (limit markers).
+//!
+//! **Each tick** (a twentieth of the TTL, and on every bucket change) the task renews what it
+//! holds when due, computes the target ([`super::assign::assign`]) from the live members and
+//! holders, takes every free partition assigned to it, and hands over at most one partition
+//! it holds beyond its share (stop reading, flush the outbox, release the lease; the heir
+//! sees the key disappear and takes it).
+//!
+//! **Guarantees.**
+//! - **Stop before the deadline.** A partition whose lease is lost (renewal refused) or
+//!   whose monotonic deadline passed is stopped at once — reading and publishing both —
+//!   without waiting for anything.
+//! - **Fenced before work.** A partition starts reading only after this owner raised its
+//!   fence in every stream it publishes to ([`super::fence`]); its relay publishes only
+//!   under those fences, so once an heir raised its own, nothing of this owner reaches a
+//!   stream, however long it was paused.
+//! - **In-flight batch on loss.** A batch being committed when the lease is lost still
+//!   commits locally (harmless: a deterministic prefix of the partition's log); its outbox
+//!   records are never published by this owner. The heir replays the inputs its copy lacks
+//!   and publishes only what the fence watermark shows is missing.
+//! - **Drain.** On cancellation every partition is handed over the same way as a rebalance
+//!   (stop reading, flush, release), then the heartbeat is deleted.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv::{self, Operation};
+use futures::StreamExt;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::assign::assign;
+use super::commit::{Committer, Scoped};
+use super::consume::{self, Input};
+use super::fence::Fence;
+use super::lease::Lease;
+use crate::broker::stream_specs;
+use crate::clock::now_ms;
+use crate::relay::RelayHandle;
+use crate::relay::fenced::{Fenced, PartitionRelay};
+use crate::runtime::AppState;
+
+/// The lease key of partition `p`.
+pub fn partition_key(p: u32) -> String {
+    format!("p.{p}")
+}
+
+/// The heartbeat key of member `node`.
+pub fn member_key(node: &str) -> String {
+    format!("m.{node}")
+}
+
+/// The checkpoint key of partition `p`: the last inbox sequence applied to it.
+pub fn partition_checkpoint(state: &AppState, p: u32) -> String {
+    format!(
+        "{}:{}:{p}",
+        state.config.consumers.saga, state.config.streams.saga_inbox
+    )
+}
+
+/// A partition this replica works on.
+struct Running {
+    lease: Lease,
+    renewed: Instant,
+    consume_stop: CancellationToken,
+    consume: JoinHandle<()>,
+    relay_stop: CancellationToken,
+    relay: JoinHandle<Result<(), Fenced>>,
+}
+
+/// The bucket as watched: live members and partition holders.
+#[derive(Default)]
+struct View {
+    members: BTreeMap<String, String>,
+    holders: BTreeMap<u32, String>,
+}
+
+impl View {
+    fn apply(&mut self, e: &kv::Entry) {
+        let live = e.operation == Operation::Put;
+        if let Some(node) = e.key.strip_prefix("m.") {
+            if live {
+                self.members.insert(e.key.clone(), node.to_string());
+            } else {
+                self.members.remove(&e.key);
+            }
+        } else if let Some(p) = e.key.strip_prefix("p.").and_then(|p| p.parse().ok()) {
+            let owner = serde_json::from_slice::<serde_json::Value>(&e.value)
+                .ok()
+                .and_then(|v| v.get("owner").and_then(|o| o.as_str()).map(str::to_string));
+            match (live, owner) {
+                (true, Some(o)) => {
+                    self.holders.insert(p, o);
+                }
+                _ => {
+                    self.holders.remove(&p);
+                }
+            }
+        }
+    }
+}
+
+/// Runs partition ownership until `cancel` fires and every partition is handed over.
+pub(crate) async fn run(
+    state: Arc<AppState>,
+    leases: kv::Store,
+    committer: Committer,
+    cancel: CancellationToken,
+) {
+    let ttl = state.config.partitions.lease_ttl.get();
+    let tick = ttl / 20;
+    let mut joined: Option<Instant> = None;
+    let me = state.node_id.clone();
+    let mut running: BTreeMap<u32, Running> = BTreeMap::new();
+    let mut view = View::default();
+    let mut watch = None;
+    let mut beat_at: Option<Instant> = None;
+    let mut mode = state.placement.watch_mode();
+    while !cancel.is_cancelled() {
+        if watch.is_none() {
+            match leases.watch_with_history(">").await {
+                Ok(w) => {
+                    view = View::default();
+                    watch = Some(w);
+                }
+                Err(e) => tracing::warn!(message = "Cannot watch the leases bucket.", error = %e),
+            }
+        }
+        let member = state.placement.mode().owns_partitions();
+        if member && beat_at.is_none_or(|t| t.elapsed() >= ttl / 3) {
+            let beat = serde_json::json!({"node": me, "at_ms": now_ms()}).to_string();
+            match leases.put(member_key(&me), beat.into()).await {
+                Ok(_) => {
+                    beat_at = Some(Instant::now());
+                    joined.get_or_insert_with(Instant::now);
+                }
+                Err(e) => tracing::warn!(message = "Heartbeat failed.", error = %e),
+            }
+        } else if !member && beat_at.take().is_some() {
+            joined = None;
+            let _ = leases.delete(member_key(&me)).await;
+        }
+        // Replicas started together first see each other for a moment before taking
+        // anything, so they do not all take everything and then hand most of it back.
+        let settled = joined.is_some_and(|j| j.elapsed() >= ttl / 5);
+        renew_and_reap(&state, &mut running).await;
+        if !member {
+            if let Some(&p) = running.keys().next() {
+                hand_over(&state, &mut running, p).await;
+            }
+        } else if watch.as_ref().is_some() && settled {
+            balance(&state, &leases, &mut running, &view, &committer).await;
+        }
+        let event = async {
+            match watch.as_mut() {
+                Some(w) => w.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            _ = mode.changed() => {}
+            _ = tokio::time::sleep(tick) => {}
+            e = event => match e {
+                Some(Ok(entry)) => view.apply(&entry),
+                Some(Err(err)) => {
+                    tracing::warn!(message = "Leases watch failed; reopening.", error = %err);
+                    watch = None;
+                }
+                None => watch = None,
+            },
+        }
+        // Drain the rest of what the watch has ready before acting on the view.
+        if let Some(w) = watch.as_mut() {
+            while let Some(Some(Ok(entry))) = futures::FutureExt::now_or_never(w.next()) {
+                view.apply(&entry);
+            }
+        }
+    }
+    let owned: Vec<u32> = running.keys().copied().collect();
+    for p in owned {
+        hand_over(&state, &mut running, p).await;
+    }
+    let _ = leases.delete(member_key(&me)).await;
+    tracing::info!(message = "Partitions handed over.");
+}
+
+/// Renews leases that are due; stops partitions whose lease is gone or whose relay was
+/// fenced off or ended.
+async fn renew_and_reap(state: &AppState, running: &mut BTreeMap<u32, Running>) {
+    let mut dead = Vec::new();
+    for (p, r) in running.iter_mut() {
+        if r.relay.is_finished() {
+            dead.push((*p, "fenced"));
+            continue;
+        }
+        if r.renewed.elapsed() >= r.lease.renew_every() {
+            match r.lease.renew().await {
+                Ok(()) => {
+                    r.renewed = Instant::now();
+                    state
+                        .metrics
+                        .lease_events
+                        .with_label_values(&["renewed"])
+                        .inc();
+                }
+                Err(e) => {
+                    tracing::warn!(message = "Partition lease renewal failed.", partition = p, error = %e)
+                }
+            }
+        }
+        if !r.lease.is_valid() {
+            dead.push((*p, "lost"));
+        }
+    }
+    for (p, why) in dead {
+        if let Some(r) = running.remove(&p) {
+            r.consume_stop.cancel();
+            r.relay_stop.cancel();
+            r.consume.abort();
+            r.relay.abort();
+            state.placement.gave_up(p);
+            state.metrics.lease_events.with_label_values(&[why]).inc();
+            state
+                .metrics
+                .partition_epoch
+                .with_label_values(&[&p.to_string()])
+                .set(0);
+            tracing::warn!(
+                message = "Partition stopped: no longer ours.",
+                partition = p,
+                reason = why,
+                epoch = r.lease.epoch()
+            );
+        }
+    }
+    state.metrics.partitions_owned.set(running.len() as i64);
+}
+
+/// Takes free partitions assigned here; hands over one held beyond the share.
+async fn balance(
+    state: &Arc<AppState>,
+    leases: &kv::Store,
+    running: &mut BTreeMap<u32, Running>,
+    view: &View,
+    committer: &Committer,
+) {
+    let me = &state.node_id;
+    let count = state.config.partitions.count;
+    let members: Vec<String> = view.members.values().cloned().collect();
+    if !members.contains(me) {
+        return; // our own heartbeat is not visible yet
+    }
+    let target = assign(count, &members, &view.holders);
+    for p in 0..count {
+        let mine = target[p as usize].as_deref() == Some(me.as_str());
+        if mine && !running.contains_key(&p) && !view.holders.contains_key(&p) {
+            let ttl = state.config.partitions.lease_ttl.get();
+            match Lease::acquire(leases, &partition_key(p), me, ttl).await {
+                Ok(Some(lease)) => {
+                    if let Some(r) = start(state, p, lease, committer).await {
+                        running.insert(p, r);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(message = "Cannot acquire a partition lease.", partition = p, error = %e)
+                }
+            }
+        }
+    }
+    let surplus = running
+        .keys()
+        .copied()
+        .find(|p| target[*p as usize].as_deref() != Some(me.as_str()));
+    if let Some(p) = surplus {
+        hand_over(state, running, p).await;
+    }
+    state.metrics.partitions_owned.set(running.len() as i64);
+}
+
+/// Raises the fences of a newly won partition and starts its consumer loop and relay.
+async fn start(
+    state: &Arc<AppState>,
+    p: u32,
+    lease: Lease,
+    committer: &Committer,
+) -> Option<Running> {
+    let started = Instant::now();
+    let js = state.broker.jetstream();
+    let mut fences = std::collections::HashMap::new();
+    for spec in stream_specs(&state.config.streams) {
+        if !spec.fenced || spec.name == state.config.streams.saga_inbox {
+            continue;
+        }
+        match Fence::raise(js, &spec.name, p, lease.epoch(), &state.node_id).await {
+            Ok(f) => {
+                fences.insert(spec.name.clone(), f);
+            }
+            Err(e) => {
+                tracing::warn!(message = "Cannot raise a partition fence; giving the lease back.", partition = p, stream = %spec.name, error = %e);
+                let _ = lease.release().await;
+                return None;
+            }
+        }
+    }
+    let handle = RelayHandle::new();
+    let streams = state.config.streams.clone();
+    let relay = PartitionRelay {
+        js: js.clone(),
+        client: state.broker.client().clone(),
+        store: state.store.clone(),
+        metrics: state.metrics.clone(),
+        partition: p,
+        handle: handle.clone(),
+        fences,
+        stream_of: Box::new(move |subject| {
+            crate::broker::stream_for(&streams, subject).map(|s| s.name)
+        }),
+        window: state.config.saga.relay_window,
+        poll: state.config.saga.relay_poll.get(),
+        timeout: state.config.nats.request_timeout.get(),
+    };
+    let relay_stop = CancellationToken::new();
+    let relay = tokio::spawn(relay.run(relay_stop.clone()));
+    let input = Input {
+        stream: state.config.streams.saga_inbox.clone(),
+        filters: vec![format!("runner.inbox.{p}.>")],
+        checkpoint: partition_checkpoint(state, p),
+        scope: Some(Scoped {
+            partition: p,
+            count: state.config.partitions.count,
+            relay: handle.clone(),
+        }),
+    };
+    let consume_stop = CancellationToken::new();
+    let consume = tokio::spawn(consume::run(
+        state.clone(),
+        input,
+        handle,
+        committer.clone(),
+        consume_stop.clone(),
+    ));
+    state.placement.took(p, lease.epoch(), now_ms());
+    state
+        .metrics
+        .lease_events
+        .with_label_values(&["acquired"])
+        .inc();
+    state
+        .metrics
+        .partition_epoch
+        .with_label_values(&[&p.to_string()])
+        .set(lease.epoch() as i64);
+    state
+        .metrics
+        .partition_start_seconds
+        .observe(started.elapsed().as_secs_f64());
+    tracing::info!(
+        message = "Partition taken.",
+        partition = p,
+        epoch = lease.epoch()
+    );
+    Some(Running {
+        lease,
+        renewed: Instant::now(),
+        consume_stop,
+        consume,
+        relay_stop,
+        relay,
+    })
+}
+
+/// Hands partition `p` over: stops reading (the batch in hand is committed), flushes its
+/// outbox, releases the lease. Gives up on the flush past the lease deadline.
+async fn hand_over(state: &AppState, running: &mut BTreeMap<u32, Running>, p: u32) {
+    let Some(mut r) = running.remove(&p) else {
+        return;
+    };
+    r.consume_stop.cancel();
+    let _ = (&mut r.consume).await;
+    r.relay_stop.cancel();
+    let budget = r
+        .lease
+        .valid_until()
+        .saturating_duration_since(Instant::now());
+    let flushed = tokio::time::timeout(budget.max(Duration::from_millis(1)), &mut r.relay).await;
+    if flushed.is_err() {
+        r.relay.abort();
+        tracing::warn!(
+            message = "Hand-over without a full flush: the lease deadline came first.",
+            partition = p
+        );
+    }
+    state.placement.gave_up(p);
+    state
+        .metrics
+        .partition_epoch
+        .with_label_values(&[&p.to_string()])
+        .set(0);
+    let epoch = r.lease.epoch();
+    match r.lease.release().await {
+        Ok(()) => {
+            state
+                .metrics
+                .lease_events
+                .with_label_values(&["released"])
+                .inc();
+            tracing::info!(message = "Partition handed over.", partition = p, epoch);
+        }
+        Err(e) => {
+            tracing::warn!(message = "Partition release failed; it expires on its own.", partition = p, error = %e)
+        }
+    }
+}
