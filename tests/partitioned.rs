@@ -1,0 +1,133 @@
+//! Partitioned saga mode on one nats-server: the real binary with `partitions.enabled`,
+//! inputs routed into the saga inbox, partitions owned under leases, outputs published
+//! through fenced batches. Multi-replica and cluster behaviour is in `tests/scaleout.rs`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use common::{
+    NatsServer, RunnerProc, aggregate_event, effect_result, jetstream, publish_json, read_stream,
+    wait_for_messages,
+};
+use serde_json::json;
+
+const TS: u64 = 1_800_000_000_000;
+
+/// Environment of a partitioned runner with 8 partitions and a short lease.
+const PARTITIONED: [(&str, &str); 3] = [
+    ("RUNNER__PARTITIONS__ENABLED", "true"),
+    ("RUNNER__PARTITIONS__COUNT", "8"),
+    ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
+];
+
+fn assert_unique_ids(seen: &[common::Seen]) {
+    let mut ids = HashMap::new();
+    for s in seen {
+        let id = s.msg_id.clone().expect("every output carries Nats-Msg-Id");
+        if let Some(prev) = ids.insert(id.clone(), s.subject.clone()) {
+            panic!("duplicate output {id} on {prev} and {}", s.subject);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_partitioned_replica_runs_orders_to_their_states_and_emits_once() {
+    let nats = NatsServer::start();
+    let mut runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "manifests",
+        &PARTITIONED,
+    );
+    let js = jetstream(&nats.url()).await;
+    let total = 40usize;
+    for i in 0..total as u64 {
+        let id = format!("o-{i}");
+        let ev = aggregate_event(
+            "acme",
+            "Order",
+            &id,
+            "OrderPlaced",
+            TS + i,
+            json!({"customer_id": "c", "amount_cents": 1000 + i, "items": [{"sku": "book", "qty": 1}]}),
+        );
+        publish_json(&js, &format!("tenant.acme.aggregate.Order.{id}"), &ev).await;
+    }
+    let charges = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.*.effect.charge_card.*",
+        total,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(charges.len(), total);
+    assert_unique_ids(&charges);
+    for c in &charges {
+        let order: u64 = c.body["payload"]["order_id"].as_str().unwrap()[2..]
+            .parse()
+            .unwrap();
+        let (subject, body) = if order.is_multiple_of(2) {
+            effect_result(
+                &c.body,
+                "Succeeded",
+                TS + 10_000,
+                json!({"payment_id": "p"}),
+            )
+        } else {
+            effect_result(&c.body, "Failed", TS + 10_000, json!({"error": "declined"}))
+        };
+        publish_json(&js, &subject, &body).await;
+    }
+    let reserves = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.*.effect.reserve_stock.*",
+        total / 2,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(reserves.len(), total / 2);
+    let cancels = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.*.command.Order.*",
+        total / 2,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(cancels.len(), total / 2);
+    let all = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>").await;
+    assert_eq!(all.len(), total * 2, "an output appeared more than once");
+    assert_unique_ids(&all);
+    // Every partition is owned by this replica, and its fence carries the watermark.
+    let metrics = common::get_text(&format!("{}/metrics", runner.admin)).await;
+    assert!(
+        metrics.contains("runner_partitions_owned 8"),
+        "owned partitions: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("partition"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let fences = read_stream(&js, "WORKFLOW_COMMANDS", "runner.fence.>").await;
+    assert!(!fences.is_empty());
+    runner.signal("TERM");
+    assert_eq!(runner.wait_exit(Duration::from_secs(30)), Some(0));
+    let store = common::open_store(runner.data_dir.path());
+    let inst = store.read_blocking(|t| t.instances()).unwrap();
+    assert_eq!(inst.len(), total);
+    for i in inst {
+        let n: u64 = i.correlation_id[2..].parse().unwrap();
+        let want = if n.is_multiple_of(2) {
+            "reserving_stock"
+        } else {
+            "cancelled"
+        };
+        assert_eq!(i.state, want, "{}", i.correlation_id);
+    }
+}
