@@ -71,6 +71,7 @@ pub mod fence;
 pub mod lease;
 pub mod partition;
 pub mod process;
+pub mod snapshot;
 mod sweep;
 pub mod tally;
 mod timers;
