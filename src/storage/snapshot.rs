@@ -237,8 +237,8 @@ impl Store {
         Ok(out.pop().unwrap_or_default())
     }
 
-    /// Snapshots of each partition in `ps` (in that order), all from one read transaction and
-    /// one pass over the tables. Blocking.
+    /// Snapshots of each partition in `ps` (distinct; answered in that order), all from one
+    /// read transaction and one pass over the tables. Blocking.
     pub fn export_partitions(
         &self,
         how: &Partitioning,

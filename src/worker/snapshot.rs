@@ -282,8 +282,8 @@ pub async fn snapshot(
     p: u32,
     keep: usize,
 ) -> Result<u64, TransferError> {
-    let (store, how2) = (store.clone(), how.clone());
-    let bytes = tokio::task::spawn_blocking(move || store.export_partition(&how2, p))
+    let (store, how) = (store.clone(), how.clone());
+    let bytes = tokio::task::spawn_blocking(move || store.export_partition(&how, p))
         .await
         .map_err(|e| TransferError::Task(e.to_string()))??;
     Ok(upload(bucket, &bytes, keep).await?.checkpoint)
