@@ -1,12 +1,13 @@
 //! A small length-prefixed binary layout for records written on the hot path (outbox
-//! records, history entries), cheaper to write and read than JSON and free of escaping.
+//! records, history entries), cheaper to write and read than JSON and free of escaping;
+//! partition snapshots ([`super::snapshot`]) use it too.
 //!
 //! A record starts with a format byte that is never `{`, so a reader can still decode the
-//! JSON that older stores hold. Strings are a big-endian `u32` length and UTF-8 bytes; an
-//! absent optional string has the length `u32::MAX`; integers are big-endian `u64`. A
-//! record may end with an unframed tail (the outbox body), read with [`Reader::rest`].
-//! Every read checks bounds: truncated or non-UTF-8 bytes are reported as corrupt, never a
-//! panic.
+//! JSON that older stores hold. Strings are a big-endian `u32` length and UTF-8 bytes (byte
+//! strings the same, with any bytes); an absent optional string has the length `u32::MAX`;
+//! integers are big-endian `u64`. A record may end with an unframed tail (the outbox body),
+//! read with [`Reader::rest`]. Every read checks bounds: truncated or non-UTF-8 bytes are
+//! reported as corrupt, never a panic.
 
 use super::error::{Result, StorageError};
 
@@ -22,8 +23,12 @@ impl Writer {
     }
     /// Appends a string.
     pub fn str(&mut self, s: &str) -> &mut Self {
-        self.0.extend_from_slice(&(s.len() as u32).to_be_bytes());
-        self.0.extend_from_slice(s.as_bytes());
+        self.bytes(s.as_bytes())
+    }
+    /// Appends a byte string (same framing as a string, any bytes).
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(&(b.len() as u32).to_be_bytes());
+        self.0.extend_from_slice(b);
         self
     }
     /// Appends an optional string.
@@ -94,6 +99,18 @@ impl<'a> Reader<'a> {
         }
         let b = self.take(len as usize)?;
         self.utf8(b).map(Some)
+    }
+    /// Reads a byte string written by [`Writer::bytes`].
+    pub fn bytes(&mut self) -> Result<&'a [u8]> {
+        let len = u32::from_be_bytes(self.take(4)?.try_into().unwrap_or([0; 4]));
+        if len == u32::MAX {
+            return Err(self.corrupt("missing bytes"));
+        }
+        self.take(len as usize)
+    }
+    /// Whether every byte has been read.
+    pub fn is_done(&self) -> bool {
+        self.rest.is_empty()
     }
     /// Reads a string.
     pub fn str(&mut self) -> Result<String> {

@@ -23,6 +23,7 @@ use crate::config::{Durability, StorageConfig};
 
 pub mod codec;
 pub mod error;
+pub mod snapshot;
 pub mod tables;
 
 pub use error::{Result, StorageError};

@@ -74,6 +74,7 @@ pub mod ownership;
 pub mod partition;
 pub mod process;
 pub mod router;
+pub mod snapshot;
 mod sweep;
 pub mod tally;
 mod timers;

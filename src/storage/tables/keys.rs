@@ -10,9 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::storage::error::{Result, StorageError};
 
 /// `meta` counter: the last outbox sequence assigned.
-pub(super) const OUTBOX_SEQ: &str = "outbox_seq";
+pub(crate) const OUTBOX_SEQ: &str = "outbox_seq";
 /// `meta` counter: the last dead-letter id assigned.
-pub(super) const DEADLETTER_ID: &str = "deadletter_id";
+pub(crate) const DEADLETTER_ID: &str = "deadletter_id";
 
 /// Appends `parts` to `k`, separated by 0x00.
 pub(super) fn push_parts(k: &mut Vec<u8>, parts: &[&str]) {
@@ -32,7 +32,7 @@ pub fn instance_key(tenant: &str, saga: &str, correlation_id: &str) -> Vec<u8> {
 }
 
 /// Reads a big-endian `u64` value or key part.
-pub(super) fn u64_of(bytes: &[u8], what: &str) -> Result<u64> {
+pub(crate) fn u64_of(bytes: &[u8], what: &str) -> Result<u64> {
     let arr: [u8; 8] = bytes
         .try_into()
         .map_err(|_| StorageError::Corrupt(format!("{what}: not 8 bytes")))?;

@@ -1,0 +1,357 @@
+//! Partition snapshots against real libmdbx stores in temporary directories.
+
+use std::collections::BTreeMap;
+
+use super::*;
+use crate::config::StorageConfig;
+use crate::saga::{Instance, Status};
+use crate::storage::tables::{DeadLetterStatus, HistoryEntry, OutboxRecord, TimerEntry};
+
+/// Places `o-<n>` in partition `n mod partitions` (readable in tests; the deployment's
+/// function is the server's FNV hash, which lives above the storage layer).
+fn by_last_digit(_tenant: &str, _saga: &str, corr: &str, partitions: u32) -> u32 {
+    corr.bytes()
+        .last()
+        .map_or(0, |b| u32::from(b.wrapping_sub(b'0')))
+        % partitions
+}
+
+fn how(partitions: u32) -> Partitioning {
+    Partitioning::new("saga", "SAGA_INBOX", partitions, by_last_digit)
+}
+
+fn store() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = StorageConfig {
+        data_dir: dir.path().to_path_buf(),
+        ..StorageConfig::default()
+    };
+    let store = Store::open(&cfg).expect("opens");
+    (dir, store)
+}
+
+fn letter(corr: Option<&str>, kind: &str) -> DeadLetter {
+    DeadLetter {
+        id: 0,
+        tenant: "acme".into(),
+        kind: kind.into(),
+        reason: "test".into(),
+        subject: "tenant.acme.x".into(),
+        source: "S:1".into(),
+        body: "{}".into(),
+        traceparent: None,
+        saga: corr.map(|_| "order".to_string()),
+        correlation_id: corr.map(str::to_string),
+        attempts: 1,
+        at_ms: 5,
+        status: DeadLetterStatus::Pending,
+    }
+}
+
+/// Writes instance `corr` in state `state` with three history entries, a timer, an outbox
+/// record in its partition and a dedupe marker; `dead` also dead-letters and parks it.
+fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
+    let p = by_last_digit("acme", "order", corr, 4) as u16;
+    store
+        .write_blocking(|t| {
+            t.put_instance(&Instance {
+                tenant: "acme".into(),
+                saga: "order".into(),
+                version: 1,
+                correlation_id: corr.into(),
+                state: state.into(),
+                status: Status::Running,
+                data: serde_json::json!({ "corr": corr }),
+                timers: BTreeMap::new(),
+                progress: None,
+                started_ms: 1,
+                updated_ms: 2,
+                applied: 3,
+            })?;
+            for n in 1..=3 {
+                let e = HistoryEntry {
+                    n,
+                    event: format!("{state}{n}"),
+                    event_id: format!("{corr}-e{n}"),
+                    from: String::new(),
+                    to: state.into(),
+                    at_ms: n,
+                    source: format!("SAGA_INBOX:{n}"),
+                    emitted: 1,
+                };
+                t.push_history("acme", "order", corr, &e)?;
+            }
+            t.put_timer(&TimerEntry {
+                tenant: "acme".into(),
+                saga: "order".into(),
+                correlation_id: corr.into(),
+                name: format!("{state}-timeout"),
+                timer_id: format!("{corr}-t"),
+                due_ms: 1000,
+            })?;
+            t.push_outbox(
+                p,
+                &OutboxRecord {
+                    subject: format!("tenant.acme.effect.charge.{corr}"),
+                    msg_id: format!("{corr}:{state}"),
+                    tenant: "acme".into(),
+                    traceparent: None,
+                    body: "{}".into(),
+                },
+            )?;
+            t.mark_applied("acme", "order", &format!("{corr}-e1"), 10)?;
+            if dead {
+                let dl = t.push_dead_letter(letter(Some(corr), "expression"))?;
+                t.park("acme", "order", corr, dl.id)?;
+            }
+            Ok(())
+        })
+        .expect("fill");
+}
+
+fn set_checkpoint(store: &Store, p: u32, seq: u64) {
+    store
+        .write_blocking(|t| t.set_checkpoint(&how(4).checkpoint_key(p), seq))
+        .expect("checkpoint");
+}
+
+/// A store with instances o-0 … o-7 (two per partition of 4), o-1 dead-lettered, a dead
+/// letter that names no instance, and checkpoints for partitions 1 and 2.
+fn source() -> (tempfile::TempDir, Store) {
+    let (dir, a) = store();
+    for n in 0..8 {
+        fill(&a, &format!("o-{n}"), "paid", n == 1);
+    }
+    a.write_blocking(|t| t.push_dead_letter(letter(None, "undecodable")).map(drop))
+        .expect("dl");
+    set_checkpoint(&a, 1, 42);
+    set_checkpoint(&a, 2, 7);
+    (dir, a)
+}
+
+#[test]
+fn export_then_import_reproduces_the_partition() {
+    let (_a_dir, a) = source();
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    let header = SnapshotHeader::read(&snap).expect("header");
+    assert_eq!(
+        header,
+        SnapshotHeader {
+            format: FORMAT,
+            partition: 1,
+            partitions: 4,
+            checkpoint: 42
+        }
+    );
+    let (_b_dir, b) = store();
+    assert_eq!(
+        b.import_partition(&how(4), 1, &snap).expect("import"),
+        header
+    );
+    // Exports are deterministic: the same bytes mean the same rows.
+    assert_eq!(b.export_partition(&how(4), 1).expect("re-export"), snap);
+    assert_eq!(b.partition_checkpoint(&how(4), 1).expect("cp"), 42);
+    assert_eq!(b.partition_checkpoint(&how(4), 2).expect("cp"), 0);
+    b.read_blocking(|t| {
+        let corrs: Vec<String> = t
+            .instances()?
+            .into_iter()
+            .map(|i| i.correlation_id)
+            .collect();
+        assert_eq!(corrs, ["o-1", "o-5"]);
+        assert_eq!(
+            t.history("acme", "order", "o-5")?,
+            a.read_blocking(|ta| ta.history("acme", "order", "o-5"))?
+        );
+        assert_eq!(t.history("acme", "order", "o-5")?.len(), 3);
+        assert_eq!(t.timers_of("acme", "order", "o-1")?.len(), 1);
+        assert_eq!(t.timers_pending()?, 2);
+        assert_eq!(
+            t.outbox_batch(1, 0, 100)?,
+            a.read_blocking(|ta| ta.outbox_batch(1, 0, 100))?
+        );
+        assert_eq!(t.outbox_depth()?, 2);
+        let dls = t.dead_letters()?;
+        assert_eq!(dls.len(), 1, "only the dead letter of an instance in p1");
+        assert_eq!(dls[0].correlation_id.as_deref(), Some("o-1"));
+        assert_eq!(t.parked_by("acme", "order", "o-1")?, Some(dls[0].id));
+        // Dedupe markers name no instance and are not carried (see the module doc).
+        assert!(!t.is_applied("acme", "order", "o-1-e1")?);
+        Ok(())
+    })
+    .expect("read");
+    // The same pass exports several partitions, each as it would alone.
+    let both = a.export_partitions(&how(4), &[2, 1]).expect("two");
+    assert_eq!(both[1], snap);
+    assert_eq!(both[0], a.export_partition(&how(4), 2).expect("p2"));
+}
+
+#[test]
+fn import_replaces_a_stale_copy_and_leaves_other_partitions_alone() {
+    let (_a_dir, a) = source();
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    let (_b_dir, b) = store();
+    // A stale copy of p1: o-1 in an older state, o-9 that p1 no longer has, its own dead
+    // letter, timers, outbox records and a checkpoint; and partitions 2 and 3.
+    fill(&b, "o-1", "new", false);
+    fill(&b, "o-9", "new", true);
+    fill(&b, "o-2", "other", false);
+    fill(&b, "o-3", "other", false);
+    set_checkpoint(&b, 1, 99);
+    set_checkpoint(&b, 2, 5);
+    let others = b.export_partitions(&how(4), &[0, 2, 3]).expect("others");
+    b.import_partition(&how(4), 1, &snap).expect("import");
+    assert_eq!(b.export_partition(&how(4), 1).expect("p1"), snap);
+    assert_eq!(
+        b.export_partitions(&how(4), &[0, 2, 3]).expect("others"),
+        others
+    );
+    b.read_blocking(|t| {
+        assert!(t.instance("acme", "order", "o-9")?.is_none());
+        assert!(t.history("acme", "order", "o-9")?.is_empty());
+        assert!(t.timers_of("acme", "order", "o-9")?.is_empty());
+        assert_eq!(t.parked_by("acme", "order", "o-9")?, None);
+        assert_eq!(
+            t.instance("acme", "order", "o-1")?
+                .map(|i| i.state)
+                .as_deref(),
+            Some("paid")
+        );
+        assert_eq!(t.timers_of("acme", "order", "o-1")?[0].name, "paid-timeout");
+        // Markers stay where they were: this store's own, not the snapshot's.
+        assert!(t.is_applied("acme", "order", "o-9-e1")?);
+        Ok(())
+    })
+    .expect("read");
+    assert_eq!(b.partition_checkpoint(&how(4), 1).expect("cp"), 42);
+    assert_eq!(b.partition_checkpoint(&how(4), 2).expect("cp"), 5);
+    // The outbox counter moved above every imported sequence.
+    let imported = b
+        .read_blocking(|t| t.outbox_batch(1, 0, 100))
+        .expect("outbox");
+    let last = imported.iter().map(|(s, _)| *s).max().expect("some");
+    let rec = imported[0].1.clone();
+    let next = b.write_blocking(|t| t.push_outbox(1, &rec)).expect("push");
+    assert!(next > last, "{next} > {last}");
+}
+
+#[test]
+fn colliding_dead_letter_ids_are_renumbered_in_order() {
+    let (_a_dir, a) = store();
+    fill(&a, "o-1", "paid", true);
+    a.write_blocking(|t| t.push_dead_letter(letter(Some("o-1"), "parked")).map(drop))
+        .expect("held");
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    let (_b_dir, b) = store();
+    fill(&b, "o-2", "other", true);
+    b.import_partition(&how(4), 1, &snap).expect("import");
+    b.read_blocking(|t| {
+        let dls = t.dead_letters()?;
+        let ids: Vec<(Option<&str>, &str, u64)> = dls
+            .iter()
+            .map(|d| (d.correlation_id.as_deref(), d.kind.as_str(), d.id))
+            .collect();
+        assert_eq!(
+            ids,
+            [
+                (Some("o-2"), "expression", 1),
+                (Some("o-1"), "expression", 2),
+                (Some("o-1"), "parked", 3)
+            ]
+        );
+        assert_eq!(t.parked_by("acme", "order", "o-1")?, Some(2));
+        assert_eq!(t.parked_by("acme", "order", "o-2")?, Some(1));
+        Ok(())
+    })
+    .expect("read");
+    let next = b
+        .write_blocking(|t| t.push_dead_letter(letter(None, "undecodable")))
+        .expect("push");
+    assert_eq!(next.id, 4);
+}
+
+#[test]
+fn foreign_or_damaged_snapshots_are_refused_and_change_nothing() {
+    let (_a_dir, a) = source();
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    let (_b_dir, b) = store();
+    fill(&b, "o-5", "mine", false);
+    let before = b.export_partition(&how(4), 1).expect("before");
+    let refused = |p: u32, how: &Partitioning, bytes: &[u8]| {
+        b.import_partition(how, p, bytes).expect_err("refused")
+    };
+    assert!(matches!(
+        refused(1, &how(8), &snap),
+        SnapshotError::PartitionCount {
+            snapshot: 4,
+            local: 8
+        }
+    ));
+    assert!(matches!(
+        refused(2, &how(4), &snap),
+        SnapshotError::WrongPartition {
+            snapshot: 1,
+            wanted: 2
+        }
+    ));
+    assert!(matches!(
+        refused(4, &how(4), &snap),
+        SnapshotError::OutOfRange {
+            partition: 4,
+            partitions: 4
+        }
+    ));
+    let mut flipped = snap.clone();
+    flipped[snap.len() / 2] ^= 0x40;
+    assert!(matches!(
+        refused(1, &how(4), &flipped),
+        SnapshotError::Corrupt(_)
+    ));
+    assert!(matches!(
+        refused(1, &how(4), &snap[..snap.len() - 1]),
+        SnapshotError::Corrupt(_)
+    ));
+    assert!(matches!(
+        refused(1, &how(4), b""),
+        SnapshotError::Corrupt(_)
+    ));
+    // A later format, intact: named as such, not as damage.
+    let mut later = snap[..snap.len() - DIGEST_LEN].to_vec();
+    later[0] = FORMAT + 1;
+    let digest = Sha256::digest(&later);
+    later.extend_from_slice(&digest);
+    assert!(matches!(
+        refused(1, &how(4), &later),
+        SnapshotError::Format(2)
+    ));
+    // Rows placed by another partition function do not belong to partition 1 here.
+    let reversed = |t: &str, s: &str, c: &str, n: u32| n - 1 - by_last_digit(t, s, c, n);
+    let elsewhere = Partitioning::new("saga", "SAGA_INBOX", 4, reversed);
+    let foreign = a.export_partition(&elsewhere, 1).expect("foreign");
+    assert!(matches!(
+        refused(1, &how(4), &foreign),
+        SnapshotError::Corrupt(_)
+    ));
+    assert_eq!(b.export_partition(&how(4), 1).expect("after"), before);
+}
+
+#[test]
+fn rows_are_placed_by_their_instance_key() {
+    let ring = {
+        let mut k = b"acme\0order\0o-1\0".to_vec();
+        k.extend_from_slice(&7u64.to_be_bytes());
+        k
+    };
+    assert_eq!(
+        instance_of_row(b"acme\0order\0o-1"),
+        Some(["acme", "order", "o-1"])
+    );
+    assert_eq!(instance_of_row(&ring), Some(["acme", "order", "o-1"]));
+    assert_eq!(instance_of_row(b"acme\0order"), None);
+    assert_eq!(instance_of_row(b"x"), None);
+    assert_eq!(parts::<3>(b"a\0b\0c\0d"), None);
+    assert_eq!(
+        partition_checkpoint_key("saga", "SAGA_INBOX", 17),
+        "saga:SAGA_INBOX:17"
+    );
+}

@@ -1,0 +1,396 @@
+//! Partition snapshots in a JetStream Object Store: upload, keep the newest few, download,
+//! restore (DESIGN §8.6). Not wired into the worker yet (scale-out groundwork): the owner of
+//! a partition calls [`snapshot`] periodically and on release; a new owner calls [`restore`]
+//! and then replays SAGA_INBOX from the checkpoint it returns + 1, after checking
+//! [`retention_gap`].
+//!
+//! **Objects.** The snapshot of partition `p` at checkpoint `N` (the bytes of
+//! [`crate::storage::snapshot`]) is the object `p<p>/<N>` with `N` zero-padded to 20 digits,
+//! so names sort as checkpoints do ([`object_name`]); its metadata repeats partition,
+//! partition count, checkpoint and format for people. The bucket (default
+//! [`DEFAULT_BUCKET`]) is a file-backed object store with `streams.replicas` replicas
+//! ([`ensure_bucket`]).
+//!
+//! **Guarantees.**
+//! - An uploaded snapshot is whole or absent: the object store publishes the chunks, then
+//!   the object's meta with its SHA-256 digest, and the reader checks that digest; the
+//!   snapshot carries its own digest too, checked again before anything is imported.
+//! - [`upload`] keeps the newest [`DEFAULT_KEEP`] (or `keep`) snapshots of a partition and
+//!   deletes older ones only after the new one is stored; the newest is never deleted.
+//!   Older ones are the fall-back when the newest cannot be read.
+//! - [`restore`] never moves a partition backwards: when the local checkpoint is at least
+//!   the newest snapshot's, the local copy is kept (no download); otherwise the newest
+//!   readable snapshot replaces the local copy whole, in one write transaction.
+//! - Any holder may upload, even one that lost its lease meanwhile: a snapshot is a
+//!   committed state of the partition's deterministic log at its checkpoint, so it is
+//!   correct whoever took it.
+//!
+//! **What it costs.** A restore from a snapshot at checkpoint `N` replays every input of the
+//! partition after `N`; those must still be in SAGA_INBOX. [`retention_gap`] says when they
+//! may not be.
+
+use std::collections::HashMap;
+
+use async_nats::jetstream::{
+    self,
+    context::CreateKeyValueErrorKind,
+    object_store::{self, ObjectMetadata, ObjectStore},
+    stream::StorageType,
+};
+use futures::StreamExt;
+use tokio::io::AsyncReadExt;
+
+use super::partition::partition;
+use crate::broker::BrokerError;
+use crate::config::{Config, StreamStorage, StreamsConfig};
+use crate::storage::Store;
+use crate::storage::snapshot::{Partitioning, SnapshotError, SnapshotHeader};
+
+pub use crate::storage::snapshot::partition_checkpoint_key;
+
+/// The bucket name to use until configuration names one (`partitions.snapshot_bucket`).
+pub const DEFAULT_BUCKET: &str = "RUNNER_SNAPSHOTS";
+/// Snapshots kept per partition.
+pub const DEFAULT_KEEP: usize = 3;
+
+/// The deployment's partitioning: `partitions` partitions, instances placed by
+/// [`partition`], checkpoints named from `consumers.saga` and `streams.saga_inbox`.
+pub fn partitioning(config: &Config, partitions: u32) -> Partitioning {
+    Partitioning::new(
+        &config.consumers.saga,
+        &config.streams.saga_inbox,
+        partitions,
+        partition,
+    )
+}
+
+/// The object name of partition `p`'s snapshot at `checkpoint`: `p<p>/<checkpoint:020>`.
+pub fn object_name(p: u32, checkpoint: u64) -> String {
+    format!("p{p}/{checkpoint:020}")
+}
+
+/// The partition and checkpoint of an object name written by [`object_name`].
+pub fn parse_object_name(name: &str) -> Option<(u32, u64)> {
+    let (p, seq) = name.strip_prefix('p')?.split_once('/')?;
+    let valid = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !valid(p) || seq.len() != 20 || !valid(seq) {
+        return None;
+    }
+    Some((p.parse().ok()?, seq.parse().ok()?))
+}
+
+/// Errors moving snapshots between the store and the bucket.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransferError {
+    /// The object store did not answer or failed; whether a write happened is unknown.
+    #[error("snapshot bucket: {op} {object} failed: {reason}")]
+    Bucket {
+        /// What was tried.
+        op: &'static str,
+        /// The object (or partition prefix) concerned.
+        object: String,
+        /// Why.
+        reason: String,
+    },
+    /// The snapshot could not be made, read or imported.
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    /// The blocking export or import task panicked or was cancelled.
+    #[error("snapshot task failed: {0}")]
+    Task(String),
+}
+
+impl TransferError {
+    /// Whether the snapshot's bytes are bad (an older snapshot may still serve).
+    fn is_damage(&self) -> bool {
+        matches!(
+            self,
+            Self::Snapshot(SnapshotError::Corrupt(_) | SnapshotError::Format(_))
+        )
+    }
+}
+
+fn bucket_error(op: &'static str, object: &str, e: impl std::fmt::Display) -> TransferError {
+    TransferError::Bucket {
+        op,
+        object: object.to_string(),
+        reason: e.to_string(),
+    }
+}
+
+/// Opens the snapshot bucket `bucket`, creating it when missing with the storage and the
+/// replica count of `streams` (like the leases bucket, whatever `streams.create` says: it
+/// is Runner's own). An existing bucket is used as it is.
+pub async fn ensure_bucket(
+    js: &jetstream::Context,
+    bucket: &str,
+    streams: &StreamsConfig,
+) -> Result<ObjectStore, BrokerError> {
+    if let Ok(store) = js.get_object_store(bucket).await {
+        return Ok(store);
+    }
+    let config = object_store::Config {
+        bucket: bucket.to_string(),
+        description: Some("Runner partition snapshots: p<partition>/<checkpoint>".into()),
+        storage: match streams.storage {
+            StreamStorage::File => StorageType::File,
+            StreamStorage::Memory => StorageType::Memory,
+        },
+        num_replicas: streams.replicas,
+        ..Default::default()
+    };
+    let stream = format!("OBJ_{bucket}");
+    match js.create_object_store(config).await {
+        Ok(store) => {
+            tracing::info!(message = "Created snapshot bucket.", bucket = %bucket);
+            Ok(store)
+        }
+        Err(e) if e.kind() == CreateKeyValueErrorKind::InvalidStoreName => {
+            Err(BrokerError::Refused {
+                op: "create bucket",
+                stream,
+                reason: e.to_string(),
+            })
+        }
+        // Another replica may have created it meanwhile.
+        Err(e) => js
+            .get_object_store(bucket)
+            .await
+            .map_err(|_| BrokerError::JetStream {
+                op: "create bucket",
+                stream,
+                reason: e.to_string(),
+            }),
+    }
+}
+
+/// The checkpoints of partition `p`'s stored snapshots, oldest first.
+pub async fn checkpoints(bucket: &ObjectStore, p: u32) -> Result<Vec<u64>, TransferError> {
+    let prefix = format!("p{p}/");
+    let mut list = bucket
+        .list()
+        .await
+        .map_err(|e| bucket_error("list", &prefix, e))?;
+    let mut out = Vec::new();
+    while let Some(info) = list.next().await {
+        let info = info.map_err(|e| bucket_error("list", &prefix, e))?;
+        if let Some((q, checkpoint)) = parse_object_name(&info.name)
+            && q == p
+        {
+            out.push(checkpoint);
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// Stores the snapshot `bytes` under the name its header gives, then deletes all but the
+/// newest `keep` (at least 1) snapshots of its partition. Returns the header.
+pub async fn upload(
+    bucket: &ObjectStore,
+    bytes: &[u8],
+    keep: usize,
+) -> Result<SnapshotHeader, TransferError> {
+    let header = SnapshotHeader::read(bytes)?;
+    let name = object_name(header.partition, header.checkpoint);
+    let meta = ObjectMetadata {
+        name: name.clone(),
+        description: Some(format!(
+            "Runner snapshot of partition {} at checkpoint {}",
+            header.partition, header.checkpoint
+        )),
+        metadata: HashMap::from([
+            ("partition".to_string(), header.partition.to_string()),
+            ("partitions".to_string(), header.partitions.to_string()),
+            ("checkpoint".to_string(), header.checkpoint.to_string()),
+            ("format".to_string(), header.format.to_string()),
+        ]),
+        ..Default::default()
+    };
+    let mut reader = bytes;
+    bucket
+        .put(meta, &mut reader)
+        .await
+        .map_err(|e| bucket_error("put", &name, e))?;
+    prune(bucket, header.partition, keep).await?;
+    Ok(header)
+}
+
+/// Deletes all but the newest `keep` (at least 1) snapshots of partition `p`; returns how
+/// many it deleted.
+pub async fn prune(bucket: &ObjectStore, p: u32, keep: usize) -> Result<usize, TransferError> {
+    let all = checkpoints(bucket, p).await?;
+    let doomed = all.len().saturating_sub(keep.max(1));
+    for &checkpoint in &all[..doomed] {
+        let name = object_name(p, checkpoint);
+        bucket
+            .delete(&name)
+            .await
+            .map_err(|e| bucket_error("delete", &name, e))?;
+    }
+    Ok(doomed)
+}
+
+/// The snapshot of partition `p` at `checkpoint`, read whole and checked: the object
+/// store's digest, the snapshot's own digest, and that its header matches the name.
+pub async fn download(
+    bucket: &ObjectStore,
+    p: u32,
+    checkpoint: u64,
+) -> Result<Vec<u8>, TransferError> {
+    let name = object_name(p, checkpoint);
+    let mut object = bucket
+        .get(&name)
+        .await
+        .map_err(|e| bucket_error("get", &name, e))?;
+    let mut bytes = Vec::with_capacity(object.info().size);
+    if let Err(e) = object.read_to_end(&mut bytes).await {
+        return Err(match e.kind() {
+            std::io::ErrorKind::InvalidData => {
+                SnapshotError::Corrupt(format!("{name}: {e}")).into()
+            }
+            _ => bucket_error("read", &name, e),
+        });
+    }
+    let header = SnapshotHeader::read(&bytes)?;
+    if (header.partition, header.checkpoint) != (p, checkpoint) {
+        return Err(SnapshotError::Corrupt(format!(
+            "{name} holds partition {} at checkpoint {}",
+            header.partition, header.checkpoint
+        ))
+        .into());
+    }
+    Ok(bytes)
+}
+
+/// The newest snapshot of partition `p`, as its checkpoint and bytes; `None` when there is
+/// none.
+pub async fn latest(bucket: &ObjectStore, p: u32) -> Result<Option<(u64, Vec<u8>)>, TransferError> {
+    let Some(&newest) = checkpoints(bucket, p).await?.last() else {
+        return Ok(None);
+    };
+    Ok(Some((newest, download(bucket, p, newest).await?)))
+}
+
+/// Exports partition `p` from `store` (one read transaction, on a blocking thread) and
+/// uploads it, keeping the newest `keep`. Returns the snapshot's checkpoint.
+pub async fn snapshot(
+    store: &Store,
+    bucket: &ObjectStore,
+    how: &Partitioning,
+    p: u32,
+    keep: usize,
+) -> Result<u64, TransferError> {
+    let (store, how) = (store.clone(), how.clone());
+    let bytes = tokio::task::spawn_blocking(move || store.export_partition(&how, p))
+        .await
+        .map_err(|e| TransferError::Task(e.to_string()))??;
+    Ok(upload(bucket, &bytes, keep).await?.checkpoint)
+}
+
+/// What [`restore`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Restored {
+    /// The partition's checkpoint now: replay SAGA_INBOX from this + 1.
+    pub checkpoint: u64,
+    /// Whether a snapshot was downloaded and imported (false: the local copy was kept).
+    pub downloaded: bool,
+}
+
+/// Brings partition `p` of `store` up to the newest snapshot when the local copy is older:
+/// keeps the local copy when its checkpoint is at least the newest snapshot's, otherwise
+/// imports the newest snapshot that reads back intact (a damaged one is skipped, with a
+/// warning, for the next older one that is still newer than the local copy; when none is,
+/// the local copy is kept). Bucket failures are returned; nothing is imported then.
+pub async fn restore(
+    store: &Store,
+    bucket: &ObjectStore,
+    how: &Partitioning,
+    p: u32,
+) -> Result<Restored, TransferError> {
+    let (s, h) = (store.clone(), how.clone());
+    let local = tokio::task::spawn_blocking(move || s.partition_checkpoint(&h, p))
+        .await
+        .map_err(|e| TransferError::Task(e.to_string()))?
+        .map_err(SnapshotError::from)?;
+    let kept = Restored {
+        checkpoint: local,
+        downloaded: false,
+    };
+    for checkpoint in checkpoints(bucket, p).await?.into_iter().rev() {
+        if checkpoint <= local {
+            break;
+        }
+        let imported = match download(bucket, p, checkpoint).await {
+            Ok(bytes) => {
+                let (s, h) = (store.clone(), how.clone());
+                tokio::task::spawn_blocking(move || s.import_partition(&h, p, &bytes))
+                    .await
+                    .map_err(|e| TransferError::Task(e.to_string()))?
+                    .map_err(TransferError::from)
+            }
+            Err(e) => Err(e),
+        };
+        match imported {
+            Ok(header) => {
+                return Ok(Restored {
+                    checkpoint: header.checkpoint,
+                    downloaded: true,
+                });
+            }
+            Err(e) if e.is_damage() => {
+                tracing::warn!(message = "Snapshot unreadable, trying an older one.", partition = p, checkpoint, error = %e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(kept)
+}
+
+/// Whether inputs needed to replay from `from_seq` + 1 may be gone from `stream`: true when
+/// the stream's first sequence is past `from_seq + 1`. Conservative: the stream holds every
+/// partition, so a partition that stayed idle while others' traffic aged out older messages
+/// reads as a gap although none of its own inputs were lost.
+pub async fn retention_gap(
+    js: &jetstream::Context,
+    stream: &str,
+    from_seq: u64,
+) -> Result<bool, BrokerError> {
+    let s = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| BrokerError::JetStream {
+            op: "stream info",
+            stream: stream.to_string(),
+            reason: e.to_string(),
+        })?;
+    Ok(s.cached_info().state.first_sequence > from_seq.saturating_add(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_sort_as_checkpoints_and_parse_back() {
+        assert_eq!(object_name(3, 42), "p3/00000000000000000042");
+        let mut names: Vec<String> = [1000, 9, 42, u64::MAX]
+            .iter()
+            .map(|c| object_name(7, *c))
+            .collect();
+        names.sort();
+        let back: Vec<(u32, u64)> = names.iter().filter_map(|n| parse_object_name(n)).collect();
+        assert_eq!(back, [(7, 9), (7, 42), (7, 1000), (7, u64::MAX)]);
+        for bad in [
+            "p3/42",
+            "3/00000000000000000042",
+            "p/00000000000000000042",
+            "px/00000000000000000042",
+            "p3/0000000000000000004x",
+            "p3",
+        ] {
+            assert_eq!(parse_object_name(bad), None, "{bad}");
+        }
+    }
+}
