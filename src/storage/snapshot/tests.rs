@@ -97,6 +97,7 @@ fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
                     tenant: "acme".into(),
                     traceparent: None,
                     body: "{}".into(),
+                    cause: (7, 1),
                 },
             )?;
             t.mark_applied("acme", "order", &format!("{corr}-e1"), 10)?;
