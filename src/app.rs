@@ -116,7 +116,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let leases_kv = match claims_kv {
         Ok(kv) if partitioned => {
             let p = &config.partitions;
-            broker::with_setup_retry("leases bucket", setup, &interrupt, || {
+            let leases = broker::with_setup_retry("leases bucket", setup, &interrupt, || {
                 broker::ensure_leases_bucket(
                     broker.jetstream(),
                     &p.leases_bucket,
@@ -125,8 +125,20 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
                     config.streams.storage,
                 )
             })
-            .await
-            .map(|l| (kv, Some(l)))
+            .await;
+            let snapshots = match leases {
+                Ok(l) => broker::with_setup_retry("snapshots bucket", setup, &interrupt, || {
+                    crate::worker::snapshot::ensure_bucket(
+                        broker.jetstream(),
+                        &p.snapshot_bucket,
+                        &config.streams,
+                    )
+                })
+                .await
+                .map(|s| (l, s)),
+                Err(e) => Err(e),
+            };
+            snapshots.map(|ls| (kv, Some(ls)))
         }
         Ok(kv) => Ok((kv, None)),
         Err(e) => Err(e),
@@ -201,11 +213,12 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let workers = TaskTracker::new();
     let relay_stop = CancellationToken::new();
     let mut relay_task = None;
-    if let Some(leases) = leases_kv {
+    if let Some((leases, snapshots)) = leases_kv {
         crate::worker::spawn_partitioned(
             &workers,
             state.clone(),
             leases,
+            snapshots,
             state.lifecycle.work_token(),
         );
     } else if mode.runs_sagas() {

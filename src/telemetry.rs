@@ -106,6 +106,18 @@ pub mod names {
     pub const ROUTER_COPIES_TOTAL: &str = "runner_router_copies_total";
     /// Partitions taken over, and how long from lease to first read, seconds.
     pub const PARTITION_START_SECONDS: &str = "runner_partition_start_seconds";
+    /// Partitions handed over, and how long from stop to release, seconds.
+    pub const PARTITION_HANDOFF_SECONDS: &str = "runner_partition_handoff_seconds";
+    /// Partition starts by where the state came from (`local`, `snapshot`).
+    pub const PARTITION_RESTORES_TOTAL: &str = "runner_partition_restores_total";
+    /// Inputs applied again on take-over that an earlier owner had already applied (at or
+    /// below the fence watermark).
+    pub const PARTITION_REPLAYED_TOTAL: &str = "runner_partition_replayed_inputs_total";
+    /// Snapshots uploaded.
+    pub const SNAPSHOTS_TOTAL: &str = "runner_snapshots_total";
+    /// Take-overs that found inputs they needed already gone from the inbox (retention
+    /// shorter than snapshot age plus outage).
+    pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
     /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
     /// `completed`, `failed`, `replayed`).
     pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
@@ -184,6 +196,16 @@ pub struct Metrics {
     pub router_copies: IntCounter,
     /// See [`names::PARTITION_START_SECONDS`].
     pub partition_start_seconds: Histogram,
+    /// See [`names::PARTITION_HANDOFF_SECONDS`].
+    pub partition_handoff_seconds: Histogram,
+    /// See [`names::PARTITION_RESTORES_TOTAL`].
+    pub partition_restores: IntCounterVec,
+    /// See [`names::PARTITION_REPLAYED_TOTAL`].
+    pub partition_replayed: IntCounter,
+    /// See [`names::SNAPSHOTS_TOTAL`].
+    pub snapshots: IntCounter,
+    /// See [`names::RETENTION_GAPS_TOTAL`].
+    pub retention_gaps: IntCounter,
     /// See [`names::EFFECT_CLAIMS_TOTAL`].
     pub effect_claims: IntCounterVec,
     /// See [`names::EFFECT_COMMANDS_TOTAL`].
@@ -453,6 +475,42 @@ impl Metrics {
             "Seconds from winning a partition lease to reading its inbox.",
             LATENCY_BUCKETS,
         )?;
+        let partition_handoff_seconds = hist(
+            names::PARTITION_HANDOFF_SECONDS,
+            "Seconds from stopping a partition to releasing its lease.",
+            LATENCY_BUCKETS,
+        )?;
+        let partition_restores = reg(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    names::PARTITION_RESTORES_TOTAL,
+                    "Partition starts by state source.",
+                ),
+                &["source"],
+            )?,
+        )?;
+        for src in ["local", "snapshot"] {
+            partition_restores.with_label_values(&[src]);
+        }
+        let partition_replayed = reg(
+            r,
+            IntCounter::new(
+                names::PARTITION_REPLAYED_TOTAL,
+                "Inputs applied again on take-over.",
+            )?,
+        )?;
+        let snapshots = reg(
+            r,
+            IntCounter::new(names::SNAPSHOTS_TOTAL, "Partition snapshots uploaded.")?,
+        )?;
+        let retention_gaps = reg(
+            r,
+            IntCounter::new(
+                names::RETENTION_GAPS_TOTAL,
+                "Take-overs whose needed inputs were gone from the inbox.",
+            )?,
+        )?;
         Ok(Self {
             registry,
             effect_claims,
@@ -489,6 +547,11 @@ impl Metrics {
             relay_suppressed,
             router_copies,
             partition_start_seconds,
+            partition_handoff_seconds,
+            partition_restores,
+            partition_replayed,
+            snapshots,
+            retention_gaps,
         })
     }
 

@@ -67,7 +67,7 @@ async fn publish(fence: &Fence, js: &jetstream::Context, id: &str) -> Result<u64
 /// A raises and publishes, B raises, A is refused, B publishes.
 async fn newer_owner_fences_off_older(js: &jetstream::Context) {
     let a = Fence::raise(js, STREAM, 0, 1, "a").await.unwrap();
-    assert_eq!(a.subject(), "runner.fence.0");
+    assert_eq!(a.subject(), "runner.fence.FENCED.0");
     publish(&a, js, "a-1").await.unwrap();
     publish(&a, js, "a-2").await.unwrap();
     assert_eq!(out_count(js).await, 2);
@@ -218,7 +218,7 @@ async fn fenced_messages_carry_exactly_the_fence_headers() {
         .get_raw_message(fence.sequence())
         .await
         .unwrap();
-    assert_eq!(marker.subject.as_str(), "runner.fence.5");
+    assert_eq!(marker.subject.as_str(), "runner.fence.FENCED.5");
     let body: serde_json::Value = serde_json::from_slice(&marker.payload).unwrap();
     assert_eq!(body, serde_json::json!({"epoch": 3, "owner": "a"}));
     assert_eq!(

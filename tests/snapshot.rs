@@ -96,6 +96,7 @@ fn fill(store: &Store, n: usize, state: &str) {
                         tenant: "acme".into(),
                         traceparent: None,
                         body: format!("{{\"i\":{i}}}"),
+                        cause: (1, 1),
                     },
                 )?;
             }

@@ -5,9 +5,10 @@
 //! | `GET /health` | 200 when NATS is connected and storage answers, else 503; JSON either way |
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
-//! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers |
+//! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers, partitions owned with epochs, router sources held |
 //! | `POST /admin/drain` | begins the drain (202); the process exits when drained |
 //! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
+//! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
 //! When `admin.token` (or `admin.token_file`) is set, `/admin/*` requires
 //! `Authorization: Bearer <token>`, compared in constant time; without it the answer is 401.
@@ -21,6 +22,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+
+use crate::placement::NodeMode;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +36,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
     let admin = Router::new()
         .route("/admin/drain", post(drain))
         .route("/admin/reload", post(reload))
+        .route("/admin/node-mode", post(node_mode))
         .layer(middleware::from_fn_with_state(
             Arc::new(token),
             require_token,
@@ -222,6 +226,13 @@ async fn info(State(state): State<Arc<AppState>>) -> Response {
         "streams": streams,
         "consumers": {"saga": cfg.consumers.saga, "effect": cfg.consumers.effect},
         "saga_progress": progress,
+        "partitions": {
+            "enabled": cfg.partitions.enabled,
+            "count": cfg.partitions.count,
+            "node_mode": state.placement.mode().as_str(),
+            "owned": state.placement.owned(),
+            "routing": state.placement.routing(),
+        },
         "tenancy": {"default_tenant": cfg.tenancy.default_tenant, "allowed": cfg.tenancy.allowed},
         "storage": {"path": state.store.path().display().to_string(), "durability": cfg.storage.durability},
     }))
@@ -258,6 +269,39 @@ async fn reload(State(state): State<Arc<AppState>>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// `POST /admin/node-mode` with `{"mode": "full" | "router_only" | "disabled"}`: switches
+/// what this replica takes part in (partitioned mode); it hands over what the new mode
+/// excludes within a tick.
+async fn node_mode(
+    State(state): State<Arc<AppState>>,
+    body: Option<Json<serde_json::Value>>,
+) -> Response {
+    let wanted = body
+        .as_ref()
+        .and_then(|b| b.get("mode"))
+        .and_then(|m| m.as_str())
+        .and_then(NodeMode::parse);
+    let Some(mode) = wanted else {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": "body must be {\"mode\": \"full\" | \"router_only\" | \"disabled\"}"})),
+        )
+            .into_response();
+    };
+    let before = state.placement.mode();
+    state.placement.set_mode(mode);
+    tracing::info!(
+        message = "Node mode changed.",
+        from = before.as_str(),
+        to = mode.as_str()
+    );
+    (
+        StatusCode::OK,
+        Json(json!({"node_mode": mode.as_str(), "previous": before.as_str()})),
+    )
+        .into_response()
 }
 
 #[cfg(test)]

@@ -71,6 +71,12 @@ pub struct PartitionsConfig {
     pub lease_ttl: HumanDuration,
     /// KV bucket of partition and router leases and member heartbeats.
     pub leases_bucket: String,
+    /// Object Store bucket of partition snapshots.
+    pub snapshot_bucket: String,
+    /// How often each owned partition is snapshotted (also on every hand-over).
+    pub snapshot_interval: HumanDuration,
+    /// Snapshots kept per partition (the newest is never deleted).
+    pub snapshot_keep: usize,
 }
 
 impl Default for PartitionsConfig {
@@ -80,6 +86,9 @@ impl Default for PartitionsConfig {
             count: 64,
             lease_ttl: HumanDuration::secs(10),
             leases_bucket: "RUNNER_LEASES".into(),
+            snapshot_bucket: "RUNNER_SNAPSHOTS".into(),
+            snapshot_interval: HumanDuration::secs(30),
+            snapshot_keep: 3,
         }
     }
 }

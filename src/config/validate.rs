@@ -241,6 +241,18 @@ impl Config {
             );
         }
         range(
+            "partitions.snapshot_interval",
+            self.partitions.snapshot_interval,
+            HumanDuration::secs(1),
+            HumanDuration::secs(24 * 3600),
+        )?;
+        if !(1..=100).contains(&self.partitions.snapshot_keep) {
+            return invalid(
+                "partitions.snapshot_keep",
+                format!("must be 1 to 100, got {}", self.partitions.snapshot_keep),
+            );
+        }
+        range(
             "partitions.lease_ttl",
             self.partitions.lease_ttl,
             HumanDuration::secs(1),

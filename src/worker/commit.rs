@@ -62,6 +62,9 @@ pub(crate) struct Scoped {
     pub count: u32,
     /// The partition's relay handle.
     pub relay: RelayHandle,
+    /// Inputs at or below this inbox sequence were applied by an earlier owner (the fence
+    /// watermark at take-over): applying them here is replay, and is counted.
+    pub replay_until: u64,
 }
 
 /// The consumer loops' handle on the group commit: cheap to clone, one per loop.

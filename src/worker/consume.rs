@@ -145,11 +145,18 @@ pub(crate) async fn run(
             } = read_chunk(&input.stream, input.scope.is_some(), chunk);
             if !batch.is_empty() {
                 let n = batch.len();
+                let replayed = input.scope.as_ref().map_or(0, |s| {
+                    batch
+                        .iter()
+                        .filter(|(seq, _)| *seq <= s.replay_until)
+                        .count()
+                });
                 match committer
                     .submit(&input.checkpoint, batch, input.scope.clone())
                     .await
                 {
                     Ok((cp, tally)) => {
+                        metrics.partition_replayed.inc_by(replayed as u64);
                         metrics
                             .saga_inputs
                             .with_label_values(&[&input.stream])

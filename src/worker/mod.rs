@@ -126,6 +126,7 @@ pub fn spawn_partitioned(
     tracker: &TaskTracker,
     state: Arc<AppState>,
     leases: async_nats::jetstream::kv::Store,
+    snapshots: async_nats::jetstream::object_store::ObjectStore,
     cancel: CancellationToken,
 ) {
     // No unpartitioned outbox in this mode: the committer's own relay handle stays idle.
@@ -139,9 +140,12 @@ pub fn spawn_partitioned(
         ));
     }
     tracker.spawn(ownership::run(
-        state.clone(),
-        leases,
-        committer,
+        ownership::Ctx {
+            state: state.clone(),
+            leases,
+            snapshots,
+            committer,
+        },
         cancel.clone(),
     ));
     tracker.spawn(timers::run_partitioned(state.clone(), cancel.clone()));

@@ -42,11 +42,14 @@ use super::commit::{Committer, Scoped};
 use super::consume::{self, Input};
 use super::fence::Fence;
 use super::lease::Lease;
+use super::snapshot::{self, partitioning};
 use crate::broker::stream_specs;
 use crate::clock::now_ms;
 use crate::relay::RelayHandle;
 use crate::relay::fenced::{Fenced, PartitionRelay};
 use crate::runtime::AppState;
+use crate::storage::snapshot::{Partitioning, partition_checkpoint_key};
+use async_nats::jetstream::object_store::ObjectStore;
 
 /// The lease key of partition `p`.
 pub fn partition_key(p: u32) -> String {
@@ -60,10 +63,23 @@ pub fn member_key(node: &str) -> String {
 
 /// The checkpoint key of partition `p`: the last inbox sequence applied to it.
 pub fn partition_checkpoint(state: &AppState, p: u32) -> String {
-    format!(
-        "{}:{}:{p}",
-        state.config.consumers.saga, state.config.streams.saga_inbox
+    partition_checkpoint_key(
+        &state.config.consumers.saga,
+        &state.config.streams.saga_inbox,
+        p,
     )
+}
+
+/// What the ownership task works with.
+pub(crate) struct Ctx {
+    /// The shared context.
+    pub state: Arc<AppState>,
+    /// The leases bucket.
+    pub leases: kv::Store,
+    /// The snapshots bucket.
+    pub snapshots: ObjectStore,
+    /// The group commit.
+    pub committer: Committer,
 }
 
 /// A partition this replica works on.
@@ -109,12 +125,20 @@ impl View {
 }
 
 /// Runs partition ownership until `cancel` fires and every partition is handed over.
-pub(crate) async fn run(
-    state: Arc<AppState>,
-    leases: kv::Store,
-    committer: Committer,
-    cancel: CancellationToken,
-) {
+pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
+    let Ctx {
+        state,
+        leases,
+        snapshots,
+        committer,
+    } = ctx;
+    let how = partitioning(&state.config, state.config.partitions.count);
+    let store_ctx = Snap {
+        bucket: snapshots,
+        how,
+        keep: state.config.partitions.snapshot_keep,
+    };
+    let mut snapshot_at = Instant::now();
     let ttl = state.config.partitions.lease_ttl.get();
     let tick = ttl / 20;
     let mut joined: Option<Instant> = None;
@@ -154,10 +178,16 @@ pub(crate) async fn run(
         renew_and_reap(&state, &mut running).await;
         if !member {
             if let Some(&p) = running.keys().next() {
-                hand_over(&state, &mut running, p).await;
+                hand_over(&state, &store_ctx, &mut running, p).await;
             }
         } else if watch.as_ref().is_some() && settled {
-            balance(&state, &leases, &mut running, &view, &committer).await;
+            balance(&state, &store_ctx, &leases, &mut running, &view, &committer).await;
+        }
+        if snapshot_at.elapsed() >= state.config.partitions.snapshot_interval.get() {
+            snapshot_at = Instant::now();
+            for &p in running.keys() {
+                store_ctx.upload(&state, p).await;
+            }
         }
         let event = async {
             match watch.as_mut() {
@@ -187,7 +217,7 @@ pub(crate) async fn run(
     }
     let owned: Vec<u32> = running.keys().copied().collect();
     for p in owned {
-        hand_over(&state, &mut running, p).await;
+        hand_over(&state, &store_ctx, &mut running, p).await;
     }
     let _ = leases.delete(member_key(&me)).await;
     tracing::info!(message = "Partitions handed over.");
@@ -248,6 +278,7 @@ async fn renew_and_reap(state: &AppState, running: &mut BTreeMap<u32, Running>) 
 /// Takes free partitions assigned here; hands over one held beyond the share.
 async fn balance(
     state: &Arc<AppState>,
+    snap: &Snap,
     leases: &kv::Store,
     running: &mut BTreeMap<u32, Running>,
     view: &View,
@@ -266,7 +297,7 @@ async fn balance(
             let ttl = state.config.partitions.lease_ttl.get();
             match Lease::acquire(leases, &partition_key(p), me, ttl).await {
                 Ok(Some(lease)) => {
-                    if let Some(r) = start(state, p, lease, committer).await {
+                    if let Some(r) = start(state, snap, p, lease, committer).await {
                         running.insert(p, r);
                     }
                 }
@@ -282,7 +313,7 @@ async fn balance(
         .copied()
         .find(|p| target[*p as usize].as_deref() != Some(me.as_str()));
     if let Some(p) = surplus {
-        hand_over(state, running, p).await;
+        hand_over(state, snap, running, p).await;
     }
     state.metrics.partitions_owned.set(running.len() as i64);
 }
@@ -290,6 +321,7 @@ async fn balance(
 /// Raises the fences of a newly won partition and starts its consumer loop and relay.
 async fn start(
     state: &Arc<AppState>,
+    snap: &Snap,
     p: u32,
     lease: Lease,
     committer: &Committer,
@@ -311,6 +343,36 @@ async fn start(
                 return None;
             }
         }
+    }
+    // What earlier owners applied: at least every input their outputs came from.
+    let replay_until = fences
+        .values()
+        .filter_map(|f| f.through().map(|t| t.seq))
+        .max()
+        .unwrap_or(0);
+    let restored = match snapshot::restore(&state.store, &snap.bucket, &snap.how, p).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(message = "Cannot restore a partition; giving the lease back.", partition = p, error = %e);
+            let _ = lease.release().await;
+            return None;
+        }
+    };
+    state
+        .metrics
+        .partition_restores
+        .with_label_values(&[if restored.downloaded {
+            "snapshot"
+        } else {
+            "local"
+        }])
+        .inc();
+    let inbox = &state.config.streams.saga_inbox;
+    if restored.checkpoint < replay_until
+        && let Ok(true) = snapshot::retention_gap(js, inbox, restored.checkpoint).await
+    {
+        state.metrics.retention_gaps.inc();
+        tracing::error!(message = "Inputs this partition needs are gone from the inbox: its state cannot be rebuilt exactly. Keep the inbox longer than snapshot age plus the longest outage.", partition = p, checkpoint = restored.checkpoint, stream = %inbox);
     }
     let handle = RelayHandle::new();
     let streams = state.config.streams.clone();
@@ -339,6 +401,7 @@ async fn start(
             partition: p,
             count: state.config.partitions.count,
             relay: handle.clone(),
+            replay_until,
         }),
     };
     let consume_stop = CancellationToken::new();
@@ -381,10 +444,11 @@ async fn start(
 
 /// Hands partition `p` over: stops reading (the batch in hand is committed), flushes its
 /// outbox, releases the lease. Gives up on the flush past the lease deadline.
-async fn hand_over(state: &AppState, running: &mut BTreeMap<u32, Running>, p: u32) {
+async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Running>, p: u32) {
     let Some(mut r) = running.remove(&p) else {
         return;
     };
+    let stopping = Instant::now();
     r.consume_stop.cancel();
     let _ = (&mut r.consume).await;
     r.relay_stop.cancel();
@@ -393,13 +457,27 @@ async fn hand_over(state: &AppState, running: &mut BTreeMap<u32, Running>, p: u3
         .valid_until()
         .saturating_duration_since(Instant::now());
     let flushed = tokio::time::timeout(budget.max(Duration::from_millis(1)), &mut r.relay).await;
-    if flushed.is_err() {
-        r.relay.abort();
-        tracing::warn!(
-            message = "Hand-over without a full flush: the lease deadline came first.",
-            partition = p
-        );
+    match flushed {
+        // Flushed: the snapshot holds everything applied, so the heir replays nothing.
+        Ok(Ok(Ok(()))) => snap.upload(state, p).await,
+        Ok(_) => {
+            tracing::warn!(
+                message = "Hand-over after the partition was fenced off.",
+                partition = p
+            )
+        }
+        Err(_) => {
+            r.relay.abort();
+            tracing::warn!(
+                message = "Hand-over without a full flush: the lease deadline came first.",
+                partition = p
+            );
+        }
     }
+    state
+        .metrics
+        .partition_handoff_seconds
+        .observe(stopping.elapsed().as_secs_f64());
     state.placement.gave_up(p);
     state
         .metrics
@@ -418,6 +496,29 @@ async fn hand_over(state: &AppState, running: &mut BTreeMap<u32, Running>, p: u3
         }
         Err(e) => {
             tracing::warn!(message = "Partition release failed; it expires on its own.", partition = p, error = %e)
+        }
+    }
+}
+
+/// The snapshots bucket and how partitions are cut.
+struct Snap {
+    bucket: ObjectStore,
+    how: Partitioning,
+    keep: usize,
+}
+
+impl Snap {
+    /// Uploads a snapshot of partition `p` as it is committed now; failures are logged (the
+    /// previous snapshot stays, and the heir replays a little more).
+    async fn upload(&self, state: &AppState, p: u32) {
+        match snapshot::snapshot(&state.store, &self.bucket, &self.how, p, self.keep).await {
+            Ok(checkpoint) => {
+                state.metrics.snapshots.inc();
+                tracing::debug!(message = "Snapshot uploaded.", partition = p, checkpoint);
+            }
+            Err(e) => {
+                tracing::warn!(message = "Snapshot upload failed.", partition = p, error = %e)
+            }
         }
     }
 }

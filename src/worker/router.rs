@@ -95,6 +95,12 @@ pub(crate) async fn run(
     let key = router_key(&source.stream);
     let mut backoff = Backoff::new(Duration::from_millis(200), ttl / 3).with_jitter();
     while !cancel.is_cancelled() {
+        if !state.placement.mode().routes() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(ttl / 10) => continue,
+            }
+        }
         let lease = match Lease::acquire(&leases, &key, &state.node_id, ttl).await {
             Ok(Some(l)) => l,
             Ok(None) => {
@@ -111,7 +117,11 @@ pub(crate) async fn run(
             }
         };
         tracing::info!(message = "Routing.", source = %source.stream, epoch = lease.epoch());
+        state
+            .placement
+            .set_routing(&source.stream, Some(lease.epoch()));
         let why = route_while_held(&state, &source, lease, &cancel).await;
+        state.placement.set_routing(&source.stream, None);
         tracing::info!(message = "Stopped routing.", source = %source.stream, reason = %why);
         backoff.sleep(&cancel).await;
     }
@@ -171,6 +181,10 @@ async fn route_while_held(
             }
             if !lease.is_valid() {
                 return "the lease expired or was lost".into();
+            }
+            if !state.placement.mode().routes() {
+                let _ = lease.release().await;
+                return "node mode excludes routing".into();
             }
             let next = tokio::select! {
                 _ = cancel.cancelled() => {
