@@ -56,7 +56,7 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
     rt.block_on(async move {
         let lifecycle = std::sync::Arc::new(runner::runtime::Lifecycle::new());
         runner::shutdown::install(lifecycle.clone()).context("installing signal handlers")?;
-        Ok(app::run(config, lifecycle).await?)
+        Ok(Box::pin(app::run(config, lifecycle)).await?)
     })
 }
 

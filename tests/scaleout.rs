@@ -477,24 +477,43 @@ async fn a_replica_restarted_empty_restores_a_snapshot_and_republishes_nothing()
     assert_exactly_once(&cluster.url(0), accounts, k / 3, Duration::from_secs(120)).await;
     common::wait_until("snapshots taken", Duration::from_secs(30), || {
         let a = r1.admin.clone();
-        async move { metric(&common::get_text(&format!("{a}/metrics")).await, "runner_snapshots_total") >= P as f64 }
+        async move {
+            metric(
+                &common::get_text(&format!("{a}/metrics")).await,
+                "runner_snapshots_total",
+            ) >= P as f64
+        }
     })
     .await;
     // More work after the snapshot, published before the crash: the replay must not
     // publish it again.
     deposit(&cluster.url(0), accounts, k / 3 + 1, 2 * k / 3).await;
-    assert_exactly_once(&cluster.url(0), accounts, 2 * k / 3, Duration::from_secs(120)).await;
+    assert_exactly_once(
+        &cluster.url(0),
+        accounts,
+        2 * k / 3,
+        Duration::from_secs(120),
+    )
+    .await;
     let _ = r1.kill();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let r2 = replica(&cluster, "r2", tempfile::tempdir().unwrap(), &env);
     deposit(&cluster.url(1), accounts, 2 * k / 3 + 1, k).await;
     assert_exactly_once(&cluster.url(2), accounts, k, Duration::from_secs(120)).await;
     let text = common::get_text(&format!("{}/metrics", r2.admin)).await;
-    let restored = metric(&text, "runner_partition_restores_total{source=\"snapshot\"}");
+    let restored = metric(
+        &text,
+        "runner_partition_restores_total{source=\"snapshot\"}",
+    );
     let suppressed = metric(&text, "runner_relay_suppressed_total");
-    println!("empty restart: {restored} partitions restored from snapshots, {suppressed} outputs not republished");
+    println!(
+        "empty restart: {restored} partitions restored from snapshots, {suppressed} outputs not republished"
+    );
     assert!(restored >= 1.0, "the new replica restored from snapshots");
-    assert!(suppressed >= 1.0, "the replay skipped what its predecessor had published");
+    assert!(
+        suppressed >= 1.0,
+        "the replay skipped what its predecessor had published"
+    );
     r2.stop();
 }
 
@@ -529,10 +548,18 @@ async fn a_drained_replica_hands_its_partitions_over_with_nothing_replayed() {
     for r in [&r1, &r3] {
         let text = common::get_text(&format!("{}/metrics", r.admin)).await;
         replayed += metric(&text, "runner_partition_replayed_inputs_total");
-        from_snapshot += metric(&text, "runner_partition_restores_total{source=\"snapshot\"}");
+        from_snapshot += metric(
+            &text,
+            "runner_partition_restores_total{source=\"snapshot\"}",
+        );
     }
-    println!("drain hand-over: {from_snapshot} partitions restored from snapshots, {replayed} inputs replayed");
-    assert!(from_snapshot >= 1.0, "the heirs took the drained partitions from snapshots");
+    println!(
+        "drain hand-over: {from_snapshot} partitions restored from snapshots, {replayed} inputs replayed"
+    );
+    assert!(
+        from_snapshot >= 1.0,
+        "the heirs took the drained partitions from snapshots"
+    );
     assert_eq!(replayed, 0.0, "a drain hands over with nothing replayed");
     r1.stop();
     r3.stop();

@@ -39,6 +39,21 @@ pub fn traceparent(headers: Option<&HeaderMap>) -> Option<String> {
         .map(|v| v.as_str().to_string())
 }
 
+/// `headers` without `Nats-Msg-Id` (a fenced batch sent again after the stream refused an
+/// id an earlier writer left in its window: the fence, not the id, keeps it single).
+pub fn without_msg_id(headers: &HeaderMap) -> HeaderMap {
+    let mut out = HeaderMap::new();
+    for (name, values) in headers.iter() {
+        if *name == async_nats::header::NATS_MESSAGE_ID {
+            continue;
+        }
+        for v in values {
+            out.append(name.clone(), v.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,19 +73,4 @@ mod tests {
         assert_eq!(traceparent(Some(&bare)), None);
         assert_eq!(traceparent(None), None);
     }
-}
-
-/// `headers` without `Nats-Msg-Id` (a fenced batch sent again after the stream refused an
-/// id an earlier writer left in its window: the fence, not the id, keeps it single).
-pub fn without_msg_id(headers: &HeaderMap) -> HeaderMap {
-    let mut out = HeaderMap::new();
-    for (name, values) in headers.iter() {
-        if *name == async_nats::header::NATS_MESSAGE_ID {
-            continue;
-        }
-        for v in values {
-            out.append(name.clone(), v.clone());
-        }
-    }
-    out
 }

@@ -47,6 +47,9 @@ pub struct Fenced {
     pub stream: String,
 }
 
+/// Names the stream a subject is stored in.
+pub type StreamOf = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// The relay of one owned partition.
 pub struct PartitionRelay {
     /// JetStream (fence reads).
@@ -64,7 +67,7 @@ pub struct PartitionRelay {
     /// This owner's fence in each stream the partition publishes to, by stream name.
     pub fences: HashMap<String, Fence>,
     /// The stream each subject goes to.
-    pub stream_of: Box<dyn Fn(&str) -> Option<String> + Send + Sync>,
+    pub stream_of: StreamOf,
     /// Records read per round.
     pub window: usize,
     /// Poll interval when nothing woke the relay.
