@@ -1,4 +1,4 @@
-//! `runner::worker::fence` against a real nats-server, on a stream of its own that captures
+//! `runner::broker::fence` against a real nats-server, on a stream of its own that captures
 //! `out.>` (the fenced messages) and `runner.fence.>` (the fence subjects).
 //!
 //! What it must keep: an owner that raised publishes fenced messages; once a newer owner
@@ -19,7 +19,7 @@ use bytes::Bytes;
 use common::cluster::Cluster;
 use common::{NatsServer, jetstream};
 use futures::StreamExt;
-use runner::worker::fence::{Fence, FenceError, fence_subject};
+use runner::broker::fence::{Fence, FenceError, fence_subject};
 
 const STREAM: &str = "FENCED";
 

@@ -16,6 +16,7 @@
 //! with the stream, the field and both values named.
 
 pub mod batch;
+pub mod fence;
 mod streams;
 
 use std::time::{Duration, Instant};

@@ -32,10 +32,10 @@ use tokio_util::sync::CancellationToken;
 use super::RelayHandle;
 use crate::backoff::Backoff;
 use crate::broker::batch::{self, BatchError, BatchMessage, MAX_MESSAGES};
+use crate::broker::fence::{Fence, Position, Recheck};
 use crate::storage::Store;
 use crate::storage::tables::OutboxRecord;
 use crate::telemetry::Metrics;
-use crate::worker::fence::{Fence, Position, Recheck};
 
 /// The partition's fence was raised by a newer owner: stop working on it.
 #[derive(Debug, Clone, thiserror::Error)]

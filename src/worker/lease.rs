@@ -1,6 +1,6 @@
-//! Ownership leases: at most one holder per key (a saga partition, later a router source),
-//! kept in a JetStream KV bucket (DESIGN §8.3). Not wired into the worker yet (scale-out
-//! groundwork); the bucket is set up by [`crate::broker::ensure_leases_bucket`].
+//! Ownership leases: at most one holder per key (a saga partition, a router's source), kept
+//! in a JetStream KV bucket (DESIGN §8.3), set up by [`crate::broker::ensure_leases_bucket`];
+//! used by `worker/ownership.rs` and [`super::router`].
 //!
 //! **The bucket** keeps one revision per key (`history 1`), ages every entry out `TTL` after
 //! its last write (`max_age = TTL`) and writes a marker when it does (`limit_markers`), so a
@@ -40,9 +40,8 @@
 //! afterwards, when another holder already owns the key. No check on the client closes that
 //! gap; only the resource written to can refuse a stale writer. That is broker-side fencing
 //! (DESIGN §8.4: a fence marker per partition and an expected-last-subject-sequence header
-//! on every outbox publish), which lives in [`super::fence`] and is **not wired into the relay
-//! yet**: until it is, leases alone keep two live owners apart only while nobody pauses past
-//! the margin.
+//! on every outbox publish), which lives in [`crate::broker::fence`]: every publish of a partition's
+//! relay and of a router is fenced, so a paused former holder stores nothing.
 //!
 //! **What each failure costs.**
 //! - A holder that crashes or stops renewing: the key is free TTL after its last write;

@@ -24,9 +24,30 @@
 //! | [`tally`] | what a batch did, turned into metrics after its commit |
 //! | `timers.rs` | the timer loop |
 //! | `sweep.rs` | expiry of dedupe markers |
-//! | [`partition`] | the partition of a saga instance, as the server's `partition()` transform computes it; not wired yet (scale-out) |
-//! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline; not wired yet (scale-out) |
-//! | [`fence`] | broker-side fencing of a partition's publishes: fence marker, expected-sequence headers; not wired yet (scale-out) |
+//!
+//! **Partitioned mode** (`partitions.enabled`, DESIGN §8) runs the same consuming loop,
+//! group commit and processor per owned partition of the saga inbox:
+//!
+//! ```text
+//!  AGGREGATE_EVENTS ─► router.rs ─┐ fenced atomic batches, one leased router per source
+//!  WORKFLOW_EVENTS  ─► router.rs ─┴──► SAGA_INBOX runner.inbox.<p>.…
+//!  due timers (owned) ─► timers.rs ─────┘      │
+//!                                               ▼ one consume.rs loop per owned partition
+//!                                   commit.rs (scoped to p) ─► libmdbx ─► relay/fenced.rs
+//!  ownership.rs: heartbeats, assign.rs, lease per partition, fences, snapshot restore/upload
+//! ```
+//!
+//! | file | owns |
+//! |---|---|
+//! | [`partition`] | the partition of a saga instance, as the server's `partition()` transform computes it |
+//! | [`router`] | one router per source stream: leased, fenced, exact progress in its fence marker |
+//! | [`assign`] | sticky, balanced (±1) assignment of partitions to members |
+//! | [`ownership`] | membership, leases, hand-over and take-over of partitions |
+//! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline |
+//! | [`snapshot`] | partition snapshots in an Object Store: upload, prune, restore |
+//!
+//! Broker-side fencing itself is [`crate::broker::fence`]; the fenced relay of one partition
+//! is [`crate::relay::fenced`].
 //!
 //! **Position of truth.** Each loop reads its stream through an ordered consumer that
 //! starts at the committed checkpoint + 1. Inputs are applied strictly in stream order, and
@@ -68,7 +89,7 @@ pub mod admission;
 pub mod assign;
 mod commit;
 mod consume;
-pub mod fence;
+
 pub mod lease;
 pub mod ownership;
 pub mod partition;

@@ -18,7 +18,7 @@
 //!   whose monotonic deadline passed is stopped at once — reading and publishing both —
 //!   without waiting for anything.
 //! - **Fenced before work.** A partition starts reading only after this owner raised its
-//!   fence in every stream it publishes to ([`super::fence`]); its relay publishes only
+//!   fence in every stream it publishes to ([`crate::broker::fence`]); its relay publishes only
 //!   under those fences, so once an heir raised its own, nothing of this owner reaches a
 //!   stream, however long it was paused.
 //! - **In-flight batch on loss.** A batch being committed when the lease is lost still
@@ -40,9 +40,9 @@ use tokio_util::sync::CancellationToken;
 use super::assign::assign;
 use super::commit::{Committer, Scoped};
 use super::consume::{self, Input};
-use super::fence::Fence;
 use super::lease::Lease;
 use super::snapshot::{self, partitioning};
+use crate::broker::fence::Fence;
 use crate::broker::stream_specs;
 use crate::clock::now_ms;
 use crate::relay::RelayHandle;

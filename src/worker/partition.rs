@@ -1,5 +1,6 @@
 //! The partition of a saga instance: which of the P partitions of SAGA_INBOX its inputs
-//! belong to (DESIGN §8.1). Not wired into the worker yet (scale-out groundwork).
+//! belong to (DESIGN §8.1); the routers use it to pick a copy's partition, the processor to
+//! apply only its own partition's keys.
 //!
 //! **Guarantee.** [`partition`] computes exactly what nats-server's subject transform
 //! `{{partition(P,1,2,3)}}` computes when wildcards 1, 2 and 3 of the source subject are the

@@ -40,11 +40,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Limits, RawInput};
 use super::consume::Input;
-use super::fence::{Fence, Position, Recheck};
 use super::lease::Lease;
 use super::partition::partition;
 use crate::backoff::Backoff;
 use crate::broker::batch::{self, BatchError, BatchMessage};
+use crate::broker::fence::{Fence, Position, Recheck};
 use crate::broker::headers;
 use crate::manifest::Catalog;
 use crate::runtime::AppState;

@@ -1,7 +1,7 @@
 //! Partition snapshots in a JetStream Object Store: upload, keep the newest few, download,
-//! restore (DESIGN §8.6). Not wired into the worker yet (scale-out groundwork): the owner of
-//! a partition calls [`snapshot`] periodically and on release; a new owner calls [`restore`]
-//! and then replays SAGA_INBOX from the checkpoint it returns + 1, after checking
+//! restore (DESIGN §8.6). The owner of a partition (`worker/ownership.rs`) calls [`snapshot`]
+//! every `partitions.snapshot_interval` and on hand-over; a new owner calls [`restore`] and
+//! then replays SAGA_INBOX from the checkpoint it returns + 1, after checking
 //! [`retention_gap`].
 //!
 //! **Objects.** The snapshot of partition `p` at checkpoint `N` (the bytes of

@@ -1,6 +1,7 @@
-//! Broker-side fencing of a partition's publishes (DESIGN §8.4). Not wired into the relay
-//! yet (scale-out groundwork); it closes the gap [`super::lease`] leaves open: a holder
-//! paused past its deadline that wakes up and publishes after another holder took over.
+//! Broker-side fencing of a partition's publishes (DESIGN §8.4), used by the fenced relay
+//! ([`crate::relay::fenced`]) and the routers (`worker/router.rs`). It closes the gap a
+//! lease (`worker/lease.rs`) leaves open: a holder paused past its deadline that wakes up and
+//! publishes after another holder took over.
 //!
 //! **The fence** of partition `p` in stream `S` is the subject `runner.fence.<S>.<p>`
 //! ([`fence_subject`]); a router's fence uses its source's name as the key. It is captured by
