@@ -44,6 +44,17 @@ fn runner_connected(cluster: &Cluster) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runner_started_before_the_cluster_forms_comes_up_with_r3_streams() {
+    started_before_the_cluster_forms(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partitioned_runner_started_before_the_cluster_forms_comes_up_with_r3_buckets() {
+    started_before_the_cluster_forms(true).await;
+}
+
+/// Starts a combined runner (partitioned or not) against one node of three, brings the
+/// others up once it is connected, and checks it comes up by itself and works.
+async fn started_before_the_cluster_forms(partitioned: bool) {
     let mut cluster = Cluster::new(3);
     // One node of three: JetStream has no quorum, so no stream can be created yet.
     cluster.start_node(0);
@@ -61,6 +72,10 @@ async fn a_runner_started_before_the_cluster_forms_comes_up_with_r3_streams() {
             &[
                 ("RUNNER__STREAMS__REPLICAS", "3"),
                 ("RUNNER__NATS__SETUP_TIMEOUT", "120s"),
+                (
+                    "RUNNER__PARTITIONS__ENABLED",
+                    if partitioned { "true" } else { "false" },
+                ),
             ],
         )
     });
@@ -87,7 +102,11 @@ async fn a_runner_started_before_the_cluster_forms_comes_up_with_r3_streams() {
     );
 
     let js = jetstream(&cluster.url(0)).await;
-    for name in ["AGGREGATE_EVENTS", "WORKFLOW_COMMANDS", "WORKFLOW_EVENTS"] {
+    let mut names = vec!["AGGREGATE_EVENTS", "WORKFLOW_COMMANDS", "WORKFLOW_EVENTS"];
+    if partitioned {
+        names.extend(["SAGA_INBOX", "KV_RUNNER_LEASES", "OBJ_RUNNER_SNAPSHOTS"]);
+    }
+    for name in names {
         let info = js.get_stream(name).await.unwrap().cached_info().clone();
         assert_eq!(info.config.num_replicas, 3, "{name} is not R3");
     }
