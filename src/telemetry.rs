@@ -122,7 +122,7 @@ pub mod names {
     /// `completed`, `failed`, `replayed`).
     pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
     /// Effect commands not executed on delivery, by outcome (`refused`: undecodable or
-    /// inconsistent, terminated; `throttled`: over `effect.concurrency_per_effect`, nak'ed).
+    /// inconsistent, terminated).
     pub const EFFECT_COMMANDS_TOTAL: &str = "runner_effect_commands_total";
     /// Effect results published, by effect and result type.
     pub const EFFECT_RESULTS_TOTAL: &str = "runner_effect_results_total";

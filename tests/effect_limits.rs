@@ -1,7 +1,7 @@
-//! Effect concurrency limits, measured where they matter — at the upstream: at most
-//! `effect.concurrency_per_effect` calls of one effect in flight per process (the rest are
-//! nak'ed as `throttled`), and at most `effect.concurrency` commands of any effect, the
-//! rest left for other replicas.
+//! Effect concurrency limits, measured where they matter — at the upstream and on the
+//! effect's own consumer: at most `effect.concurrency` calls of one effect in flight per
+//! process, the commands beyond it left on the server (not pulled and handed back), so
+//! another replica takes them, while other effects keep running beside the full one.
 //!
 //! Every upstream call is held until the test releases it, so "the limit is full" is a
 //! state the test waits for and then inspects, not a race it hopes to win.
@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::effects::{EffectBed, command, one_per_command};
+use common::effects::{EffectBed, command, one_per_command, own_consumer};
 use common::metrics::{metric, metric_or_zero, wait_metric};
 use common::upstream::{Latch, Reply};
 use serde_json::json;
@@ -47,34 +47,38 @@ const LEASE: (&str, &str) = ("RUNNER__EFFECT__LEASE_TTL", "1500ms");
 const ACK_WAIT: (&str, &str) = ("RUNNER__EFFECT__ACK_WAIT", "3s");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_effect_limit_caps_calls_in_flight_and_throttles_the_rest() {
+async fn per_effect_limit_caps_calls_in_flight_and_leaves_the_rest_on_the_server() {
     const N: u64 = 8;
     const LIMIT: usize = 3;
     let release = Latch::new();
     let bed = held_bed(&release).await;
-    let w = bed.runner(&[
-        LEASE,
-        ACK_WAIT,
-        ("RUNNER__EFFECT__CONCURRENCY_PER_EFFECT", "3"),
-    ]);
+    let w = bed.runner(&[LEASE, ACK_WAIT, ("RUNNER__EFFECT__CONCURRENCY", "3")]);
     let cmds: Vec<_> = (0..N).map(|n| command("capped", n)).collect();
     let ids = bed.publish(&cmds).await;
 
-    // The limit fills, and the commands beyond it keep coming back throttled (a nak of
-    // 250 ms each time): several rounds for each of the five.
+    // The limit fills; the loop pulls no command it has no slot for, so the other five stay
+    // on the server, undelivered, however long the limit stays full: here until every held
+    // lease was renewed eight times (four seconds, past the three-second ack wait, so a
+    // command held back by this process would have been redelivered by now).
     assert!(
         common::eventually(Duration::from_secs(30), || async {
             bed.upstream.in_flight() == LIMIT
         })
         .await
     );
-    let throttled = wait_metric(
+    let renewed = wait_metric(
         &w.admin,
-        "runner_effect_commands_total{outcome=\"throttled\"}",
-        |v| v >= 20.0,
+        "runner_effect_claims_total{event=\"renewed\"}",
+        |v| v >= 8.0 * LIMIT as f64,
         Duration::from_secs(60),
     )
     .await;
+    let info = own_consumer(&bed.js, "capped").await;
+    assert_eq!(
+        (info.num_ack_pending, info.num_pending, info.num_redelivered),
+        (LIMIT, N - LIMIT as u64, 0),
+        "only the commands running are delivered; the rest wait on the server"
+    );
     assert_eq!(
         bed.upstream.max_in_flight(),
         LIMIT,
@@ -83,7 +87,7 @@ async fn per_effect_limit_caps_calls_in_flight_and_throttles_the_rest() {
     assert_eq!(
         bed.upstream.hits().len(),
         LIMIT,
-        "the throttled commands did not reach the upstream"
+        "the commands beyond the limit did not reach the upstream"
     );
     assert_eq!(
         metric(&w.admin, "runner_effect_in_flight").await,
@@ -92,7 +96,7 @@ async fn per_effect_limit_caps_calls_in_flight_and_throttles_the_rest() {
     assert_eq!(
         metric_or_zero(&w.admin, "runner_effect_claims_total{event=\"busy\"}").await,
         0.0,
-        "throttling happens before the claim: no claim was contended"
+        "the limit holds before the claim: no claim was contended"
     );
 
     // The limit is per effect: another effect runs while this one is full.
@@ -126,15 +130,15 @@ async fn per_effect_limit_caps_calls_in_flight_and_throttles_the_rest() {
         LIMIT,
         "the limit held after the release too"
     );
-    println!("per-effect limit {LIMIT}: {throttled} throttled naks while full; {N} results");
+    println!("per-effect limit {LIMIT}: held through {renewed} lease renewals; {N} results");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn process_limit_leaves_further_commands_to_other_replicas() {
+async fn a_full_effect_leaves_its_further_commands_to_other_replicas() {
     let release = Latch::new();
     let bed = held_bed(&release).await;
     let full = bed.runner(&[LEASE, ACK_WAIT, ("RUNNER__EFFECT__CONCURRENCY", "2")]);
-    let ids = bed
+    let mut ids = bed
         .publish(&[command("capped", 1), command("capped", 2)])
         .await;
     assert!(
@@ -144,55 +148,44 @@ async fn process_limit_leaves_further_commands_to_other_replicas() {
         .await
     );
     assert_eq!(metric(&full.admin, "runner_effect_in_flight").await, 2.0);
-    let other = bed.runner(&[LEASE, ACK_WAIT]);
-    // `full` has no free slot, so it cannot run this; `other` must.
+
+    // `capped` has no free slot in `full`, yet another effect still runs there.
     let free = bed.publish_one(command("free", 3)).await;
+    wait_metric(
+        &full.admin,
+        "runner_effect_claims_total{event=\"completed\"}",
+        |v| v == 1.0,
+        Duration::from_secs(60),
+    )
+    .await;
+
+    // A further `capped` command is not `full`'s to take: the other replica runs it.
+    let other = bed.runner(&[LEASE, ACK_WAIT]);
+    ids.push(bed.publish_one(command("capped", 4)).await);
     assert!(
         common::eventually(Duration::from_secs(60), || async {
-            bed.results()
-                .await
-                .iter()
-                .any(|r| r.body["command_id"] == json!(free))
+            bed.upstream.in_flight() == 3
         })
         .await,
-        "another replica ran the command the full one could not take"
+        "another replica took the command the full one could not"
     );
+    assert_eq!(metric(&other.admin, "runner_effect_in_flight").await, 1.0);
     assert_eq!(
-        bed.upstream.in_flight(),
-        2,
+        metric(&full.admin, "runner_effect_in_flight").await,
+        2.0,
         "the full replica was still full"
     );
-    assert_eq!(bed.upstream.max_in_flight(), 2);
-    assert_eq!(
-        metric(
-            &other.admin,
-            "runner_effect_claims_total{event=\"completed\"}"
-        )
-        .await,
-        1.0
-    );
-    assert_eq!(
-        metric_or_zero(
-            &full.admin,
-            "runner_effect_claims_total{event=\"completed\"}"
-        )
-        .await,
-        0.0
-    );
+    assert_eq!(bed.upstream.max_in_flight(), 3);
 
     release.release();
-    let seen = bed.settle(3, Duration::from_secs(60)).await;
+    let seen = bed.settle(4, Duration::from_secs(60)).await;
     let by = one_per_command(&seen);
     for id in &ids {
         assert_eq!(by[id]["result_type"], "Succeeded", "{}", by[id]);
         assert_eq!(bed.upstream.count(id), 1);
     }
-    assert_eq!(
-        metric(
-            &full.admin,
-            "runner_effect_claims_total{event=\"completed\"}"
-        )
-        .await,
-        2.0
-    );
+    assert_eq!(by[&free]["payload"]["free"], true);
+    let completed = "runner_effect_claims_total{event=\"completed\"}";
+    assert_eq!(metric(&full.admin, completed).await, 3.0);
+    assert_eq!(metric(&other.admin, completed).await, 1.0);
 }

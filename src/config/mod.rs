@@ -97,15 +97,16 @@ impl Default for PartitionsConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EffectConfig {
-    /// Most commands one process executes at once (1..=10000).
+    /// Most commands of one effect one process executes at once (1..=10000). Each effect
+    /// has its own consumer and its own share, so a slow effect cannot take the slots of
+    /// another; a process runs at most this many per effect (the catch-all consumer,
+    /// which answers commands no effect consumer covers, has a share of its own too).
     pub concurrency: usize,
-    /// Most commands of one effect one process executes at once (1..=10000; `concurrency`
-    /// bounds it anyway); a command over the limit is handed back (`nak`) for a short while.
-    pub concurrency_per_effect: usize,
     /// How long JetStream waits for an acknowledgement before redelivering a command
     /// (the worker sends progress acknowledgements while a command runs).
     pub ack_wait: HumanDuration,
-    /// Most commands delivered and not yet acknowledged across all replicas (1..=1000000).
+    /// Most commands of one effect delivered and not yet acknowledged, across all replicas
+    /// (1..=1000000): each effect's consumer has this limit of its own.
     pub max_ack_pending: i64,
     /// JetStream KV bucket holding the claims (created at start when missing).
     pub claims_bucket: String,
@@ -123,7 +124,6 @@ impl Default for EffectConfig {
     fn default() -> Self {
         Self {
             concurrency: 64,
-            concurrency_per_effect: 64,
             ack_wait: HumanDuration::secs(30),
             max_ack_pending: 1024,
             claims_bucket: "RUNNER_EFFECT_CLAIMS".into(),
@@ -314,7 +314,8 @@ impl Default for StreamsConfig {
 pub struct ConsumersConfig {
     /// Saga worker's durable consumer on the event streams.
     pub saga: String,
-    /// Effect workers' shared durable consumer on the command stream.
+    /// Effect workers' durable consumers on the command stream: this name for the
+    /// catch-all, `<name>-<effect>` for each effect's own.
     pub effect: String,
 }
 

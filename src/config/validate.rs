@@ -198,15 +198,6 @@ impl Config {
                 ),
             );
         }
-        if !(1..=10_000).contains(&self.effect.concurrency_per_effect) {
-            return invalid(
-                "effect.concurrency_per_effect",
-                format!(
-                    "{} is out of range; allowed 1 to 10000",
-                    self.effect.concurrency_per_effect
-                ),
-            );
-        }
         if !(1..=1_000_000).contains(&self.effect.max_ack_pending) {
             return invalid(
                 "effect.max_ack_pending",

@@ -86,6 +86,9 @@ pub(super) async fn run_guarded(
 async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
     let catalog = ctx.state.catalog();
     let Some(effect) = catalog.effect(&cmd.effect).cloned() else {
+        tracing::warn!(
+            message = "No loaded manifest declares this effect; answering the command as failed."
+        );
         let e = EffectError::Fatal {
             reason: format!(
                 "effect `{}` is not declared in the loaded manifests",

@@ -1,8 +1,7 @@
 //! What every command handler of one effect worker shares.
 //!
 //! Owns [`Ctx`]: the claims store under this process's owner name, the HTTP client, the
-//! circuit breakers, the per-effect concurrency slots, the compiled providers and the drain
-//! token; and the names of the claim events ([`event`]) it counts.
+//! circuit breakers, the compiled providers and the drain token; and the names of the claim events ([`event`]) it counts.
 //!
 //! Guarantee: a provider is compiled once per catalog generation — the cache keeps the
 //! declaration it was compiled from, so a command that starts after a manifest reload runs
@@ -13,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use async_nats::jetstream::kv;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::breaker::Breakers;
@@ -56,8 +54,6 @@ pub mod event {
 
 /// Outcomes of `runner_effect_commands_total` (commands turned away before any claim).
 pub mod outcome {
-    /// The effect's concurrency limit was reached: nak'ed with a short delay.
-    pub const THROTTLED: &str = "throttled";
     /// Undecodable or not allowed: dead-lettered and terminated.
     pub const REFUSED: &str = "refused";
 }
@@ -71,7 +67,6 @@ pub(super) struct Ctx {
     providers: Mutex<HashMap<String, CachedProvider>>,
     /// Cancelled when the drain begins.
     pub(super) drain: CancellationToken,
-    per_effect: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 /// A compiled provider with the declaration it was compiled from (held, so a reloaded
@@ -96,26 +91,7 @@ impl Ctx {
             breakers,
             providers: Mutex::new(HashMap::new()),
             drain,
-            per_effect: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// A slot for one more command of `effect`, if it is under its limit.
-    pub(super) fn effect_slot(&self, effect: &str) -> Option<OwnedSemaphorePermit> {
-        let sem = {
-            let mut g = match self.per_effect.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            g.entry(effect.to_string())
-                .or_insert_with(|| {
-                    Arc::new(Semaphore::new(
-                        self.state.config.effect.concurrency_per_effect,
-                    ))
-                })
-                .clone()
-        };
-        sem.try_acquire_owned().ok()
     }
 
     /// Counts a claim event (one of [`event`]).

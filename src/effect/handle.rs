@@ -1,8 +1,8 @@
 //! The handling of one delivered effect command, from gate to ack.
 //!
 //! Owns the order of the steps described in [`super`]: decode and check the command
-//! (refusing what can never run: [`refuse`] dead-letters it and terminates it), take a
-//! per-effect slot, pass the claim gate, run the attempts under the lease
+//! (refusing what can never run: [`refuse`] dead-letters it and terminates it), pass the
+//! claim gate, run the attempts under the lease
 //! ([`super::attempt`]), **record** the outcome in the claim, **publish** the result, and
 //! **ack** the command. Every line logged while handling a command sits in one span,
 //! `effect_command`, carrying its tenant, effect, command id and claim attempt.
@@ -84,16 +84,6 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     span.record("tenant", cmd.tenant.as_str());
     span.record("effect", cmd.effect.as_str());
     span.record("command_id", cmd.command_id.as_str());
-    let Some(_slot) = ctx.effect_slot(&cmd.effect) else {
-        metrics
-            .effect_commands
-            .with_label_values(&[outcome::THROTTLED])
-            .inc();
-        let _ = msg
-            .ack_with(AckKind::Nak(Some(Duration::from_millis(250))))
-            .await;
-        return;
-    };
     let first_delivery = msg.info().map(|i| i.delivered <= 1).unwrap_or(false);
     let gate = match ctx.claims.gate(&key, first_delivery).await {
         Ok(g) => g,
@@ -287,6 +277,6 @@ const RETRY_SOON: Duration = Duration::from_secs(1);
 
 /// Hands a command back to JetStream for redelivery after [`RETRY_SOON`]; a failed nak only
 /// means JetStream redelivers after the ack wait instead.
-async fn retry_soon(msg: &async_nats::jetstream::Message) {
+pub(super) async fn retry_soon(msg: &async_nats::jetstream::Message) {
     let _ = msg.ack_with(AckKind::Nak(Some(RETRY_SOON))).await;
 }

@@ -1,9 +1,21 @@
 //! The effect worker: effect commands → upstream calls → result events.
 //!
-//! Every replica running effects pulls from one shared durable consumer
-//! (`consumers.effect`) on the command stream, filtered to `tenant.*.effect.>`, with
-//! explicit acks, `effect.ack_wait` and `effect.max_ack_pending`. A process runs at most
-//! `effect.concurrency` commands at once. Per command:
+//! **Consumers** ([`consumers`]): every effect declared in the loaded manifests has a
+//! durable pull consumer of its own on the command stream, `<consumers.effect>-<effect>`
+//! filtered to `tenant.*.effect.<effect>.*`, and every effect-mode replica pulls from the
+//! same ones (the deliver group: JetStream hands each command to one replica). Each has
+//! its own fetch loop in each process, its own share of `effect.concurrency` slots and its
+//! own `effect.max_ack_pending` across the replicas, so a slow upstream fills only its own
+//! effect's slots and pending window; other effects go on. A loop asks JetStream for only
+//! as many commands as it has free slots, so a busy replica leaves the rest to the others.
+//! A catch-all consumer (`consumers.effect` itself, every command, headers only) acks what
+//! an effect consumer of this process covers and handles the rest here: a command of an
+//! effect no loaded manifest declares gets a `Failed` result saying so, through its claim
+//! like any other. A manifest reload that adds an effect starts its consumer and loop
+//! within a second; an effect a reload removes keeps its loop until the
+//! process exits (its commands then fail as undeclared), and a consumer left from an
+//! effect no longer declared is served from the next start on, so nothing it holds is
+//! stranded. Per command:
 //!
 //! 1. **Gate** ([`claim`]): take the command's claim (create-if-absent, with no read first
 //!    on a first delivery), take over one whose lease expired, republish the stored result
@@ -24,10 +36,13 @@
 //! externally visible write. A crash between 3 and 5 leaves a done claim; the redelivered
 //! command republishes the stored result under the same `Nats-Msg-Id`, which JetStream
 //! drops as a duplicate within its window (and the saga side drops by event id after it).
+//! The same holds when two consumers carry one command (a replica whose manifests lack an
+//! effect answers through its catch-all while another runs it): the claim admits one.
 //!
-//! **Drain**: fetching stops; calls in flight finish and are recorded; a command waiting
-//! between retries is handed back at once (its lease expired by CAS, the message nak'ed) so
-//! another replica takes it over instead of the drain waiting out the backoff.
+//! **Drain**: fetching stops on every loop; calls in flight finish and are recorded; a
+//! command waiting between retries is handed back at once (its lease expired by CAS, the
+//! message nak'ed) so another replica takes it over instead of the drain waiting out the
+//! backoff.
 //!
 //! Delivery: at least once overall; at most one live executor per command; upstreams see
 //! the same `Idempotency-Key` (the command id) on every attempt by every executor, so an
@@ -38,40 +53,47 @@
 //! allowed, or whose id cannot be a claim key is dead-lettered (`tenant.<t>.deadletter.<kind>`)
 //! and terminated (`Term`); it never reaches an upstream.
 //!
-//! Files: this one owns the consumer loop (fetching, the process-wide concurrency limit,
-//! reopening the consumer with backoff, waiting for in-flight commands on drain);
-//! `handle.rs` the steps above for one command, in one tracing span; `attempt.rs` step 2
-//! with the lease renewal and progress acks; `command.rs` the envelope and the result
-//! event; `context.rs` what the handlers share; [`claim`], [`breaker`] and [`provider`]
-//! one concept each.
+//! Files: this one owns the fetch loops (one per effect and the catch-all, each with its
+//! slots, reopening its consumer with backoff), following reloads, and waiting for
+//! in-flight commands on drain; [`consumers`] which consumers exist, where each starts and
+//! what it covers; `handle.rs` the steps above for one command, in one tracing span;
+//! `attempt.rs` step 2 with the lease renewal and progress acks; `command.rs` the envelope
+//! and the result event; `context.rs` what the handlers share; [`claim`], [`breaker`] and
+//! [`provider`] one concept each.
 
 pub mod breaker;
 pub mod claim;
 pub mod command;
+pub mod consumers;
 pub mod provider;
 
 mod attempt;
 mod context;
 mod handle;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, kv};
+use async_nats::jetstream::{self, AckKind, kv, stream::Stream};
 use futures::StreamExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
 use crate::runtime::AppState;
+use consumers::{Coverage, Opened, Which};
 use context::Ctx;
 
 pub use command::{Command, CommandError, ResultType};
+pub use consumers::COMMAND_FILTER;
 pub use context::{event, outcome};
 
-/// Subject filter of the effect consumer.
-pub const COMMAND_FILTER: &str = "tenant.*.effect.>";
+/// How often the worker looks for effects that a manifest reload added.
+const RELOAD_POLL: Duration = Duration::from_secs(1);
+/// How long one pull request waits for commands.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
 
 /// Spawns the effect worker on `tracker`; it stops fetching when `cancel` fires and returns
 /// once its in-flight commands are finished.
@@ -87,94 +109,293 @@ pub fn spawn(
     for ev in event::ALL {
         m.effect_claims.with_label_values(&[ev]);
     }
-    for o in [outcome::THROTTLED, outcome::REFUSED] {
-        m.effect_commands.with_label_values(&[o]);
-    }
+    m.effect_commands.with_label_values(&[outcome::REFUSED]);
     let ctx = Arc::new(Ctx::new(state, kv, cancel.clone()));
-    tracker.spawn(consume(ctx, cancel));
+    tracker.spawn(Worker::new(ctx, cancel).run());
 }
 
-async fn open_consumer(ctx: &Ctx) -> Result<pull::Stream, async_nats::Error> {
-    let c = &ctx.state.config;
-    let stream = ctx
-        .state
-        .broker
-        .jetstream()
-        .get_stream(&c.streams.workflow_commands)
-        .await?;
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(c.consumers.effect.clone()),
-            description: Some("Runner effect workers (shared)".into()),
-            filter_subject: COMMAND_FILTER.into(),
-            ack_policy: jetstream::consumer::AckPolicy::Explicit,
-            ack_wait: c.effect.ack_wait.get(),
-            max_ack_pending: c.effect.max_ack_pending,
-            max_deliver: -1,
-            ..Default::default()
-        })
-        .await?;
-    let batch = c.effect.concurrency.clamp(1, 256);
-    Ok(consumer
-        .stream()
-        .max_messages_per_batch(batch)
-        .expires(Duration::from_secs(5))
-        .messages()
-        .await?)
+/// The fetch loops of one process, and the effects they serve.
+struct Worker {
+    ctx: Arc<Ctx>,
+    cancel: CancellationToken,
+    coverage: Arc<Coverage>,
+    /// The fetch loops.
+    loops: TaskTracker,
+    /// The command handlers of every loop, waited for on drain.
+    in_flight: TaskTracker,
+    /// Effect names this process has a loop for (or leaves to the catch-all on purpose).
+    served: HashSet<String>,
 }
 
-async fn consume(ctx: Arc<Ctx>, cancel: CancellationToken) {
-    let in_flight = TaskTracker::new();
-    let permits = Arc::new(Semaphore::new(ctx.state.config.effect.concurrency));
-    let mut backoff =
-        Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
-    'connect: while !cancel.is_cancelled() {
-        let opened = tokio::select! {
-            _ = cancel.cancelled() => break,
-            m = open_consumer(&ctx) => m,
-        };
-        let mut messages = match opened {
-            Ok(m) => m,
+impl Worker {
+    fn new(ctx: Arc<Ctx>, cancel: CancellationToken) -> Self {
+        Self {
+            ctx,
+            cancel,
+            coverage: Arc::new(Coverage::default()),
+            loops: TaskTracker::new(),
+            in_flight: TaskTracker::new(),
+            served: HashSet::new(),
+        }
+    }
+
+    /// Starts a loop per effect (declared, or holding a consumer from earlier), then the
+    /// catch-all; follows manifest reloads until the drain; returns once every loop and
+    /// every handler has finished.
+    async fn run(mut self) {
+        let state = self.ctx.state.clone();
+        let mut catalog = state.catalog();
+        let mut names = catalog.summary().effects;
+        match consumers::existing_effects(&state.config, state.broker.jetstream()).await {
+            Ok(found) => names.extend(found),
             Err(e) => {
-                tracing::warn!(message = "Cannot open the effect consumer; retrying.", error = %e);
-                if !backoff.sleep(&cancel).await {
-                    break;
-                }
+                tracing::warn!(message = "Cannot list the effect consumers; the catch-all answers the commands of effects no longer declared.", error = %e);
+            }
+        }
+        for name in names {
+            self.serve(name).await;
+        }
+        // Started once the effect consumers are open, so that it leaves them what they
+        // cover from the start.
+        self.start(Which::CatchAll, None);
+        let mut poll = tokio::time::interval(RELOAD_POLL);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => break,
+                _ = poll.tick() => {}
+            }
+            let now = state.catalog();
+            if Arc::ptr_eq(&now, &catalog) {
                 continue;
             }
+            catalog = now;
+            for name in catalog.summary().effects {
+                self.serve(name).await;
+            }
+        }
+        self.loops.close();
+        self.loops.wait().await;
+        self.in_flight.close();
+        self.in_flight.wait().await;
+    }
+
+    /// Starts the loop of `effect` unless it has one. An effect whose name cannot name a
+    /// consumer is left to the catch-all.
+    async fn serve(&mut self, effect: String) {
+        if !self.served.insert(effect.clone()) {
+            return;
+        }
+        let state = &self.ctx.state;
+        if !consumers::has_own_consumer(&state.config.consumers.effect, &effect) {
+            tracing::warn!(message = "Effect name cannot name a consumer; its commands go through the catch-all.", effect = %effect);
+            return;
+        }
+        let which = Which::Effect(effect);
+        // Opened here once, so its coverage is known before the catch-all starts; the loop
+        // opens it again when this fails or the consumer goes away.
+        let opened = consumers::open(
+            &state.config,
+            state.broker.jetstream(),
+            &self.coverage,
+            &which,
+        )
+        .await
+        .ok();
+        tracing::info!(message = "Serving an effect.", consumer = %which.name(&state.config.consumers.effect));
+        self.start(which, opened);
+    }
+
+    fn start(&self, which: Which, opened: Option<Opened>) {
+        let l = Loop {
+            ctx: self.ctx.clone(),
+            coverage: self.coverage.clone(),
+            in_flight: self.in_flight.clone(),
+            permits: Arc::new(Semaphore::new(self.ctx.state.config.effect.concurrency)),
+            which,
         };
-        tracing::info!(message = "Consuming effect commands.", consumer = %ctx.state.config.consumers.effect, owner = ctx.claims.owner());
-        loop {
-            let permit = tokio::select! {
-                _ = cancel.cancelled() => break 'connect,
-                p = permits.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => break 'connect,
+        self.loops.spawn(l.run(opened, self.cancel.clone()));
+    }
+}
+
+/// One fetch loop: one effect's consumer, or the catch-all.
+struct Loop {
+    ctx: Arc<Ctx>,
+    coverage: Arc<Coverage>,
+    in_flight: TaskTracker,
+    /// This loop's own share: at most `effect.concurrency` of its commands run at once.
+    permits: Arc<Semaphore>,
+    which: Which,
+}
+
+impl Loop {
+    async fn run(self, mut opened: Option<Opened>, cancel: CancellationToken) {
+        let state = self.ctx.state.clone();
+        let name = self.which.name(&state.config.consumers.effect);
+        let mut backoff =
+            Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
+        while !cancel.is_cancelled() {
+            let attempt = match opened.take() {
+                Some(o) => Ok(o),
+                None => tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    o = consumers::open(&state.config, state.broker.jetstream(), &self.coverage, &self.which) => o,
                 },
             };
+            let ended = match attempt {
+                Ok(o) => {
+                    tracing::info!(message = "Consuming effect commands.", consumer = %name, owner = self.ctx.claims.owner());
+                    match self.which {
+                        Which::Effect(_) => self.pull_effect(&o, &cancel, &mut backoff).await,
+                        Which::CatchAll => self.pull_catch_all(&o, &cancel, &mut backoff).await,
+                    }
+                }
+                Err(e) => Err(e),
+            };
+            match ended {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::warn!(message = "Effect consumer failed; reopening it.", consumer = %name, error = %e);
+                    // A drain cuts the wait short; the loop's condition then ends it.
+                    backoff.sleep(&cancel).await;
+                }
+            }
+        }
+    }
+
+    /// Pulls one effect's commands until the drain (`Ok`) or a consumer error. Each pull
+    /// asks for as many commands as the loop has free slots, so a busy replica holds no
+    /// command it cannot start: the rest stay with the other replicas.
+    async fn pull_effect(
+        &self,
+        o: &Opened,
+        cancel: &CancellationToken,
+        backoff: &mut Backoff,
+    ) -> Result<(), async_nats::Error> {
+        let most = self.ctx.state.config.effect.concurrency.clamp(1, 256);
+        loop {
+            let Some(first) = self.acquire(cancel).await else {
+                return Ok(());
+            };
+            let mut slots = vec![first];
+            while slots.len() < most {
+                match self.permits.clone().try_acquire_owned() {
+                    Ok(p) => slots.push(p),
+                    Err(_) => break,
+                }
+            }
+            let pull = o
+                .consumer
+                .batch()
+                .max_messages(slots.len())
+                .expires(PULL_EXPIRES)
+                .messages();
+            let mut batch = tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                b = pull => b?,
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    n = batch.next() => n,
+                };
+                match next {
+                    Some(Ok(msg)) => {
+                        backoff.reset();
+                        match slots.pop() {
+                            Some(slot) => self.dispatch(msg, slot),
+                            // More than asked for: not expected; give it back.
+                            None => {
+                                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                            }
+                        }
+                    }
+                    Some(Err(e)) => return Err(e),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Pulls the catch-all's commands (headers only) until the drain (`Ok`) or a consumer
+    /// error, sorting each ([`Loop::sort`]).
+    async fn pull_catch_all(
+        &self,
+        o: &Opened,
+        cancel: &CancellationToken,
+        backoff: &mut Backoff,
+    ) -> Result<(), async_nats::Error> {
+        let mut messages = o
+            .consumer
+            .stream()
+            .max_messages_per_batch(256)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await?;
+        loop {
             let next = tokio::select! {
-                _ = cancel.cancelled() => break 'connect,
+                _ = cancel.cancelled() => return Ok(()),
                 n = messages.next() => n,
             };
             match next {
                 Some(Ok(msg)) => {
                     backoff.reset();
-                    let ctx = ctx.clone();
-                    in_flight.spawn(async move {
-                        handle::handle(&ctx, msg).await;
-                        drop(permit);
-                    });
+                    self.sort(&o.stream, msg, cancel).await;
                 }
-                Some(Err(e)) => {
-                    tracing::warn!(message = "Effect consumer error; reopening.", error = %e);
-                    // A drain cuts the wait short; the loop's condition then ends it.
-                    backoff.sleep(&cancel).await;
-                    continue 'connect;
-                }
-                None => continue 'connect,
+                Some(Err(e)) => return Err(e.into()),
+                None => return Err("the catch-all's message stream ended".into()),
             }
         }
     }
-    in_flight.close();
-    in_flight.wait().await;
+
+    /// A slot of this loop's share, or None once the drain begins.
+    async fn acquire(&self, cancel: &CancellationToken) -> Option<OwnedSemaphorePermit> {
+        tokio::select! {
+            _ = cancel.cancelled() => None,
+            p = self.permits.clone().acquire_owned() => p.ok(),
+        }
+    }
+
+    /// Runs the handling of one command on the in-flight tracker, holding `permit`.
+    fn dispatch(&self, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+        let ctx = self.ctx.clone();
+        self.in_flight.spawn(async move {
+            handle::handle(&ctx, msg).await;
+            drop(permit);
+        });
+    }
+
+    /// The catch-all's decision for one command (headers only): ack it when an effect
+    /// consumer of this process covers it, else fetch its body and handle it here.
+    async fn sort(&self, stream: &Stream, mut msg: jetstream::Message, cancel: &CancellationToken) {
+        let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
+            handle::retry_soon(&msg).await;
+            return;
+        };
+        if self.coverage.covers(msg.subject.as_str(), seq) {
+            let _ = msg.ack().await;
+            return;
+        }
+        let Some(permit) = self.acquire(cancel).await else {
+            // Draining: another replica answers it.
+            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            return;
+        };
+        match stream.get_raw_message(seq).await {
+            Ok(raw) => msg.message.payload = raw.payload,
+            Err(e) if e.kind() == jetstream::stream::RawMessageErrorKind::NoMessageFound => {
+                tracing::warn!(
+                    message = "Effect command no longer in the stream; nothing to answer.",
+                    stream_sequence = seq
+                );
+                let _ = msg.ack().await;
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(message = "Cannot read an effect command's body; will retry.", stream_sequence = seq, error = %e);
+                handle::retry_soon(&msg).await;
+                return;
+            }
+        }
+        self.dispatch(msg, permit);
+    }
 }

@@ -21,7 +21,8 @@ use super::{NatsServer, RunnerProc, Seen, jetstream, read_stream};
 
 /// The stream effect commands are published on (the runner's default).
 pub const COMMAND_STREAM: &str = "WORKFLOW_COMMANDS";
-/// The effect workers' shared durable consumer (the runner's default).
+/// The effect workers' catch-all consumer (the runner's default `consumers.effect`); each
+/// effect's own consumer is named `<EFFECT_CONSUMER>-<effect>`.
 pub const EFFECT_CONSUMER: &str = "runner-effect";
 
 /// One effect test's world: its own nats-server, a local HTTP upstream answering with the
@@ -156,35 +157,62 @@ pub async fn results(js: &Context) -> Vec<Seen> {
     read_stream(js, "WORKFLOW_EVENTS", "tenant.*.effect_result.>").await
 }
 
-/// Whether the effect consumer holds nothing: every command delivered has been acked or
-/// terminated and none waits to be delivered.
+/// Whether the effect consumers hold nothing: on the catch-all and on every effect's own
+/// consumer, every command delivered has been acked or terminated and none waits to be
+/// delivered.
 ///
 /// Why this is a barrier for "no further result": a handler publishes a command's result
 /// (awaiting the PubAck) *before* it acks the command, and every path that does not ack
-/// (busy, throttled, fenced out, handed back, a failed record or publish) naks it, which
-/// keeps it pending. So with nothing pending and nothing unacked, no handler of a live
-/// process is about to publish. The one exception is a handler whose delivery outlived
+/// (busy, fenced out, handed back, a failed record or publish) naks it, which keeps it
+/// pending. So with nothing pending and nothing unacked on any of them, no handler of a
+/// live process is about to publish. The one exception is a handler whose delivery outlived
 /// the ack wait and was redelivered and acked elsewhere — a stalled (SIGSTOP) or killed
 /// process; tests with such a process wait for it to report giving up instead. Even then,
 /// a result it published would carry the command's derived `Nats-Msg-Id`, and JetStream
 /// would drop it as a duplicate.
 ///
-/// A sentinel command published last is no barrier: the consumer is shared by replicas
+/// A sentinel command published last is no barrier: the consumers are shared by replicas
 /// that run many commands at once, so results do not come back in publication order.
 pub async fn consumer_quiescent(js: &Context) -> bool {
-    let Ok(stream) = js.get_stream(COMMAND_STREAM).await else {
-        return false;
+    let infos = match effect_consumers(js).await {
+        Some(i) if !i.is_empty() => i,
+        _ => return false,
     };
-    let Ok(mut consumer) = stream
-        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(EFFECT_CONSUMER)
+    infos
+        .iter()
+        .all(|info| info.num_ack_pending == 0 && info.num_pending == 0)
+}
+
+/// The info of every effect consumer on the command stream (the catch-all and each
+/// effect's own), or None when the stream cannot be read.
+pub async fn effect_consumers(js: &Context) -> Option<Vec<async_nats::jetstream::consumer::Info>> {
+    use futures::TryStreamExt;
+    let stream = js.get_stream(COMMAND_STREAM).await.ok()?;
+    let all: Vec<_> = stream.consumers().try_collect().await.ok()?;
+    let own = format!("{EFFECT_CONSUMER}-");
+    Some(
+        all.into_iter()
+            .filter(|i| i.name == EFFECT_CONSUMER || i.name.starts_with(&own))
+            .collect(),
+    )
+}
+
+/// The info of consumer `name` on the command stream, or None when it does not exist.
+pub async fn consumer_info(
+    js: &Context,
+    name: &str,
+) -> Option<async_nats::jetstream::consumer::Info> {
+    let stream = js.get_stream(COMMAND_STREAM).await.ok()?;
+    stream.consumer_info(name).await.ok()
+}
+
+/// The info of effect `effect`'s own consumer (`<EFFECT_CONSUMER>-<effect>`); panics when
+/// it does not exist.
+pub async fn own_consumer(js: &Context, effect: &str) -> async_nats::jetstream::consumer::Info {
+    let name = format!("{EFFECT_CONSUMER}-{effect}");
+    consumer_info(js, &name)
         .await
-    else {
-        return false;
-    };
-    match consumer.info().await {
-        Ok(info) => info.num_ack_pending == 0 && info.num_pending == 0,
-        Err(_) => false,
-    }
+        .unwrap_or_else(|| panic!("no consumer {name}"))
 }
 
 /// Waits until at least `n` results are on the stream and the effect consumer is
@@ -211,7 +239,7 @@ pub async fn settle_results(js: &Context, n: usize, timeout: Duration) -> Vec<Se
 pub async fn wait_quiescent(js: &Context, timeout: Duration) {
     assert!(
         super::eventually(timeout, || consumer_quiescent(js)).await,
-        "the effect consumer still holds commands after {timeout:?}"
+        "the effect consumers still hold commands after {timeout:?}"
     );
 }
 
