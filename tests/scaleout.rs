@@ -14,13 +14,14 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::{RunnerProc, aggregate_event, jetstream};
+use common::scaleout::{P, metric, replica, wait_balanced};
+use common::{aggregate_event, jetstream};
 
 /// A stored message: subject and JSON body.
 struct Seen {
@@ -29,69 +30,7 @@ struct Seen {
 }
 use serde_json::json;
 
-/// Partitions in these tests (small, so a test's hand-overs finish quickly).
-const P: usize = 12;
 const TS: u64 = 1_800_000_000_000;
-
-/// Starts a partitioned saga replica named `node` against every node of `cluster`.
-fn replica(
-    cluster: &Cluster,
-    node: &str,
-    dir: tempfile::TempDir,
-    extra: &[(&str, &str)],
-) -> RunnerProc {
-    let p = P.to_string();
-    let mut env = vec![
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
-        ("RUNNER__PARTITIONS__COUNT", p.as_str()),
-        ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
-        ("RUNNER__STREAMS__REPLICAS", "3"),
-        ("RUNNER__NODE__ID", node),
-    ];
-    env.extend_from_slice(extra);
-    RunnerProc::saga(dir, &cluster.urls(), "tests/manifests/ledger.yaml", &env)
-}
-
-/// The partitions a replica reports owning, with their epochs.
-async fn owned(r: &RunnerProc) -> BTreeMap<u32, u64> {
-    let Ok(resp) = reqwest::get(format!("{}/info", r.admin)).await else {
-        return BTreeMap::new();
-    };
-    let Ok(info) = resp.json::<serde_json::Value>().await else {
-        return BTreeMap::new();
-    };
-    info["partitions"]["owned"]
-        .as_object()
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| (k.parse().unwrap(), v["epoch"].as_u64().unwrap()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// Waits until the replicas together own every partition, each within one of the others.
-async fn wait_balanced(replicas: &[&RunnerProc], timeout: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        let mut counts = Vec::new();
-        let mut all = BTreeSet::new();
-        for r in replicas {
-            let o = owned(r).await;
-            counts.push(o.len());
-            all.extend(o.keys().copied());
-        }
-        let (lo, hi) = (counts.iter().min().copied(), counts.iter().max().copied());
-        if all.len() == P && counts.iter().sum::<usize>() == P && hi.unwrap() - lo.unwrap() <= 1 {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < timeout,
-            "not balanced after {timeout:?}: {counts:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 /// Publishes deposits 1..=k for `accounts` accounts, interleaved, retrying each publish
 /// (a cluster node may be down meanwhile).
@@ -278,13 +217,6 @@ fn watch_epochs(admins: Vec<String>, running: Arc<AtomicBool>) -> tokio::task::J
     })
 }
 
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_replicas_share_the_partitions_and_a_fourth_joins() {
     let cluster = Cluster::start(3);
@@ -437,8 +369,13 @@ async fn killing_the_inbox_leader_node_mid_run_keeps_every_guarantee() {
     })
     .await;
     cluster.stop_node(idx);
+    let killed = Instant::now();
     println!("killed {leader}, the SAGA_INBOX leader");
     load.await.unwrap();
+    println!(
+        "all deposits published {:?} after the kill",
+        killed.elapsed()
+    );
     let (mut r1, mut r2) = (r1, r2);
     let done = common::eventually(Duration::from_secs(60), || {
         let u = cluster.url(other);
@@ -451,11 +388,12 @@ async fn killing_the_inbox_leader_node_mid_run_keeps_every_guarantee() {
         for r in [&mut r1, &mut r2] {
             r.logged("");
             let noisy: Vec<&String> = r.log.iter().filter(|l| !l.contains("\"INFO\"")).collect();
-            for l in &noisy[noisy.len().saturating_sub(40)..] {
+            for l in &noisy[noisy.len().saturating_sub(60)..] {
                 println!("{l}");
             }
         }
     }
+    println!("all acknowledged {:?} after the kill", killed.elapsed());
     assert_exactly_once(&cluster.url(other), accounts, k, Duration::from_secs(10)).await;
     r1.stop();
     r2.stop();

@@ -60,6 +60,10 @@ pub fn inputs(state: &AppState) -> Vec<Input> {
     ]
 }
 
+/// Longest pull of an ordered consumer; its idle heartbeat is half of it, so a consumer that
+/// died with its server is recreated within about this long.
+pub(crate) const ORDERED_PULL_EXPIRY: Duration = Duration::from_secs(4);
+
 /// How often a loop held back by backpressure looks at the outbox depth again.
 const BACKPRESSURE_POLL: Duration = Duration::from_millis(20);
 
@@ -103,6 +107,10 @@ pub(crate) async fn run(
                             start_sequence: cp + 1,
                         }
                     },
+                    // Short pulls: a consumer lost with its server (a stream leader that
+                    // died) is noticed by missed heartbeats within seconds, not after the
+                    // default 30 s pull expiry.
+                    max_expires: ORDERED_PULL_EXPIRY,
                     ..OrderedConfig::default()
                 })
                 .await?;

@@ -146,16 +146,23 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
     let mut running: BTreeMap<u32, Running> = BTreeMap::new();
     let mut view = View::default();
     let mut watch = None;
+    let mut watched_at = Instant::now();
     let mut beat_at: Option<Instant> = None;
     let mut mode = state.placement.watch_mode();
     while !cancel.is_cancelled() {
-        if watch.is_none() {
-            match leases.watch_with_history(">").await {
-                Ok(w) => {
-                    view = View::default();
+        // The view is rebuilt from a fresh watch every TTL as well as after a failure: a
+        // watch that silently stopped (its server died) must not freeze the view.
+        if watch.is_none() || watched_at.elapsed() >= ttl {
+            match fresh_view(&leases).await {
+                Ok((w, v)) => {
+                    view = v;
                     watch = Some(w);
+                    watched_at = Instant::now();
                 }
-                Err(e) => tracing::warn!(message = "Cannot watch the leases bucket.", error = %e),
+                Err(e) => {
+                    watch = None;
+                    tracing::warn!(message = "Cannot watch the leases bucket.", error = %e);
+                }
             }
         }
         let member = state.placement.mode().owns_partitions();
@@ -221,6 +228,21 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
     }
     let _ = leases.delete(member_key(&me)).await;
     tracing::info!(message = "Partitions handed over.");
+}
+
+/// A new watch of the whole bucket and the view it gives once its history is delivered
+/// (or after a second, for an empty bucket), so a rebuilt view is never seen half-filled.
+async fn fresh_view(leases: &kv::Store) -> Result<(kv::Watch, View), kv::WatchError> {
+    let mut w = leases.watch_with_history(">").await?;
+    let mut view = View::default();
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while let Ok(Some(Ok(entry))) = tokio::time::timeout_at(until, w.next()).await {
+        view.apply(&entry);
+        if entry.delta == 0 {
+            break;
+        }
+    }
+    Ok((w, view))
 }
 
 /// Renews leases that are due; stops partitions whose lease is gone or whose relay was

@@ -39,7 +39,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Limits, RawInput};
-use super::consume::Input;
+use super::consume::{Input, ORDERED_PULL_EXPIRY};
 use super::lease::Lease;
 use super::partition::partition;
 use crate::backoff::Backoff;
@@ -154,6 +154,10 @@ async fn route_while_held(
                     deliver_policy: DeliverPolicy::ByStartSequence {
                         start_sequence: from,
                     },
+                    // Short pulls: a consumer lost with its server (a stream leader that
+                    // died) is noticed by missed heartbeats within seconds, not after the
+                    // default 30 s pull expiry.
+                    max_expires: ORDERED_PULL_EXPIRY,
                     ..OrderedConfig::default()
                 })
                 .await?;
