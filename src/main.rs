@@ -119,6 +119,14 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             );
         }
         DlqAction::Redrive { tenant, id } => {
+            if config.partitions.enabled {
+                // A redrive writes state and outputs into this store's copy of a partition
+                // that another replica may own, outside its log and its fences.
+                anyhow::bail!(
+                    "dlq redrive is not available in partitioned mode (partitions.enabled) yet: \
+                     the dead letter stays pending; list and show still work"
+                );
+            }
             let report = runner::manifest::load(&config.runner.manifests);
             let Some(catalog) = report.catalog else {
                 let errs: Vec<String> = report.errors().map(|d| d.to_string()).collect();

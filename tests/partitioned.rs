@@ -131,3 +131,82 @@ async fn one_partitioned_replica_runs_orders_to_their_states_and_emits_once() {
         assert_eq!(i.state, want, "{}", i.correlation_id);
     }
 }
+
+#[test]
+fn redrive_is_refused_in_partitioned_mode_with_a_clear_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, out) = common::run_to_exit(
+        &[
+            "dlq",
+            "redrive",
+            "--tenant",
+            "acme",
+            "1",
+            "--data-dir",
+            dir.path().to_str().unwrap(),
+            "--manifest",
+            "manifests",
+        ],
+        &[("RUNNER__PARTITIONS__ENABLED", "true")],
+        Duration::from_secs(60),
+    );
+    assert_eq!(code, Some(1), "output:\n{out}");
+    assert!(
+        out.contains("not available in partitioned mode"),
+        "output:\n{out}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_is_dead_lettered_once_by_one_partition_and_the_rest_flows() {
+    let nats = NatsServer::start();
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "manifests",
+        &PARTITIONED,
+    );
+    let js = jetstream(&nats.url()).await;
+    // An undecodable input among good orders.
+    js.publish("tenant.acme.aggregate.Order.bad", "{not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    for i in 0..10u64 {
+        let id = format!("o-{i}");
+        let ev = aggregate_event(
+            "acme",
+            "Order",
+            &id,
+            "OrderPlaced",
+            TS + i,
+            json!({"customer_id": "c", "amount_cents": 1000 + i, "items": [{"sku": "book", "qty": 1}]}),
+        );
+        publish_json(&js, &format!("tenant.acme.aggregate.Order.{id}"), &ev).await;
+    }
+    let charges = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.effect.charge_card.*",
+        10,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(charges.len(), 10);
+    let dead = wait_for_messages(
+        &js,
+        "RUNNER_DLQ",
+        "tenant.*.deadletter.>",
+        1,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(dead.len(), 1, "dead-lettered once, by one partition");
+    assert!(
+        dead[0].subject.ends_with(".undecodable"),
+        "{}",
+        dead[0].subject
+    );
+    runner.stop();
+}
