@@ -173,11 +173,16 @@ pub(crate) async fn run(
                             .consumer_checkpoint
                             .with_label_values(&[&input.stream])
                             .set(cp as i64);
-                        if let Some(l) = lag {
-                            metrics
+                        match (lag, &input.scope) {
+                            (Some(l), Some(s)) => metrics
+                                .partition_lag
+                                .with_label_values(&[&s.partition.to_string()])
+                                .set(l as i64),
+                            (Some(l), None) => metrics
                                 .consumer_lag
                                 .with_label_values(&[&input.stream])
-                                .set(l as i64);
+                                .set(l as i64),
+                            (None, _) => {}
                         }
                         tally.record(metrics);
                         if tally.outbox > 0 {

@@ -279,13 +279,8 @@ async fn renew_and_reap(state: &AppState, running: &mut BTreeMap<u32, Running>) 
             r.relay_stop.cancel();
             r.consume.abort();
             r.relay.abort();
-            state.placement.gave_up(p);
+            forget(state, p);
             state.metrics.lease_events.with_label_values(&[why]).inc();
-            state
-                .metrics
-                .partition_epoch
-                .with_label_values(&[&p.to_string()])
-                .set(0);
             tracing::warn!(
                 message = "Partition stopped: no longer ours.",
                 partition = p,
@@ -500,12 +495,7 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
         .metrics
         .partition_handoff_seconds
         .observe(stopping.elapsed().as_secs_f64());
-    state.placement.gave_up(p);
-    state
-        .metrics
-        .partition_epoch
-        .with_label_values(&[&p.to_string()])
-        .set(0);
+    forget(state, p);
     let epoch = r.lease.epoch();
     match r.lease.release().await {
         Ok(()) => {
@@ -543,4 +533,20 @@ impl Snap {
             }
         }
     }
+}
+
+/// Records that partition `p` is no longer held here: placement and its gauges.
+fn forget(state: &AppState, p: u32) {
+    state.placement.gave_up(p);
+    let label = p.to_string();
+    state
+        .metrics
+        .partition_epoch
+        .with_label_values(&[&label])
+        .set(0);
+    state
+        .metrics
+        .partition_lag
+        .with_label_values(&[&label])
+        .set(0);
 }
