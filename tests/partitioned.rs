@@ -16,10 +16,10 @@ use serde_json::json;
 
 const TS: u64 = 1_800_000_000_000;
 
-/// Environment of a partitioned runner with 8 partitions and a short lease.
+/// Environment of a partitioned runner with the default 64 partitions and a short lease.
 const PARTITIONED: [(&str, &str); 3] = [
     ("RUNNER__PARTITIONS__ENABLED", "true"),
-    ("RUNNER__PARTITIONS__COUNT", "8"),
+    ("RUNNER__PARTITIONS__COUNT", "64"),
     ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
 ];
 
@@ -106,7 +106,7 @@ async fn one_partitioned_replica_runs_orders_to_their_states_and_emits_once() {
     // Every partition is owned by this replica, and its fence carries the watermark.
     let metrics = common::get_text(&format!("{}/metrics", runner.admin)).await;
     assert!(
-        metrics.contains("runner_partitions_owned 8"),
+        metrics.contains("runner_partitions_owned 64"),
         "owned partitions: {}",
         metrics
             .lines()

@@ -19,9 +19,10 @@
 //!   (any other error code: too large, too many messages, no `allow_atomic`, …) and
 //!   [`BatchError::Unknown`] (no answer: the batch may or may not be stored).
 //!
-//! Limits the caller must respect: at most [`MAX_MESSAGES`] messages per batch; a batch not
-//! committed within about 10 s is abandoned by the server; a server accepts only a few dozen
-//! batches in flight per stream, so keep one in flight per stream and publisher.
+//! Limits: at most [`MAX_MESSAGES`] messages per batch (the caller cuts); a batch not
+//! committed within about 10 s is abandoned by the server; nats-server accepts 50 batches in
+//! flight per stream, so [`publish`] lets at most [`MAX_IN_FLIGHT`] of this process's batches
+//! be in flight at once (waiting for a slot otherwise): four replicas stay under the limit.
 
 use std::time::Duration;
 
@@ -34,6 +35,12 @@ use serde::Deserialize;
 
 /// Most messages nats-server accepts in one atomic batch.
 pub const MAX_MESSAGES: usize = 1000;
+
+/// Most batches one process has in flight at once (nats-server takes 50 per stream).
+pub const MAX_IN_FLIGHT: usize = 12;
+
+/// The process's batch slots.
+static SLOTS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_IN_FLIGHT);
 
 /// JetStream error code: wrong last sequence (an expected-sequence header did not hold).
 const WRONG_LAST_SEQUENCE: u64 = 10071;
@@ -126,6 +133,8 @@ pub async fn publish(
             description: format!("a batch holds 1 to {MAX_MESSAGES} messages, not {n}"),
         });
     }
+    // The semaphore is never closed, so acquiring only waits.
+    let _slot = SLOTS.acquire().await.ok();
     let mut reply = None;
     for (i, m) in messages.into_iter().enumerate() {
         let mut headers = m.headers;
