@@ -17,6 +17,7 @@
 
 pub mod batch;
 pub mod fence;
+pub mod fenced_batch;
 mod streams;
 
 use std::time::{Duration, Instant};

@@ -31,8 +31,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::RelayHandle;
 use crate::backoff::Backoff;
-use crate::broker::batch::{self, BatchError, BatchMessage, MAX_MESSAGES};
-use crate::broker::fence::{Fence, Position, Recheck};
+use crate::broker::batch::{BatchMessage, MAX_MESSAGES};
+use crate::broker::fence::{Fence, Position};
+use crate::broker::fenced_batch;
 use crate::storage::Store;
 use crate::storage::tables::OutboxRecord;
 use crate::telemetry::Metrics;
@@ -187,64 +188,36 @@ impl PartitionRelay {
         messages: Vec<BatchMessage>,
         position: Position,
     ) -> Result<(), Outcome> {
-        let mut with_ids = true;
-        for _ in 0..3 {
-            let fence = self.fences.get_mut(stream).ok_or(Outcome::Retry)?;
-            let mut batch_msgs = messages.clone();
-            if !with_ids {
-                for m in &mut batch_msgs {
-                    m.headers = crate::broker::headers::without_msg_id(&m.headers);
-                }
+        let fence = self.fences.get_mut(stream).ok_or(Outcome::Retry)?;
+        let started = std::time::Instant::now();
+        match fenced_batch::publish(
+            &self.js,
+            &self.client,
+            fence,
+            &messages,
+            position,
+            self.timeout,
+        )
+        .await
+        {
+            fenced_batch::Outcome::Stored => {
+                self.metrics
+                    .relay_window_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                Ok(())
             }
-            batch_msgs.push(fence.marker(position));
-            if let Some(first) = batch_msgs.first_mut() {
-                first.headers = fence.headers(first.headers.clone());
+            fenced_batch::Outcome::Fenced => {
+                self.metrics.fenced_rejections.inc();
+                Err(Outcome::Fenced(Fenced {
+                    partition: self.partition,
+                    stream: stream.to_string(),
+                }))
             }
-            let marker = batch_msgs.len() - 1;
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let started = std::time::Instant::now();
-            match batch::publish(&self.client, &id, batch_msgs, self.timeout).await {
-                Ok(stored) => {
-                    fence.advance(stored.sequence_of(marker), Some(position));
-                    self.metrics
-                        .relay_window_seconds
-                        .observe(started.elapsed().as_secs_f64());
-                    return Ok(());
-                }
-                Err(e) => match fence.recheck(&self.js).await {
-                    Ok(Recheck::Advanced { seq, through }) => {
-                        fence.advance(seq, through);
-                        if through.is_some_and(|t| t >= position) {
-                            return Ok(());
-                        }
-                        return Err(Outcome::Retry);
-                    }
-                    Ok(Recheck::Superseded) => {
-                        self.metrics.fenced_rejections.inc();
-                        return Err(Outcome::Fenced(Fenced {
-                            partition: self.partition,
-                            stream: stream.to_string(),
-                        }));
-                    }
-                    Ok(Recheck::Unchanged) => {
-                        tracing::warn!(message = "Relay batch not stored; sending it again.", partition = self.partition, stream = %stream, error = %e);
-                        if let BatchError::Refused { .. } = e {
-                            return Err(Outcome::Retry);
-                        }
-                        // Ids left in the window by an earlier writer must not block the
-                        // batch: the fence and the watermark keep it single.
-                        if matches!(e, BatchError::DuplicateId(_)) {
-                            with_ids = false;
-                        }
-                    }
-                    Err(re) => {
-                        tracing::warn!(message = "Relay batch outcome unknown.", error = %e, recheck = %re);
-                        return Err(Outcome::Retry);
-                    }
-                },
+            fenced_batch::Outcome::Retry(why) => {
+                tracing::warn!(message = "Relay batch not stored; will retry.", partition = self.partition, stream = %stream, error = %why);
+                Err(Outcome::Retry)
             }
         }
-        Err(Outcome::Retry)
     }
 
     /// Deletes what is published and not yet deleted, in a transaction of its own.

@@ -43,8 +43,9 @@ use super::consume::{Input, ORDERED_PULL_EXPIRY};
 use super::lease::Lease;
 use super::partition::partition;
 use crate::backoff::Backoff;
-use crate::broker::batch::{self, BatchError, BatchMessage};
-use crate::broker::fence::{Fence, Position, Recheck};
+use crate::broker::batch::BatchMessage;
+use crate::broker::fence::{Fence, Position};
+use crate::broker::fenced_batch;
 use crate::broker::headers;
 use crate::manifest::Catalog;
 use crate::runtime::AppState;
@@ -299,59 +300,22 @@ async fn flush(
     copies: Vec<BatchMessage>,
     through: u64,
 ) -> Result<(), Stop> {
-    let js = state.broker.jetstream();
     let position = Position {
         seq: through,
         ord: 0,
     };
-    let mut with_ids = true;
-    for _ in 0..3 {
-        let mut batch_msgs: Vec<BatchMessage> = copies.clone();
-        if !with_ids {
-            for m in &mut batch_msgs {
-                m.headers = crate::broker::headers::without_msg_id(&m.headers);
-            }
+    let timeout = state.config.nats.request_timeout.get();
+    let js = state.broker.jetstream();
+    match fenced_batch::publish(js, state.broker.client(), fence, &copies, position, timeout).await
+    {
+        fenced_batch::Outcome::Stored => {
+            state.metrics.router_copies.inc_by(copies.len() as u64);
+            Ok(())
         }
-        batch_msgs.push(fence.marker(position));
-        if let Some(first) = batch_msgs.first_mut() {
-            first.headers = fence.headers(first.headers.clone());
-        }
-        let marker_index = batch_msgs.len() - 1;
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let timeout = state.config.nats.request_timeout.get();
-        let answer = batch::publish(state.broker.client(), &id, batch_msgs, timeout).await;
-        match answer {
-            Ok(stored) => {
-                fence.advance(stored.sequence_of(marker_index), Some(position));
-                state.metrics.router_copies.inc_by(copies.len() as u64);
-                return Ok(());
-            }
-            Err(e) => {
-                let dup = matches!(e, BatchError::DuplicateId(_));
-                match fence.recheck(js).await {
-                    Ok(Recheck::Advanced { seq, through }) => {
-                        fence.advance(seq, through);
-                        if through.is_some_and(|t| t >= position) {
-                            return Ok(());
-                        }
-                        return Err(Stop::Retry);
-                    }
-                    Ok(Recheck::Superseded) => return Err(Stop::Fenced),
-                    Ok(Recheck::Unchanged) => {
-                        tracing::warn!(message = "Router batch not stored; sending it again.", error = %e);
-                        // The fence alone keeps copies single: ids another writer left in
-                        // the window must not block the batch.
-                        if dup {
-                            with_ids = false;
-                        }
-                    }
-                    Err(re) => {
-                        tracing::warn!(message = "Router batch outcome unknown.", error = %e, recheck = %re);
-                        return Err(Stop::Retry);
-                    }
-                }
-            }
+        fenced_batch::Outcome::Fenced => Err(Stop::Fenced),
+        fenced_batch::Outcome::Retry(why) => {
+            tracing::warn!(message = "Router batch not stored; will retry.", error = %why);
+            Err(Stop::Retry)
         }
     }
-    Err(Stop::Retry)
 }

@@ -1,0 +1,92 @@
+//! A fenced atomic batch: messages plus the publisher's new fence marker, stored together
+//! under the publisher's fence, or not at all (DESIGN §8.4). The routers and the fenced relay
+//! both publish through [`publish`].
+//!
+//! **Guarantee.** The outcome is decided by the fence, never guessed from an error: after
+//! any failure the fence subject is read again ([`Fence::recheck`]). A marker of ours that
+//! covers the batch means it was stored ([`Outcome::Stored`]); someone else's marker means the
+//! fence is lost and nothing of ours will be stored again ([`Outcome::Fenced`]); our old
+//! marker means nothing was stored, and the batch is sent again (at most three tries here;
+//! then [`Outcome::Retry`]). A batch refused because an id is already in the stream's
+//! de-duplication window (10201, left by an earlier writer) is sent again without ids: the
+//! fence and the watermark, not the ids, keep it single.
+
+use std::time::Duration;
+
+use async_nats::Client;
+use async_nats::jetstream::Context;
+
+use super::batch::{self, BatchError, BatchMessage};
+use super::fence::{Fence, Position, Recheck};
+use super::headers::without_msg_id;
+
+/// How a fenced batch ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Stored (now or by an earlier try whose answer was lost); the fence moved to its marker.
+    Stored,
+    /// Another owner's marker is on the fence: this publisher must stop.
+    Fenced,
+    /// Not stored, or unknown; try again later from the fence's watermark.
+    Retry(String),
+}
+
+/// Publishes `messages` followed by a marker at `position` as one atomic batch under
+/// `fence`, and advances the fence when it is stored.
+pub async fn publish(
+    js: &Context,
+    client: &Client,
+    fence: &mut Fence,
+    messages: &[BatchMessage],
+    position: Position,
+    timeout: Duration,
+) -> Outcome {
+    let mut with_ids = true;
+    let mut last_error = String::new();
+    for _ in 0..3 {
+        let mut batch_msgs: Vec<BatchMessage> = messages.to_vec();
+        if !with_ids {
+            for m in &mut batch_msgs {
+                m.headers = without_msg_id(&m.headers);
+            }
+        }
+        batch_msgs.push(fence.marker(position));
+        if let Some(first) = batch_msgs.first_mut() {
+            first.headers = fence.headers(first.headers.clone());
+        }
+        let marker = batch_msgs.len() - 1;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let e = match batch::publish(client, &id, batch_msgs, timeout).await {
+            Ok(stored) => {
+                fence.advance(stored.sequence_of(marker), Some(position));
+                return Outcome::Stored;
+            }
+            Err(e) => e,
+        };
+        last_error = e.to_string();
+        match fence.recheck(js).await {
+            Ok(Recheck::Advanced { seq, through }) => {
+                fence.advance(seq, through);
+                return if through.is_some_and(|t| t >= position) {
+                    Outcome::Stored
+                } else {
+                    Outcome::Retry(last_error)
+                };
+            }
+            Ok(Recheck::Superseded) => return Outcome::Fenced,
+            Ok(Recheck::Unchanged) => {
+                tracing::warn!(message = "Fenced batch not stored; sending it again.", fence = fence.subject(), error = %e);
+                match e {
+                    BatchError::Refused { .. } => return Outcome::Retry(last_error),
+                    BatchError::DuplicateId(_) => with_ids = false,
+                    _ => {}
+                }
+            }
+            Err(re) => {
+                tracing::warn!(message = "Fenced batch outcome unknown.", fence = fence.subject(), error = %e, recheck = %re);
+                return Outcome::Retry(last_error);
+            }
+        }
+    }
+    Outcome::Retry(last_error)
+}
