@@ -307,10 +307,16 @@ async fn balance(
     if !members.contains(me) {
         return; // our own heartbeat is not visible yet
     }
-    let target = assign(count, &members, &view.holders);
+    // What this replica holds it knows better than the watch, which may lag a write.
+    let mut holders = view.holders.clone();
+    holders.retain(|p, owner| owner != me || running.contains_key(p));
+    for p in running.keys() {
+        holders.insert(*p, me.clone());
+    }
+    let target = assign(count, &members, &holders);
     for p in 0..count {
         let mine = target[p as usize].as_deref() == Some(me.as_str());
-        if mine && !running.contains_key(&p) && !view.holders.contains_key(&p) {
+        if mine && !running.contains_key(&p) && !holders.contains_key(&p) {
             let ttl = state.config.partitions.lease_ttl.get();
             match Lease::acquire(leases, &partition_key(p), me, ttl).await {
                 Ok(Some(lease)) => {
