@@ -282,7 +282,7 @@ async fn measure(
     Ok(transitions / d.elapsed)
 }
 
-/// The fail-over run (module doc, step 2); returns its summary line.
+/// The fail-over run (module doc, step 2); returns its summary line (printed last).
 async fn failover(
     js: &jetstream::Context,
     replicas: &mut Vec<Runner>,
@@ -410,7 +410,6 @@ async fn failover(
         humantime::format_duration(effect_lease),
         distinct.len(),
     );
-    println!("{line}");
     if distinct.len() as u64 != orders {
         bail!(
             "the fail-over run completed {} of {orders} orders",
