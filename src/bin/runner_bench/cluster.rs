@@ -8,23 +8,25 @@
 //! shares with the others.
 //!
 //! 1. **Throughput by replica count** (default 1, then 3): replicas are added (never
-//!    restarted) until there are as many as the step asks; once they own all P partitions,
-//!    balanced within one, N orders are driven at the maximum rate ([`crate::pipeline::drive`]).
+//!    restarted) until there are as many as the step asks; once they hold all P partitions,
+//!    balanced within one, and a router for each source, N orders are driven at the maximum rate ([`crate::pipeline::drive`]).
 //!    Transitions/s are the applied transitions summed over the replicas' metrics, divided by
 //!    the time from the first publish to the last OrderFulfilled stored.
 //! 2. **Fail-over**: N orders again; once a third are complete the last replica is killed
-//!    (SIGKILL). Reported: when a survivor is first seen owning one of its partitions and
-//!    when the survivors own all P (their `/info`, polled every 50 ms, so up to that much
-//!    late); when an order of its partitions completes again (the first OrderFulfilled of
+//!    (SIGKILL). Reported: which routers it held; when a survivor is first seen owning one of
+//!    its partitions and when the survivors hold all P and every router (their `/info`,
+//!    polled every 50 ms, so up to that much late); when an order of its partitions completes again (the first OrderFulfilled of
 //!    such an order stored after a survivor took one of them — earlier ones can be the
 //!    killed replica's last batch); how many orders were waiting in its partitions; whether
 //!    any order completed twice.
 //! 3. **The messaging limit**, the replicas gone: `runner-bench limit` partitioned like the
 //!    runner (routers into an inbox of P partitions, one consumer and relay per partition),
-//!    on R3 streams, three times: fenced atomic batches (the runner's way; the ratio's
+//!    on R3 streams, in three variants: fenced atomic batches (the runner's way; the ratio's
 //!    denominator), the same batches without the expected-sequence header, and plain
 //!    publishes with no batches and no markers. The first two differ only by the header;
-//!    the last shows what batching and markers cost on top.
+//!    the last shows what batching and markers cost on top. They run in interleaved rounds
+//!    (default 3), so load that comes and goes on the machine hits them alike, and each is
+//!    reported by its median.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -74,6 +76,9 @@ pub(crate) struct Args {
     /// Orders of the fail-over run (0 skips it; default: as many as a measurement).
     #[arg(long, env = "BENCH_CLUSTER_FAILOVER_ORDERS")]
     failover_orders: Option<u64>,
+    /// Rounds of the three limit variants (interleaved; each reported by its median).
+    #[arg(long, env = "BENCH_CLUSTER_LIMIT_ROUNDS", default_value_t = 3)]
+    limit_rounds: usize,
     /// The order manifest with noop effects.
     #[arg(long, default_value = "bench/order.yaml")]
     manifest: PathBuf,
@@ -81,6 +86,8 @@ pub(crate) struct Args {
 
 /// Nodes in the NATS cluster (and replicas of every stream).
 const NODES: usize = 3;
+/// Source streams a partitioned deployment routes (AGGREGATE_EVENTS, WORKFLOW_EVENTS).
+const SOURCES: usize = 2;
 
 pub(crate) async fn run(a: Args) -> Result<()> {
     let mut counts: Vec<usize> = a.replicas.iter().copied().filter(|n| *n > 0).collect();
@@ -111,7 +118,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         }
         let took = wait_owned(&replicas, a.partitions, true, settle).await?;
         println!(
-            "cluster: {n} replica(s) own all {} partitions, balanced within one, {:.1}s after the last one was ready",
+            "cluster: {n} replica(s) hold all {} partitions, balanced within one, and every router, {:.1}s after the last one was ready",
             a.partitions,
             took.as_secs_f64()
         );
@@ -129,11 +136,23 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     // The runner is measured; the limit runs with no replica left.
     replicas.clear();
 
-    let mut limits = Vec::new();
-    for publish in ["fenced", "batch", "plain"] {
-        limits.push(limit(&js, &cluster, &work.path, &a, publish).await?);
+    // Rounds of the three variants, interleaved, so load that comes and goes on the machine
+    // hits them alike; each is reported by its median.
+    let variants = ["fenced", "batch", "plain"];
+    let mut limits: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for round in 1..=a.limit_rounds.max(1) {
+        for (i, publish) in variants.iter().enumerate() {
+            let label = format!("{publish}, round {round}");
+            limits[i].push(limit(&js, &cluster, &work.path, &a, publish, &label).await?);
+        }
     }
-    let (fenced, batch, plain) = (limits[0], limits[1], limits[2]);
+    let per_round = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (fenced, batch, plain) = (median(&limits[0]), median(&limits[1]), median(&limits[2]));
     for (n, tps) in runner_tps {
         println!(
             "result: cluster replicas={n} runner {tps:.0} transitions/s, messaging limit {fenced:.0}/s, ratio {:.2}",
@@ -141,8 +160,13 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         );
     }
     println!(
-        "fencing cost: limit with fence {fenced:.0}/s, without {batch:.0}/s (the same atomic batches and markers, no expected-sequence header; {:+.0}%); plain publishes, no batches: {plain:.0}/s",
-        100.0 * (fenced / batch - 1.0)
+        "fencing cost: limit with fence {fenced:.0}/s, without {batch:.0}/s (the same atomic batches and markers, no expected-sequence header; {:+.0}%); plain publishes, no batches: {plain:.0}/s ({:+.0}% for fenced batches); medians of {} round(s): fenced {}, without {}, plain {}",
+        100.0 * (fenced / batch - 1.0),
+        100.0 * (fenced / plain - 1.0),
+        limits[0].len(),
+        per_round(&limits[0]),
+        per_round(&limits[1]),
+        per_round(&limits[2]),
     );
     if let Some(line) = failover {
         println!("{line}");
@@ -176,19 +200,50 @@ async fn start_replica(a: &Args, dir: &Path, urls: &str, name: &str) -> Result<R
     Runner::start_named(bin, dir, name, urls, "combined", &a.manifest, &env).await
 }
 
-/// The partitions a replica reports owning (`/info` → `partitions.owned`).
-async fn owned(r: &Runner) -> BTreeSet<u32> {
-    let Ok(info) = r.info().await else {
-        return BTreeSet::new();
-    };
-    info["partitions"]["owned"]
-        .as_object()
-        .map(|m| m.keys().filter_map(|k| k.parse().ok()).collect())
-        .unwrap_or_default()
+/// What a replica holds: partitions and routed sources.
+#[derive(Default)]
+struct Held {
+    partitions: BTreeSet<u32>,
+    routers: BTreeSet<String>,
 }
 
-/// Waits until `replicas` together own each of the `p` partitions once (and, if
-/// `balanced`, each within one of the others); returns how long that took.
+/// What a replica reports holding (`/info` → `partitions.owned`, `partitions.routing`).
+async fn held(r: &Runner) -> Held {
+    let Ok(info) = r.info().await else {
+        return Held::default();
+    };
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        v.as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    Held {
+        partitions: keys(&info["partitions"]["owned"])
+            .iter()
+            .filter_map(|k| k.parse().ok())
+            .collect(),
+        routers: keys(&info["partitions"]["routing"]).into_iter().collect(),
+    }
+}
+
+/// Whether `replicas` together hold each of the `p` partitions once and a router for every
+/// source; also the partitions each holds.
+async fn whole(replicas: &[Runner], p: u32) -> (bool, Vec<BTreeSet<u32>>) {
+    let (mut each, mut all, mut routers) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
+    for r in replicas {
+        let h = held(r).await;
+        all.extend(h.partitions.iter().copied());
+        routers.extend(h.routers);
+        each.push(h.partitions);
+    }
+    let sum: usize = each.iter().map(BTreeSet::len).sum();
+    let whole = all.len() == p as usize && sum == p as usize && routers.len() >= SOURCES;
+    (whole, each)
+}
+
+/// Waits until `replicas` together hold each of the `p` partitions once and every router
+/// (and, if `balanced`, each replica within one partition of the others); returns how long
+/// that took.
 async fn wait_owned(
     replicas: &[Runner],
     p: u32,
@@ -197,23 +252,19 @@ async fn wait_owned(
 ) -> Result<Duration> {
     let started = Instant::now();
     loop {
-        let mut counts = Vec::new();
-        let mut all = BTreeSet::new();
-        for r in replicas {
-            let o = owned(r).await;
-            counts.push(o.len());
-            all.extend(o);
-        }
+        let (whole, each) = whole(replicas, p).await;
+        let counts: Vec<usize> = each.iter().map(BTreeSet::len).collect();
         let (lo, hi) = (
             counts.iter().min().copied().unwrap_or(0),
             counts.iter().max().copied().unwrap_or(0),
         );
-        let whole = all.len() == p as usize && counts.iter().sum::<usize>() == p as usize;
         if whole && (!balanced || hi - lo <= 1) {
             return Ok(started.elapsed());
         }
         if started.elapsed() > timeout {
-            bail!("partitions not all owned after {timeout:?}: owned per replica {counts:?}");
+            bail!(
+                "partitions and routers not all held after {timeout:?}: partitions per replica {counts:?}"
+            );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -338,33 +389,28 @@ async fn failover(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let victim_at = replicas.len() - 1;
-    let victim_parts = owned(&replicas[victim_at]).await;
+    let victim = held(&replicas[victim_at]).await;
+    let victim_parts = victim.partitions;
     let victim_name = format!("r{}", replicas.len());
     replicas[victim_at].proc.kill();
     let killed = Instant::now();
     let done_at_kill = done.load(Ordering::SeqCst);
     replicas.truncate(victim_at);
 
-    // Poll the survivors until they own every partition.
+    // Poll the survivors until they hold every partition and router.
     let (mut first_taken, mut all_owned) = (None, None);
     let deadline = killed + a.lease_ttl * 3 + Duration::from_secs(60);
     while all_owned.is_none() {
-        let mut all = BTreeSet::new();
-        let mut sum = 0;
-        for r in replicas.iter() {
-            let o = owned(r).await;
-            sum += o.len();
-            all.extend(o);
-        }
+        let (whole, each) = whole(replicas, p).await;
         let now = Instant::now();
-        if first_taken.is_none() && all.intersection(&victim_parts).next().is_some() {
+        if first_taken.is_none() && each.iter().any(|o| !o.is_disjoint(&victim_parts)) {
             first_taken = Some(now);
         }
-        if all.len() == p as usize && sum == p as usize {
+        if whole {
             all_owned = Some(now);
         }
         if now > deadline {
-            bail!("the survivors did not own every partition within {deadline:?} of the kill");
+            bail!("the survivors did not hold every partition and router in time");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -399,8 +445,18 @@ async fn failover(
         })
     };
     let line = format!(
-        "fail-over: SIGKILL of {victim_name} (owning {} of {p} partitions, {waiting} orders waiting in them) after {done_at_kill} of {orders} orders completed, lease TTL {}; a survivor owned one of its partitions after {}, all {p} owned after {}; its orders completing again after {}; the last order completed after {} (effect commands the killed replica had taken come again after effect.ack_wait, {}, and run again once its claim lease, effect.lease_ttl {}, has run out); {} of {orders} completed, {duplicates} completed twice",
+        "fail-over: SIGKILL of {victim_name} (owning {} of {p} partitions, {waiting} orders waiting in them; routing {}) after {done_at_kill} of {orders} orders completed, lease TTL {}; a survivor owned one of its partitions after {}, all {p} and every router held after {}; its orders completing again after {}; the last order completed after {} (effect commands the killed replica had taken come again after effect.ack_wait, {}, and run again once its claim lease, effect.lease_ttl {}, has run out); {} of {orders} completed, {duplicates} completed twice",
         victim_parts.len(),
+        if victim.routers.is_empty() {
+            "no source".to_string()
+        } else {
+            victim
+                .routers
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
         humantime::format_duration(a.lease_ttl),
         secs(first_taken),
         secs(all_owned),
@@ -419,6 +475,17 @@ async fn failover(
     Ok(line)
 }
 
+/// The median of `v` (the mean of the middle two for an even count; NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// One run of the partitioned messaging limit on the cluster with `publish` (fenced, batch,
 /// plain); returns transitions/s.
 async fn limit(
@@ -427,6 +494,7 @@ async fn limit(
     dir: &Path,
     a: &Args,
     publish: &str,
+    label: &str,
 ) -> Result<f64> {
     let args: Vec<String> = [
         "--orders",
@@ -441,7 +509,7 @@ async fn limit(
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let log = dir.join(format!("limit-{publish}.log"));
+    let log = dir.join(format!("limit-{}.log", label.replace([',', ' '], "")));
     let mut shadow = crate::limit::start(&cluster.urls, &args, &log)?;
     let sampler = Sampler::start(shadow.pid());
     let mut d = drive(js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
@@ -450,7 +518,7 @@ async fn limit(
     println!(
         "{}",
         d.line(
-            &format!("messaging limit ({publish}), partitioned, max rate"),
+            &format!("messaging limit ({label}), partitioned, max rate"),
             transitions
         )
     );
