@@ -9,7 +9,10 @@
 //!     rate and at half of it, then the same message flow through `limit` (below); the last
 //!     line compares the two.
 //!   - `limit`: the order pipeline's messaging with no engine and no state (a shadow on its
-//!     own streams), run as a separate process by `pipeline`.
+//!     own streams), run as a separate process by `pipeline` and `cluster`.
+//!   - `cluster`: the pipeline on a three-node NATS cluster (R3 streams) with partitioned
+//!     saga replicas, 1 then 3, beside the partitioned limit with and without fencing on the
+//!     same cluster; then fail-over after SIGKILL of one replica.
 //!   - `travel`: whole travel-booking orchestrations, closed loop, some compensated.
 //!   - `scale`: the ledger saga with 10 000 … 1 000 000 live instances.
 //!   - `timers`: many pending timers coming due; fire lag.
@@ -17,12 +20,18 @@
 //!
 //! Timing is measured here, by a separate process, never inside tests.
 
+#[path = "runner_bench/cluster.rs"]
+mod cluster;
 #[path = "runner_bench/harness.rs"]
 mod harness;
 #[path = "runner_bench/ledger.rs"]
 mod ledger;
+#[path = "runner_bench/limit.rs"]
+mod limit;
 #[path = "runner_bench/pipeline.rs"]
 mod pipeline;
+#[path = "runner_bench/publish.rs"]
+mod publish;
 #[path = "runner_bench/travel.rs"]
 mod travel;
 
@@ -40,7 +49,7 @@ use serde_json::json;
     about = "Load generator and measuring tool for Runner"
 )]
 struct Cli {
-    /// NATS URL.
+    /// NATS URL (several, comma-separated, for a cluster).
     #[arg(long, default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
     #[command(subcommand)]
@@ -51,12 +60,10 @@ struct Cli {
 enum Cmd {
     /// Order pipeline through a combined runner vs. the messaging limit (own servers).
     Pipeline(pipeline::Args),
-    /// The order pipeline's message flow with no engine (started by `pipeline`).
-    Limit {
-        /// Stop after this many orders have gone all the way through.
-        #[arg(long)]
-        orders: u64,
-    },
+    /// The order pipeline's message flow with no engine (started by `pipeline`, `cluster`).
+    Limit(limit::Args),
+    /// The pipeline with partitioned saga replicas on a three-node cluster (own servers).
+    Cluster(cluster::Args),
     /// Whole travel orchestrations, closed loop (own servers).
     Travel(travel::Args),
     /// Ledger saga throughput and latency by number of live instances (own servers).
@@ -77,6 +84,18 @@ enum Cmd {
         #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
         answer_for: Duration,
     },
+}
+
+/// Connects to `urls`: one NATS URL or several, comma-separated (a cluster's nodes).
+pub(crate) async fn connect(urls: &str) -> Result<async_nats::Client> {
+    let addrs = urls
+        .split(',')
+        .map(|u| u.trim().parse::<async_nats::ServerAddr>())
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("reading NATS URLs {urls}"))?;
+    async_nats::connect(addrs)
+        .await
+        .with_context(|| format!("connecting to {urls}"))
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -163,15 +182,14 @@ async fn main() -> Result<()> {
     // Scenarios that start their own servers connect later, to the server they start.
     let cli = match cli.cmd {
         Cmd::Pipeline(a) => return pipeline::run(a).await,
+        Cmd::Cluster(a) => return cluster::run(a).await,
         Cmd::Travel(a) => return travel::run(a).await,
         Cmd::Scale(a) => return ledger::scale(a).await,
         Cmd::Timers(a) => return ledger::timers(a).await,
         Cmd::Payload(a) => return ledger::payload(a).await,
         cmd => Cli { cmd, ..cli },
     };
-    let client = async_nats::connect(&cli.nats_url)
-        .await
-        .with_context(|| format!("connecting to {}", cli.nats_url))?;
+    let client = connect(&cli.nats_url).await?;
     let js = jetstream::new(client.clone());
     match cli.cmd {
         Cmd::Orders {
@@ -179,8 +197,9 @@ async fn main() -> Result<()> {
             tenants,
             answer_for,
         } => orders_demo(client, js, orders, &tenants, answer_for).await,
-        Cmd::Limit { orders } => pipeline::limit(client, js, orders).await,
+        Cmd::Limit(a) => limit::run(client, js, a).await,
         Cmd::Pipeline(a) => pipeline::run(a).await,
+        Cmd::Cluster(a) => cluster::run(a).await,
         Cmd::Travel(a) => travel::run(a).await,
         Cmd::Scale(a) => ledger::scale(a).await,
         Cmd::Timers(a) => ledger::timers(a).await,

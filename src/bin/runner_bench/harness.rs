@@ -64,6 +64,11 @@ impl Proc {
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
+    /// Kills the process at once (SIGKILL) and reaps it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
     /// Asks the process to stop (SIGTERM) and waits up to `grace` before killing it.
     pub(crate) fn stop(&mut self, grace: Duration) {
         let _ = Command::new("kill")
@@ -138,6 +143,96 @@ impl Nats {
     }
 }
 
+/// A nats-server cluster on loopback: every node with its own client, route and monitoring
+/// port and store, listing every other node as a route (like `scripts/cluster`).
+pub(crate) struct NatsCluster {
+    /// Every node's client URL, comma-separated (what `--nats-url` takes).
+    pub(crate) urls: String,
+    nodes: Vec<Proc>,
+}
+
+impl NatsCluster {
+    /// Starts `n` nodes and waits until each reports a JetStream meta leader and all `n`
+    /// peers, and JetStream answers.
+    pub(crate) async fn start(bin: &Path, dir: &Path, n: usize) -> Result<Self> {
+        let ports: Vec<(u16, u16, u16)> = (0..n)
+            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
+            .collect::<Result<_>>()?;
+        let mut nodes = Vec::new();
+        for (i, (client, route, monitor)) in ports.iter().enumerate() {
+            let routes: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, p)| format!("\"nats-route://127.0.0.1:{}\"", p.1))
+                .collect();
+            let name = format!("n{}", i + 1);
+            let conf = format!(
+                "server_name: {name}\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{monitor}\"\n\
+                 jetstream {{ store_dir: \"{store}\" }}\n\
+                 cluster {{ name: bench\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
+                store = dir.join(&name).display(),
+                routes = routes.join(", "),
+            );
+            let conf_path = dir.join(format!("{name}.conf"));
+            std::fs::write(&conf_path, conf)?;
+            let child = Command::new(bin)
+                .arg("-c")
+                .arg(&conf_path)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
+                .spawn()
+                .with_context(|| format!("starting {}", bin.display()))?;
+            nodes.push(Proc { child });
+        }
+        let urls: Vec<String> = ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{}", p.0))
+            .collect();
+        let cluster = Self {
+            urls: urls.join(","),
+            nodes,
+        };
+        let http = reqwest::Client::new();
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let mut formed = true;
+            for (_, _, monitor) in &ports {
+                let jsz: serde_json::Value = match http
+                    .get(format!("http://127.0.0.1:{monitor}/jsz"))
+                    .timeout(Duration::from_secs(2))
+                    .send()
+                    .await
+                {
+                    Ok(r) => r.json().await.unwrap_or_default(),
+                    Err(_) => serde_json::Value::Null,
+                };
+                let meta = &jsz["meta_cluster"];
+                formed &= meta["leader"].as_str().is_some_and(|l| !l.is_empty())
+                    && meta["cluster_size"].as_u64().unwrap_or(0) as usize >= n;
+            }
+            if formed
+                && let Ok(c) = crate::connect(&cluster.urls).await
+                && async_nats::jetstream::new(c).query_account().await.is_ok()
+            {
+                return Ok(cluster);
+            }
+            if Instant::now() > until {
+                bail!(
+                    "the NATS cluster did not form; see the logs in {}",
+                    dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The nodes' process ids.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().map(Proc::pid).collect()
+    }
+}
+
 /// A running `runner run`.
 pub(crate) struct Runner {
     pub(crate) admin: String,
@@ -157,9 +252,23 @@ impl Runner {
         manifest: &Path,
         env: &[(&str, &str)],
     ) -> Result<Self> {
+        Self::start_named(bin, dir, mode, nats_url, mode, manifest, env).await
+    }
+
+    /// [`Runner::start`] with the data dir and log named after `name` (`data-<name>`,
+    /// `runner-<name>.log`), for several runners in one directory.
+    pub(crate) async fn start_named(
+        bin: &Path,
+        dir: &Path,
+        name: &str,
+        nats_url: &str,
+        mode: &str,
+        manifest: &Path,
+        env: &[(&str, &str)],
+    ) -> Result<Self> {
         let port = free_port()?;
-        let data_dir = dir.join(format!("data-{mode}"));
-        let log = std::fs::File::create(dir.join(format!("runner-{mode}.log")))?;
+        let data_dir = dir.join(format!("data-{name}"));
+        let log = std::fs::File::create(dir.join(format!("runner-{name}.log")))?;
         let mut cmd = Command::new(bin);
         cmd.args([
             "run",
@@ -199,7 +308,7 @@ impl Runner {
             if let Ok(Some(status)) = r.proc.child.try_wait() {
                 bail!(
                     "runner exited with {status} at start; see {}",
-                    dir.join(format!("runner-{mode}.log")).display()
+                    dir.join(format!("runner-{name}.log")).display()
                 );
             }
             if Instant::now() > until {
@@ -207,6 +316,18 @@ impl Runner {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// `GET /info` as JSON.
+    pub(crate) async fn info(&self) -> Result<serde_json::Value> {
+        Ok(self
+            .http
+            .get(format!("{}/info", self.admin))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await?
+            .json()
+            .await?)
     }
 
     pub(crate) fn client(&self) -> Metrics {

@@ -1,0 +1,536 @@
+//! The `cluster` scenario: the order pipeline (`bench/order.yaml`, noop effects) on a
+//! three-node nats-server cluster on loopback with R3 streams, run by partitioned runner
+//! replicas, beside the messaging limit of the same flow on the same cluster in the same run.
+//!
+//! Each replica is `runner run --mode combined` with `partitions.enabled`: it owns its
+//! share of the P saga partitions under leases, routes inputs into the saga inbox, publishes
+//! through fenced atomic batches, and takes effect commands from the durable consumers it
+//! shares with the others.
+//!
+//! 1. **Throughput by replica count** (default 1, then 3): replicas are added (never
+//!    restarted) until there are as many as the step asks; once they hold all P partitions,
+//!    balanced within one, and a router for each source, N orders are driven at the maximum rate ([`crate::pipeline::drive`]).
+//!    Transitions/s are the applied transitions summed over the replicas' metrics, divided by
+//!    the time from the first publish to the last OrderFulfilled stored.
+//! 2. **Fail-over**: N orders again; once a third are complete the last replica is killed
+//!    (SIGKILL). Reported: which routers it held; when a survivor is first seen owning one of
+//!    its partitions and when the survivors hold all P and every router (their `/info`,
+//!    polled every 50 ms, so up to that much late); when an order of its partitions completes again (the first OrderFulfilled of
+//!    such an order stored after a survivor took one of them — earlier ones can be the
+//!    killed replica's last batch); how many orders were waiting in its partitions; whether
+//!    any order completed twice.
+//! 3. **The messaging limit**, the replicas gone: `runner-bench limit` partitioned like the
+//!    runner (routers into an inbox of P partitions, one consumer and relay per partition),
+//!    on R3 streams, in three variants: fenced atomic batches (the runner's way; the ratio's
+//!    denominator), the same batches without the expected-sequence header, and plain
+//!    publishes with no batches and no markers. The first two differ only by the header;
+//!    the last shows what batching and markers cost on top. They run in interleaved rounds
+//!    (default 3), so load that comes and goes on the machine hits them alike, and each is
+//!    reported by its median.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use async_nats::jetstream;
+use futures::StreamExt;
+use runner::worker::partition::partition;
+
+use crate::harness::{Nats, NatsCluster, Programs, Runner, Sampler, WorkDir, cpu_seconds};
+use crate::pipeline::{Flow, QUIET, TRANSITIONS_PER_ORDER, drive};
+use crate::tail;
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct Args {
+    #[command(flatten)]
+    programs: Programs,
+    /// Orders per measurement.
+    #[arg(long, env = "BENCH_CLUSTER_ORDERS", default_value_t = 10_000)]
+    orders: u64,
+    /// Replica counts measured in turn (replicas are added, never restarted).
+    #[arg(
+        long,
+        env = "BENCH_CLUSTER_REPLICAS",
+        value_delimiter = ',',
+        default_value = "1,3"
+    )]
+    replicas: Vec<usize>,
+    /// Partitions P.
+    #[arg(long, env = "BENCH_CLUSTER_PARTITIONS", default_value_t = 64)]
+    partitions: u32,
+    /// The replicas' lease TTL: a killed replica's partitions are free this long after its
+    /// last renewal.
+    #[arg(long, env = "BENCH_CLUSTER_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    lease_ttl: Duration,
+    /// The replicas' `effect.ack_wait` (default: the runner's, 30 s). Effect commands the
+    /// killed replica had taken are delivered again only after it.
+    #[arg(long, env = "BENCH_CLUSTER_EFFECT_ACK_WAIT", value_parser = humantime::parse_duration)]
+    effect_ack_wait: Option<Duration>,
+    /// The replicas' `effect.lease_ttl` (default: the runner's, 15 s). A command the killed
+    /// replica had claimed is executed again only once its claim lease has run out.
+    #[arg(long, env = "BENCH_CLUSTER_EFFECT_LEASE_TTL", value_parser = humantime::parse_duration)]
+    effect_lease_ttl: Option<Duration>,
+    /// Orders of the fail-over run (0 skips it; default: as many as a measurement).
+    #[arg(long, env = "BENCH_CLUSTER_FAILOVER_ORDERS")]
+    failover_orders: Option<u64>,
+    /// Rounds of the three limit variants (interleaved; each reported by its median).
+    #[arg(long, env = "BENCH_CLUSTER_LIMIT_ROUNDS", default_value_t = 3)]
+    limit_rounds: usize,
+    /// The order manifest with noop effects.
+    #[arg(long, default_value = "bench/order.yaml")]
+    manifest: PathBuf,
+}
+
+/// Nodes in the NATS cluster (and replicas of every stream).
+const NODES: usize = 3;
+/// Source streams a partitioned deployment routes (AGGREGATE_EVENTS, WORKFLOW_EVENTS).
+const SOURCES: usize = 2;
+
+pub(crate) async fn run(a: Args) -> Result<()> {
+    let mut counts: Vec<usize> = a.replicas.iter().copied().filter(|n| *n > 0).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    if counts.is_empty() || a.partitions == 0 {
+        bail!("cluster: need at least one replica count above 0 and at least one partition");
+    }
+    let work = WorkDir::new("cluster", a.programs.keep)?;
+    let cluster = NatsCluster::start(&a.programs.nats_server, &work.path, NODES).await?;
+    println!(
+        "cluster: {} cores, nats-server {}, {NODES}-node cluster on loopback, R{NODES} streams; {} orders per run; order saga (4 transitions, 6 outputs, 3 effect commands per order), noop effects; runner replicas in combined mode, partitioned (P={}, lease TTL {}), durability full",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        Nats::version(&a.programs.nats_server),
+        a.orders,
+        a.partitions,
+        humantime::format_duration(a.lease_ttl),
+    );
+    let js = jetstream::new(crate::connect(&cluster.urls).await?);
+    let settle = a.lease_ttl * 2 + Duration::from_secs(60);
+
+    let mut replicas: Vec<Runner> = Vec::new();
+    let mut runner_tps = Vec::new();
+    for &n in &counts {
+        while replicas.len() < n {
+            let name = format!("r{}", replicas.len() + 1);
+            replicas.push(start_replica(&a, &work.path, &cluster.urls, &name).await?);
+        }
+        let took = wait_owned(&replicas, a.partitions, true, settle).await?;
+        println!(
+            "cluster: {n} replica(s) hold all {} partitions, balanced within one, and every router, {:.1}s after the last one was ready",
+            a.partitions,
+            took.as_secs_f64()
+        );
+        let tps = measure(&js, &replicas, &cluster, a.orders).await?;
+        runner_tps.push((n, tps));
+    }
+
+    let failover_orders = a.failover_orders.unwrap_or(a.orders);
+    let failover = if failover_orders > 0 && replicas.len() >= 2 {
+        Some(failover(&js, &mut replicas, &a, failover_orders).await?)
+    } else {
+        println!("cluster: fail-over skipped (needs 2 or more replicas and orders above 0)");
+        None
+    };
+    // The runner is measured; the limit runs with no replica left.
+    replicas.clear();
+
+    // Rounds of the three variants, interleaved, so load that comes and goes on the machine
+    // hits them alike; each is reported by its median.
+    let variants = ["fenced", "batch", "plain"];
+    let mut limits: Vec<Vec<f64>> = vec![Vec::new(); variants.len()];
+    for round in 1..=a.limit_rounds.max(1) {
+        for (i, publish) in variants.iter().enumerate() {
+            let label = format!("{publish}, round {round}");
+            limits[i].push(limit(&js, &cluster, &work.path, &a, publish, &label).await?);
+        }
+    }
+    let per_round = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (fenced, batch, plain) = (median(&limits[0]), median(&limits[1]), median(&limits[2]));
+    for (n, tps) in runner_tps {
+        println!(
+            "result: cluster replicas={n} runner {tps:.0} transitions/s, messaging limit {fenced:.0}/s, ratio {:.2}",
+            tps / fenced
+        );
+    }
+    println!(
+        "fencing cost: limit with fence {fenced:.0}/s, without {batch:.0}/s (the same atomic batches and markers, no expected-sequence header; {:+.0}%); plain publishes, no batches: {plain:.0}/s ({:+.0}% for fenced batches); medians of {} round(s): fenced {}, without {}, plain {}",
+        100.0 * (fenced / batch - 1.0),
+        100.0 * (fenced / plain - 1.0),
+        limits[0].len(),
+        per_round(&limits[0]),
+        per_round(&limits[1]),
+        per_round(&limits[2]),
+    );
+    if let Some(line) = failover {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Starts partitioned replica `name` against every node of the cluster.
+async fn start_replica(a: &Args, dir: &Path, urls: &str, name: &str) -> Result<Runner> {
+    let (p, ttl) = (
+        a.partitions.to_string(),
+        humantime::format_duration(a.lease_ttl).to_string(),
+    );
+    let replicas = NODES.to_string();
+    let human = |d: Option<Duration>| d.map(|d| humantime::format_duration(d).to_string());
+    let (ack_wait, effect_lease) = (human(a.effect_ack_wait), human(a.effect_lease_ttl));
+    let mut env = vec![
+        ("RUNNER__PARTITIONS__ENABLED", "true"),
+        ("RUNNER__PARTITIONS__COUNT", p.as_str()),
+        ("RUNNER__PARTITIONS__LEASE_TTL", ttl.as_str()),
+        ("RUNNER__STREAMS__REPLICAS", replicas.as_str()),
+        ("RUNNER__NODE__ID", name),
+    ];
+    if let Some(w) = &ack_wait {
+        env.push(("RUNNER__EFFECT__ACK_WAIT", w.as_str()));
+    }
+    if let Some(l) = &effect_lease {
+        env.push(("RUNNER__EFFECT__LEASE_TTL", l.as_str()));
+    }
+    let bin = &a.programs.runner;
+    Runner::start_named(bin, dir, name, urls, "combined", &a.manifest, &env).await
+}
+
+/// What a replica holds: partitions and routed sources.
+#[derive(Default)]
+struct Held {
+    partitions: BTreeSet<u32>,
+    routers: BTreeSet<String>,
+}
+
+/// What a replica reports holding (`/info` → `partitions.owned`, `partitions.routing`).
+async fn held(r: &Runner) -> Held {
+    let Ok(info) = r.info().await else {
+        return Held::default();
+    };
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        v.as_object()
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    Held {
+        partitions: keys(&info["partitions"]["owned"])
+            .iter()
+            .filter_map(|k| k.parse().ok())
+            .collect(),
+        routers: keys(&info["partitions"]["routing"]).into_iter().collect(),
+    }
+}
+
+/// Whether `replicas` together hold each of the `p` partitions once and a router for every
+/// source; also the partitions each holds.
+async fn whole(replicas: &[Runner], p: u32) -> (bool, Vec<BTreeSet<u32>>) {
+    let (mut each, mut all, mut routers) = (Vec::new(), BTreeSet::new(), BTreeSet::new());
+    for r in replicas {
+        let h = held(r).await;
+        all.extend(h.partitions.iter().copied());
+        routers.extend(h.routers);
+        each.push(h.partitions);
+    }
+    let sum: usize = each.iter().map(BTreeSet::len).sum();
+    let whole = all.len() == p as usize && sum == p as usize && routers.len() >= SOURCES;
+    (whole, each)
+}
+
+/// Waits until `replicas` together hold each of the `p` partitions once and every router
+/// (and, if `balanced`, each replica within one partition of the others); returns how long
+/// that took.
+async fn wait_owned(
+    replicas: &[Runner],
+    p: u32,
+    balanced: bool,
+    timeout: Duration,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        let (whole, each) = whole(replicas, p).await;
+        let counts: Vec<usize> = each.iter().map(BTreeSet::len).collect();
+        let (lo, hi) = (
+            counts.iter().min().copied().unwrap_or(0),
+            counts.iter().max().copied().unwrap_or(0),
+        );
+        if whole && (!balanced || hi - lo <= 1) {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > timeout {
+            bail!(
+                "partitions and routers not all held after {timeout:?}: partitions per replica {counts:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Applied order transitions summed over `replicas`.
+async fn applied(replicas: &[Runner]) -> Result<f64> {
+    let mut sum = 0.0;
+    for r in replicas {
+        sum += r
+            .client()
+            .sum(
+                "runner_saga_transitions_total",
+                &[("saga", "order"), ("outcome", "applied")],
+            )
+            .await?;
+    }
+    Ok(sum)
+}
+
+/// Drives `orders` orders at the maximum rate through `replicas`; prints the drive and the
+/// CPU of the replicas and of the NATS nodes; returns transitions/s.
+async fn measure(
+    js: &jetstream::Context,
+    replicas: &[Runner],
+    cluster: &NatsCluster,
+    orders: u64,
+) -> Result<f64> {
+    let n = replicas.len();
+    let before = applied(replicas).await?;
+    let samplers: Vec<Sampler> = replicas
+        .iter()
+        .map(|r| Sampler::start(r.proc.pid()))
+        .collect();
+    let nats_cpu = || cluster.pids().into_iter().map(cpu_seconds).sum::<f64>();
+    let nats0 = nats_cpu();
+    let flow = Flow::Runner {
+        tenant: format!("c{n}"),
+    };
+    let mut d = drive(js, &flow, orders, 0.0, QUIET).await?;
+    let (mut cpu, mut peak) = (0.0, 0u64);
+    for s in samplers {
+        let u = s.finish().await;
+        cpu += u.cpu;
+        peak = peak.max(u.peak.rss);
+    }
+    let nats = nats_cpu() - nats0;
+    let transitions = applied(replicas).await? - before;
+    println!(
+        "{}",
+        d.line(&format!("runner, {n} replica(s), max rate"), transitions)
+    );
+    let share = |c: f64| 100.0 * c / d.elapsed.max(1e-9);
+    println!(
+        "  replicas: cpu_seconds={cpu:.2} ({:.0}% of one core, all together), peak_rss={:.0}MiB (largest); nats nodes: cpu_seconds={nats:.2} ({:.0}% of one core)",
+        share(cpu),
+        peak as f64 / 1024.0,
+        share(nats),
+    );
+    if d.completed as u64 != orders {
+        bail!(
+            "only {} of {orders} orders completed with {n} replica(s) (run with --keep for the logs)",
+            d.completed
+        );
+    }
+    Ok(transitions / d.elapsed)
+}
+
+/// The fail-over run (module doc, step 2); returns its summary line (printed last).
+async fn failover(
+    js: &jetstream::Context,
+    replicas: &mut Vec<Runner>,
+    a: &Args,
+    orders: u64,
+) -> Result<String> {
+    let p = a.partitions;
+    let tenant = "failover";
+    let ack_wait = a.effect_ack_wait.unwrap_or(Duration::from_secs(30));
+    let effect_lease = a.effect_lease_ttl.unwrap_or(Duration::from_secs(15));
+    let quiet = QUIET.max(a.lease_ttl * 3 + ack_wait + effect_lease + Duration::from_secs(30));
+    // Every OrderFulfilled of this run, with the instant it was seen stored.
+    let mut seen = tail(
+        js,
+        "WORKFLOW_EVENTS",
+        &[format!("tenant.{tenant}.workflow_event.order.*")],
+    )
+    .await?;
+    let done = Arc::new(AtomicUsize::new(0));
+    let completions: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let collector = tokio::spawn({
+        let (done, completions) = (done.clone(), completions.clone());
+        async move {
+            let mut distinct = HashSet::new();
+            while distinct.len() < orders as usize {
+                let Ok(Some(m)) = tokio::time::timeout(quiet, seen.next()).await else {
+                    break;
+                };
+                let id = m.subject.rsplit('.').next().unwrap_or_default().to_string();
+                distinct.insert(id.clone());
+                done.store(distinct.len(), Ordering::SeqCst);
+                if let Ok(mut c) = completions.lock() {
+                    c.push((id, m.at));
+                }
+            }
+        }
+    });
+    let driver = tokio::spawn({
+        let js = js.clone();
+        let flow = Flow::Runner {
+            tenant: tenant.into(),
+        };
+        async move { drive(&js, &flow, orders, 0.0, quiet).await }
+    });
+
+    // Kill the last replica once a third of the orders are complete.
+    let third = (orders as usize / 3).max(1);
+    let wait_until = Instant::now() + quiet;
+    while done.load(Ordering::SeqCst) < third {
+        if driver.is_finished() || Instant::now() > wait_until {
+            bail!("the fail-over run did not reach a third of its orders");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let victim_at = replicas.len() - 1;
+    let victim = held(&replicas[victim_at]).await;
+    let victim_parts = victim.partitions;
+    let victim_name = format!("r{}", replicas.len());
+    replicas[victim_at].proc.kill();
+    let killed = Instant::now();
+    let done_at_kill = done.load(Ordering::SeqCst);
+    replicas.truncate(victim_at);
+
+    // Poll the survivors until they hold every partition and router.
+    let (mut first_taken, mut all_owned) = (None, None);
+    let deadline = killed + a.lease_ttl * 3 + Duration::from_secs(60);
+    while all_owned.is_none() {
+        let (whole, each) = whole(replicas, p).await;
+        let now = Instant::now();
+        if first_taken.is_none() && each.iter().any(|o| !o.is_disjoint(&victim_parts)) {
+            first_taken = Some(now);
+        }
+        if whole {
+            all_owned = Some(now);
+        }
+        if now > deadline {
+            bail!("the survivors did not hold every partition and router in time");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut d = driver.await??;
+    collector.await?;
+    let completions = completions.lock().map(|c| c.clone()).unwrap_or_default();
+
+    let in_victim = |id: &str| victim_parts.contains(&partition(tenant, "order", id, p));
+    let taken = first_taken.unwrap_or(killed);
+    let resumed = completions
+        .iter()
+        .filter(|(id, at)| *at >= taken && in_victim(id))
+        .map(|(_, at)| at.duration_since(killed))
+        .min();
+    let before_kill: HashSet<&str> = completions
+        .iter()
+        .filter(|(_, at)| *at < killed)
+        .map(|(id, _)| id.as_str())
+        .collect();
+    let waiting = (0..orders)
+        .map(|i| format!("o-{i}"))
+        .filter(|id| in_victim(id) && !before_kill.contains(id.as_str()))
+        .count();
+    let last = completions.iter().map(|(_, at)| *at).max();
+    let distinct: HashSet<&str> = completions.iter().map(|(id, _)| id.as_str()).collect();
+    let duplicates = completions.len() - distinct.len();
+    let transitions = d.completed as f64 * TRANSITIONS_PER_ORDER;
+    println!("{}", d.line("runner, fail-over run", transitions));
+    let secs = |t: Option<Instant>| {
+        t.map_or("never".into(), |t| {
+            format!("{:.1}s", t.duration_since(killed).as_secs_f64())
+        })
+    };
+    let line = format!(
+        "fail-over: SIGKILL of {victim_name} (owning {} of {p} partitions, {waiting} orders waiting in them; routing {}) after {done_at_kill} of {orders} orders completed, lease TTL {}; a survivor owned one of its partitions after {}, all {p} and every router held after {}; its orders completing again after {}; the last order completed after {} (effect commands the killed replica had taken come again after effect.ack_wait, {}, and run again once its claim lease, effect.lease_ttl {}, has run out); {} of {orders} completed, {duplicates} completed twice",
+        victim_parts.len(),
+        if victim.routers.is_empty() {
+            "no source".to_string()
+        } else {
+            victim
+                .routers
+                .iter()
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+        humantime::format_duration(a.lease_ttl),
+        secs(first_taken),
+        secs(all_owned),
+        resumed.map_or("never".into(), |r| format!("{:.1}s", r.as_secs_f64())),
+        secs(last.filter(|t| *t > killed)),
+        humantime::format_duration(ack_wait),
+        humantime::format_duration(effect_lease),
+        distinct.len(),
+    );
+    if distinct.len() as u64 != orders {
+        bail!(
+            "the fail-over run completed {} of {orders} orders",
+            distinct.len()
+        );
+    }
+    Ok(line)
+}
+
+/// The median of `v` (the mean of the middle two for an even count; NaN when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// One run of the partitioned messaging limit on the cluster with `publish` (fenced, batch,
+/// plain); returns transitions/s.
+async fn limit(
+    js: &jetstream::Context,
+    cluster: &NatsCluster,
+    dir: &Path,
+    a: &Args,
+    publish: &str,
+    label: &str,
+) -> Result<f64> {
+    let args: Vec<String> = [
+        "--orders",
+        &a.orders.to_string(),
+        "--replicas",
+        &NODES.to_string(),
+        "--partitions",
+        &a.partitions.to_string(),
+        "--publish",
+        publish,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let log = dir.join(format!("limit-{}.log", label.replace([',', ' '], "")));
+    let mut shadow = crate::limit::start(&cluster.urls, &args, &log)?;
+    let sampler = Sampler::start(shadow.pid());
+    let mut d = drive(js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
+    let usage = sampler.finish().await;
+    let transitions = d.completed as f64 * TRANSITIONS_PER_ORDER;
+    println!(
+        "{}",
+        d.line(
+            &format!("messaging limit ({label}), partitioned, max rate"),
+            transitions
+        )
+    );
+    println!("{}", usage.line("  limit process", d.elapsed));
+    shadow.stop(Duration::from_secs(5));
+    if d.completed as u64 != a.orders {
+        bail!(
+            "the limit ({publish}) completed only {} of {} orders; see {}",
+            d.completed,
+            a.orders,
+            log.display()
+        );
+    }
+    Ok(transitions / d.elapsed)
+}
