@@ -525,11 +525,14 @@ async fn limit(
     println!("{}", usage.line("  limit process", d.elapsed));
     shadow.stop(Duration::from_secs(5));
     if d.completed as u64 != a.orders {
+        // The scenario's directory goes with it (unless --keep): show the log's end here.
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
         bail!(
-            "the limit ({publish}) completed only {} of {} orders; see {}",
+            "the limit ({label}) completed only {} of {} orders; the end of its log:\n{}",
             d.completed,
             a.orders,
-            log.display()
+            lines[lines.len().saturating_sub(20)..].join("\n")
         );
     }
     Ok(transitions / d.elapsed)

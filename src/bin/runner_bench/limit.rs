@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::pull, kv, stream};
 use bytes::Bytes;
@@ -456,7 +456,10 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
                 let (js, t, claims, owner) = (js.clone(), t.clone(), claims.clone(), owner.clone());
                 tokio::spawn(async move {
                     if let Err(e) = effect(&js, &t, &claims, &owner, &m).await {
-                        eprintln!("limit: effect command failed: {e}");
+                        // Like the worker on a transient error: deliver it again soon.
+                        eprintln!("limit: effect command failed, delivered again: {e:#}");
+                        let again = jetstream::AckKind::Nak(Some(Duration::from_millis(200)));
+                        let _ = m.ack_with(again).await;
                     }
                     drop(permit);
                 });
@@ -484,7 +487,9 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
 }
 
 /// One effect command, the way the worker does it on a first delivery: claim create, CAS
-/// update with the result, result publish (ack awaited), command ack.
+/// update with the result, result publish (ack awaited), command ack. A command delivered
+/// again after a failure finds its claim and goes on from it (the worker reads the claim
+/// on a redelivery too), so a lost answer costs a retry, not the order.
 async fn effect(
     js: &jetstream::Context,
     t: &Templates,
@@ -500,10 +505,18 @@ async fn effect(
     let lease = now_ms() + 15_000;
     let running =
         json!({"owner": owner, "attempt": 1, "lease_expires_ms": lease, "state": "running"});
-    let rev = claims
+    let rev = match claims
         .create(&key, serde_json::to_vec(&running)?.into())
         .await
-        .map_err(|e| anyhow::anyhow!(e))?;
+    {
+        Ok(rev) => rev,
+        Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => claims
+            .entry(&key)
+            .await?
+            .map(|e| e.revision)
+            .context("a claim that exists cannot be read")?,
+        Err(e) => return Err(e.into()),
+    };
     let result = t.results.get(*name).cloned().unwrap_or_default();
     let subject = format!("limit.evt.effect_result.{name}.{id}");
     let msg_id = format!("result-{name}-{id}");

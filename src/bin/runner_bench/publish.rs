@@ -20,14 +20,16 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use async_nats::jetstream;
 use runner::broker::batch::{self, BatchMessage, MAX_MESSAGES};
-use runner::broker::fence::{Fence, Position};
+use runner::broker::fence::{Fence, Position, Recheck};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// How long a batch's answer is awaited.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// Sends of one window or batch before the shadow gives up.
+const ATTEMPTS: u32 = 3;
 
 /// The way a shadow publisher stores its messages.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,44 +87,94 @@ impl Sink {
         })
     }
 
-    /// Publishes `messages` in order and returns once every one is stored.
+    /// Publishes `messages` in order and returns once every one is stored. A publish whose
+    /// answer is lost is sent again (at most [`ATTEMPTS`] times in all), as the runner's
+    /// relay does: plain publishes under their `Nats-Msg-Id`; a batch only after the fence
+    /// shows it did not land.
     pub(crate) async fn send(&mut self, messages: Vec<BatchMessage>) -> Result<()> {
-        let Some(fence) = self.fence.as_mut() else {
-            let mut acks = Vec::with_capacity(messages.len());
-            for m in messages {
-                acks.push(
-                    self.js
-                        .publish_with_headers(m.subject, m.headers, m.payload)
-                        .await?,
-                );
+        if self.fence.is_none() {
+            let mut attempt = 1;
+            loop {
+                match self.send_plain(messages.clone()).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if attempt < ATTEMPTS => {
+                        eprintln!("limit: plain publishes failed, sending again: {e:#}");
+                        attempt += 1;
+                    }
+                    Err(e) => return Err(e),
+                }
             }
-            for a in futures::future::join_all(acks.into_iter().map(|a| a.into_future())).await {
-                a?;
-            }
-            return Ok(());
-        };
+        }
         let mut rest = messages.into_iter().peekable();
         while rest.peek().is_some() {
-            let mut chunk: Vec<BatchMessage> = rest.by_ref().take(MAX_MESSAGES - 1).collect();
+            let chunk: Vec<BatchMessage> = rest.by_ref().take(MAX_MESSAGES - 1).collect();
             self.batches += 1;
             let through = Position {
                 seq: self.batches,
                 ord: 0,
             };
+            self.send_batch(chunk, through).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_plain(&self, messages: Vec<BatchMessage>) -> Result<()> {
+        let mut acks = Vec::with_capacity(messages.len());
+        for m in messages {
+            acks.push(
+                self.js
+                    .publish_with_headers(m.subject, m.headers, m.payload)
+                    .await?,
+            );
+        }
+        for a in futures::future::join_all(acks.into_iter().map(|a| a.into_future())).await {
+            a?;
+        }
+        Ok(())
+    }
+
+    /// One batch of `chunk` and a marker at `through`, sent again while the fence shows it
+    /// did not land.
+    async fn send_batch(&mut self, chunk: Vec<BatchMessage>, through: Position) -> Result<()> {
+        let fence = self
+            .fence
+            .as_mut()
+            .context("a batch sink without a fence")?;
+        for attempt in 1..=ATTEMPTS {
+            let mut batch_msgs = chunk.clone();
             if self.mode == Publish::Fenced
-                && let Some(first) = chunk.first_mut()
+                && let Some(first) = batch_msgs.first_mut()
             {
                 first.headers = fence.headers(std::mem::take(&mut first.headers));
             }
-            chunk.push(fence.marker(through));
-            let marker = chunk.len() - 1;
+            batch_msgs.push(fence.marker(through));
+            let marker = batch_msgs.len() - 1;
             let id = uuid::Uuid::new_v4().simple().to_string();
-            let stored = batch::publish(&self.client, &id, chunk, BATCH_TIMEOUT)
-                .await
-                .with_context(|| format!("batch under {}", fence.subject()))?;
-            fence.advance(stored.sequence_of(marker), Some(through));
+            let e = match batch::publish(&self.client, &id, batch_msgs, BATCH_TIMEOUT).await {
+                Ok(stored) => {
+                    fence.advance(stored.sequence_of(marker), Some(through));
+                    return Ok(());
+                }
+                Err(e) => e,
+            };
+            match fence.recheck(&self.js).await {
+                Ok(Recheck::Advanced { seq, through: t }) if t >= Some(through) => {
+                    fence.advance(seq, t);
+                    return Ok(());
+                }
+                Ok(Recheck::Unchanged) if attempt < ATTEMPTS => {
+                    eprintln!(
+                        "limit: batch under {} not stored, sending again: {e}",
+                        fence.subject()
+                    );
+                }
+                other => bail!(
+                    "batch under {} failed ({e}); the fence shows {other:?}",
+                    fence.subject()
+                ),
+            }
         }
-        Ok(())
+        bail!("batch under {} not stored", fence.subject())
     }
 }
 
