@@ -58,10 +58,10 @@ pub fn stream_specs(cfg: &StreamsConfig) -> Vec<StreamSpec> {
     ]
 }
 
-/// The stream among [`stream_specs`] that captures `subject`, if any.
-pub fn stream_for(cfg: &StreamsConfig, subject: &str) -> Option<StreamSpec> {
-    stream_specs(cfg)
-        .into_iter()
+/// The stream among `specs` (from [`stream_specs`]) that captures `subject`, if any.
+pub fn stream_for<'a>(specs: &'a [StreamSpec], subject: &str) -> Option<&'a StreamSpec> {
+    specs
+        .iter()
         .find(|s| s.subjects.iter().any(|f| covers(f, subject)))
 }
 

@@ -104,12 +104,7 @@ impl PartitionRelay {
                     self.delete_published().await;
                     return Ok(());
                 }
-                let idle = tokio::select! {
-                    _ = self.handle.notify.notified() => false,
-                    _ = tokio::time::sleep(self.poll) => true,
-                    _ = stop.cancelled() => false,
-                };
-                if idle {
+                if self.handle.idle(self.poll, &stop).await {
                     self.delete_published().await;
                 }
                 continue;
@@ -222,20 +217,9 @@ impl PartitionRelay {
 
     /// Deletes what is published and not yet deleted, in a transaction of its own.
     async fn delete_published(&self) {
-        let Some(upto) = self.handle.deletable_through() else {
-            return;
-        };
-        let p = self.partition as u16;
-        match self
-            .store
-            .write(move |t| t.delete_outbox_through(p, upto))
-            .await
-        {
-            Ok(_) => self.handle.note_deleted(upto),
-            Err(e) => {
-                tracing::error!(message = "Relay cannot delete published records.", error = %e)
-            }
-        }
+        self.handle
+            .delete_published(&self.store, self.partition as u16)
+            .await;
     }
 }
 

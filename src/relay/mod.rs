@@ -89,6 +89,35 @@ impl RelayHandle {
     pub fn note_deleted(&self, upto: u64) {
         self.deleted.fetch_max(upto, Ordering::SeqCst);
     }
+
+    /// Deletes the records of `partition` that are published and not yet deleted, in a
+    /// transaction of its own (a relay does this only when idle, far ahead or draining).
+    /// On failure the records stay and are republished after a restart, where
+    /// de-duplication (or, partitioned, the fence watermark) drops them.
+    pub(crate) async fn delete_published(&self, store: &Store, partition: u16) {
+        let Some(upto) = self.deletable_through() else {
+            return;
+        };
+        match store
+            .write(move |t| t.delete_outbox_through(partition, upto))
+            .await
+        {
+            Ok(_) => self.note_deleted(upto),
+            Err(e) => {
+                tracing::error!(message = "Relay cannot delete published records.", error = %e)
+            }
+        }
+    }
+
+    /// Waits for a wake-up, `poll` or `stop`; true when `poll` passed with no wake-up (the
+    /// relay is idle and may spend a commit of its own on deletions).
+    pub(crate) async fn idle(&self, poll: Duration, stop: &CancellationToken) -> bool {
+        tokio::select! {
+            _ = self.notify.notified() => false,
+            _ = tokio::time::sleep(poll) => true,
+            _ = stop.cancelled() => false,
+        }
+    }
 }
 
 /// When the relay is this many windows ahead of the deletions, it deletes itself.
@@ -189,12 +218,7 @@ impl Relay {
                 // transaction; the relay spends a durable commit of its own on them only
                 // after a whole poll interval with no new work (or when far ahead, or
                 // draining), so it does not compete with the workers for the writer.
-                let idle = tokio::select! {
-                    _ = self.handle.notify.notified() => false,
-                    _ = tokio::time::sleep(self.poll) => true,
-                    _ = stop.cancelled() => false,
-                };
-                if idle {
+                if self.handle.idle(self.poll, &stop).await {
                     self.delete_published().await;
                 }
                 continue;
@@ -283,19 +307,8 @@ impl Relay {
 
     /// Deletes what is published and not yet deleted, in a transaction of its own.
     async fn delete_published(&self) {
-        let Some(upto) = self.handle.deletable_through() else {
-            return;
-        };
-        match self
-            .store
-            .write(move |t| t.delete_outbox_through(DEFAULT_PARTITION, upto))
-            .await
-        {
-            Ok(_) => self.handle.note_deleted(upto),
-            // The records stay and are republished after a restart; de-duplication drops them.
-            Err(e) => {
-                tracing::error!(message = "Relay cannot delete published records.", error = %e)
-            }
-        }
+        self.handle
+            .delete_published(&self.store, DEFAULT_PARTITION)
+            .await;
     }
 }

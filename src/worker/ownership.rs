@@ -398,7 +398,8 @@ async fn start(
         tracing::error!(message = "Inputs this partition needs are gone from the inbox: its state cannot be rebuilt exactly. Keep the inbox longer than snapshot age plus the longest outage.", partition = p, checkpoint = restored.checkpoint, stream = %inbox);
     }
     let handle = RelayHandle::new();
-    let streams = state.config.streams.clone();
+    // Built once: the relay looks the stream of every record up in it.
+    let specs = stream_specs(&state.config.streams);
     let relay = PartitionRelay {
         js: js.clone(),
         client: state.broker.client().clone(),
@@ -408,7 +409,7 @@ async fn start(
         handle: handle.clone(),
         fences,
         stream_of: Box::new(move |subject| {
-            crate::broker::stream_for(&streams, subject).map(|s| s.name)
+            crate::broker::stream_for(&specs, subject).map(|s| s.name.clone())
         }),
         window: state.config.saga.relay_window,
         poll: state.config.saga.relay_poll.get(),
