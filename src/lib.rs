@@ -47,6 +47,7 @@
 //! | [`relay`] | outbox relay to JetStream |
 //! | [`effect`] | effect worker: claims, attempts, providers, breakers, result events |
 //! | [`ops`] | operator tools: inspect, redrive |
+//! | [`fuzz`] | properties every untrusted-input decoder keeps, for the fuzz targets and their regression test |
 //! | [`admin`] | health, readiness, metrics, info, drain, reload |
 //! | [`app`] | wiring and the drain sequence |
 //! | [`shutdown`] | signal handling |
@@ -62,6 +63,7 @@ pub mod config;
 pub mod deadletter;
 pub mod effect;
 pub mod expr;
+pub mod fuzz;
 pub mod manifest;
 pub mod ops;
 pub mod placement;

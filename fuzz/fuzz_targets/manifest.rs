@@ -1,0 +1,4 @@
+//! Fuzz target: `runner::fuzz::manifest` (see that function for the properties it checks).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| runner::fuzz::manifest(data));
