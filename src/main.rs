@@ -71,8 +71,23 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
     }
 }
 
+/// Opens the store the way `runner run` would, for commands that write to it.
 fn open_store(
     args: &StoreArgs,
+) -> anyhow::Result<(runner::config::Config, runner::storage::Store)> {
+    open_store_as(args, runner::storage::Store::open)
+}
+
+/// Opens an existing store for reading: works beside a live node in any durability mode.
+fn open_store_read_only(
+    args: &StoreArgs,
+) -> anyhow::Result<(runner::config::Config, runner::storage::Store)> {
+    open_store_as(args, runner::storage::Store::open_read_only)
+}
+
+fn open_store_as(
+    args: &StoreArgs,
+    open: fn(&runner::config::StorageConfig) -> runner::storage::Result<runner::storage::Store>,
 ) -> anyhow::Result<(runner::config::Config, runner::storage::Store)> {
     let overrides = Overrides {
         manifests: args.manifests.clone(),
@@ -80,20 +95,24 @@ fn open_store(
         ..Overrides::default()
     };
     let config = config::load(args.config.as_deref(), std::env::vars(), &overrides)?;
-    let store = runner::storage::Store::open(&config.storage)
+    let store = open(&config.storage)
         .with_context(|| format!("opening the store in {}", config.storage.data_dir.display()))?;
     Ok((config, store))
 }
 
 fn ops_inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::Result<()> {
-    let (_, store) = open_store(args)?;
+    let (_, store) = open_store_read_only(args)?;
     let view = runner::ops::inspect(&store, tenant, saga, id)?;
     println!("{}", serde_json::to_string_pretty(&view)?);
     Ok(())
 }
 
 fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
-    let (config, store) = open_store(args)?;
+    let (config, store) = if matches!(action, DlqAction::Redrive { .. }) {
+        open_store(args)?
+    } else {
+        open_store_read_only(args)?
+    };
     match action {
         DlqAction::List { tenant, all } => {
             let items = runner::deadletter::list(&store, tenant.as_deref(), all)?;

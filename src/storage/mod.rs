@@ -93,6 +93,30 @@ impl Store {
         })
     }
 
+    /// Opens an existing store for reading only, the way operator tools read a live node's
+    /// store: a read-only open is compatible with whatever durability mode the writer
+    /// runs with (a read-write open in another mode fails with `MDBX_INCOMPATIBLE`), and it
+    /// never creates a store where there is none. Blocking.
+    pub fn open_read_only(cfg: &StorageConfig) -> Result<Self> {
+        let path = cfg.data_dir.join("runner.mdbx");
+        if !path.join("mdbx.dat").exists() {
+            return Err(StorageError::DataDir {
+                path,
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no store here"),
+            });
+        }
+        let opts = DatabaseOptions {
+            max_tables: Some(TABLES.len() as u64 + 8),
+            mode: Mode::ReadOnly,
+            ..DatabaseOptions::default()
+        };
+        let db = Database::<NoWriteMap>::open_with_options(&path, opts)?;
+        Ok(Self {
+            db: Arc::new(db),
+            path,
+        })
+    }
+
     /// Where the database lives.
     pub fn path(&self) -> &Path {
         &self.path

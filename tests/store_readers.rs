@@ -1,0 +1,77 @@
+//! The operator's read commands work on a live node whatever its durability (finding: `runner
+//! dlq list` and `runner inspect --data-dir` failed with `MDBX_INCOMPATIBLE` against a node
+//! running with `storage.durability` other than `full`, because they opened the store for
+//! writing in the default mode). Real binary, real nats-server, real libmdbx.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_commands_work_on_a_live_node_of_every_durability() {
+    for durability in ["unsafe_no_sync", "no_meta_sync"] {
+        let nats = NatsServer::start();
+        let env = [("RUNNER__STORAGE__DURABILITY", durability)];
+        let mut runner =
+            RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &env);
+        let js = jetstream(&nats.url()).await;
+        let order = aggregate_event(
+            "acme",
+            "Order",
+            "o-1",
+            "OrderPlaced",
+            runner::clock::now_ms(),
+            json!({"customer_id": "c", "amount_cents": 100, "items": [{"sku": "s", "qty": 1}]}),
+        );
+        publish_json(&js, "tenant.acme.aggregate.Order.o-1", &order).await;
+        js.publish("tenant.acme.aggregate.Order.o-2", "not json".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+        wait_for_messages(
+            &js,
+            "RUNNER_DLQ",
+            "tenant.acme.deadletter.>",
+            1,
+            Duration::from_secs(30),
+        )
+        .await;
+        let dir = runner.data_dir.path().to_str().unwrap().to_owned();
+        let (code, out) = run_to_exit(
+            &["dlq", "list", "--data-dir", &dir],
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(0), "dlq list against {durability}: {out}");
+        assert!(out.contains("1 dead letter(s)"), "{out}");
+        let (code, out) = run_to_exit(
+            &["dlq", "show", "--data-dir", &dir, "--tenant", "acme", "1"],
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(0), "dlq show against {durability}: {out}");
+        assert!(out.contains("undecodable"), "{out}");
+        let (code, out) = run_to_exit(
+            &[
+                "inspect",
+                "--data-dir",
+                &dir,
+                "--tenant",
+                "acme",
+                "--saga",
+                "order",
+                "--id",
+                "o-1",
+            ],
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(0), "inspect against {durability}: {out}");
+        assert!(out.contains("awaiting_payment"), "{out}");
+        assert!(runner.exited().is_none(), "the node kept running");
+    }
+}
