@@ -2,6 +2,7 @@
 //! dlq list` and `runner inspect --data-dir` failed with `MDBX_INCOMPATIBLE` against a node
 //! running with `storage.durability` other than `full`, because they opened the store for
 //! writing in the default mode). Real binary, real nats-server, real libmdbx.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
