@@ -98,6 +98,7 @@ pub fn envelope(data: &[u8]) {
 
 /// A manifest text. Loading never panics; a manifest that does not compile says why.
 pub fn manifest(data: &[u8]) {
+    crate::effect::provider::check_settings_on_load();
     let text = String::from_utf8_lossy(data);
     let report = load_str(&[("fuzz.yaml", &text)]);
     if report.catalog.is_none() {

@@ -14,6 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    runner::effect::provider::check_settings_on_load();
     match cli.command {
         Command::Validate { paths, data_dir } => validate(&paths, data_dir.as_deref()),
         Command::Test { paths } => run_tests(&paths),

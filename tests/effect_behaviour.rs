@@ -16,6 +16,7 @@ use std::time::Duration;
 use common::RunnerProc;
 use common::effects::{EffectBed, command, one_per_command, wait_quiescent};
 use common::metrics::{metric, metric_or_zero, wait_metric};
+use common::postgres::PgServer;
 use common::upstream::{Latch, Reply, Script};
 use futures::StreamExt;
 use serde_json::json;
@@ -452,117 +453,6 @@ effects:
     assert!(got.contains("Subject: Order c-42"), "{got}");
     assert!(got.contains("Amount 42"), "{got}");
     assert_eq!(got.matches("MESSAGE FOLLOWS").count(), 1, "one mail: {got}");
-}
-
-/// A throw-away PostgreSQL server (Debian's postgresql) on a free port, run as the
-/// `postgres` user when the test runs as root (PostgreSQL refuses root).
-struct PgServer {
-    child: std::process::Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl PgServer {
-    fn start() -> Self {
-        let bin = std::fs::read_dir("/usr/lib/postgresql")
-            .ok()
-            .and_then(|d| d.filter_map(Result::ok).map(|e| e.path().join("bin")).max())
-            .filter(|p| p.join("initdb").exists())
-            .expect("PostgreSQL not found: install Debian's postgresql (scripts/setup-deps does)");
-        let dir = tempfile::tempdir().unwrap();
-        let root = running_as_root();
-        let run = |prog: &Path, args: &[&str]| {
-            let mut c = if root {
-                let mut c = std::process::Command::new("runuser");
-                c.args(["-u", "postgres", "--"]).arg(prog);
-                c
-            } else {
-                std::process::Command::new(prog)
-            };
-            c.args(args);
-            c
-        };
-        if root {
-            std::process::Command::new("chown")
-                .args(["-R", "postgres"])
-                .arg(dir.path())
-                .status()
-                .unwrap();
-        }
-        let data = dir.path().join("data");
-        let st = run(
-            &bin.join("initdb"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-A",
-                "trust",
-                "-U",
-                "postgres",
-            ],
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-        assert!(st.success(), "initdb failed");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = run(
-            &bin.join("postgres"),
-            &[
-                "-D",
-                data.to_str().unwrap(),
-                "-p",
-                &port.to_string(),
-                "-k",
-                dir.path().to_str().unwrap(),
-                "-c",
-                "listen_addresses=127.0.0.1",
-            ],
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "postgres did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Self {
-            child,
-            port,
-            _dir: dir,
-        }
-    }
-    fn url(&self) -> String {
-        format!(
-            "host=127.0.0.1 port={} user=postgres dbname=postgres",
-            self.port
-        )
-    }
-}
-
-fn running_as_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
-        .unwrap_or(false)
-}
-
-impl Drop for PgServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,6 +46,30 @@ fn validate_fails_with_located_errors() {
 }
 
 #[test]
+fn wrong_provider_settings_are_manifest_errors_at_the_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("e.yaml"),
+        "format: 1\neffects:\n  - name: pay\n    provider: http\n    settings: { method: POST }\n  - name: rec\n    provider: postgres\n    settings: { url: \"host=db\", statement: \"INSERT ${ x }\" }\n  - name: ok\n    provider: noop\n",
+    )
+    .unwrap();
+    let out = runner().arg("validate").arg(dir.path()).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("e.yaml:3:11: error: effect `pay`: setting `url`"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "e.yaml:6:11: error: effect `rec`: setting `statement`: must not hold templates"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("2 error(s)"), "{stderr}");
+}
+
+#[test]
 fn warnings_alone_exit_zero() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(

@@ -26,6 +26,19 @@ pub struct Effect {
     pub retry: Option<RetryPolicy>,
     /// Circuit breaker settings.
     pub circuit_breaker: Option<CircuitBreaker>,
+    /// Where it is declared (its name), for diagnostics about its settings.
+    pub declared: Declared,
+}
+
+/// Where a declaration is written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Declared {
+    /// The manifest file.
+    pub file: std::path::PathBuf,
+    /// 1-based line.
+    pub line: u64,
+    /// 1-based column.
+    pub column: u64,
 }
 
 /// One loaded version of a saga.

@@ -35,6 +35,22 @@ pub mod model;
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
 pub use loader::{collect_files, is_test_file, load, load_str};
 
+/// A check of one effect's provider settings: `Err` says what is wrong, naming the setting.
+pub type SettingsCheck = fn(&catalog::Effect) -> Result<(), String>;
+
+static SETTINGS_CHECK: std::sync::OnceLock<SettingsCheck> = std::sync::OnceLock::new();
+
+/// Registers the provider-settings check every load runs on every effect of a known
+/// provider (the effect worker owns the providers; this module sits below it, so the check
+/// is handed down once at start-up rather than imported). The first registration stays.
+pub fn set_settings_check(check: SettingsCheck) {
+    let _ = SETTINGS_CHECK.set(check);
+}
+
+fn settings_check() -> Option<SettingsCheck> {
+    SETTINGS_CHECK.get().copied()
+}
+
 /// The manifest format version this build understands.
 pub const FORMAT_VERSION: u32 = 1;
 

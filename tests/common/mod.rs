@@ -11,6 +11,7 @@
 pub mod cluster;
 pub mod effects;
 pub mod metrics;
+pub mod postgres;
 pub mod scaleout;
 pub mod upstream;
 

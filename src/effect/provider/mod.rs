@@ -74,6 +74,17 @@ pub enum Provider {
     Smtp(Box<smtp::SmtpSpec>),
 }
 
+/// Makes every manifest load check each effect's provider settings the way the effect
+/// worker compiles them, so `runner validate`, start-up and reload report a wrong setting
+/// at the effect's location instead of the first command meeting it.
+pub fn check_settings_on_load() {
+    crate::manifest::set_settings_check(|effect| {
+        Provider::compile(effect)
+            .map(|_| ())
+            .map_err(|e| format!("setting `{}`: {}", e.setting, e.message))
+    });
+}
+
 impl Provider {
     /// Compiles the provider of a declared effect.
     pub fn compile(effect: &Effect) -> Result<Self, SettingsError> {

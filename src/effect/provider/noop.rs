@@ -92,6 +92,7 @@ mod tests {
             timeout_ms: None,
             retry: None,
             circuit_breaker: None,
+            declared: Default::default(),
         })
     }
 

@@ -11,7 +11,14 @@
 //! NOTHING` with `${ event.command_id }` as a parameter). Classification: connection
 //! errors and SQLSTATE classes 08 (connection), 40 (rollback: serialization, deadlock),
 //! 53 (insufficient resources) and 57 (operator intervention) are retryable; everything
-//! else is fatal. The connection is plain (no TLS).
+//! else is fatal.
+//!
+//! TLS: a connection string with `sslmode=require` connects over TLS (rustls) and verifies
+//! the server's certificate and name — against the PEM CA bundle in the `tls_ca_file`
+//! setting when given, else against the public web roots — so it is stricter than libpq's
+//! `require`. `sslmode=disable` and `prefer` (the default) connect in plain text: nothing is
+//! encrypted without being verified. The CA file is read when the manifest is loaded, so a
+//! missing or unreadable file is a manifest error.
 //!
 //! Guarantees: no value from a command is ever part of the SQL text; errors name the effect
 //! and the SQLSTATE, never the connection string (it may hold a password).
@@ -35,6 +42,49 @@ pub struct PostgresSpec {
     params: Vec<Template>,
     /// Secrets the templates may read.
     secrets: Vec<(String, SecretSource)>,
+    /// TLS for `sslmode=require`: the roots to verify servers against.
+    tls: Tls,
+}
+
+/// The TLS connector (its roots are not worth printing).
+#[derive(Clone)]
+struct Tls(tokio_postgres_rustls::MakeRustlsConnect);
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tls")
+    }
+}
+
+/// The TLS set-up for `sslmode=require`: roots from `ca_file` (PEM), else the web roots.
+fn tls_config(ca_file: Option<&str>) -> Result<Tls, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    match ca_file {
+        Some(path) => {
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| format!("cannot read `{path}`: {e}"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("`{path}` is not a PEM certificate bundle: {e}"))?;
+            if certs.is_empty() {
+                return Err(format!("`{path}` holds no certificate"));
+            }
+            for c in certs {
+                roots
+                    .add(c)
+                    .map_err(|e| format!("`{path}`: unusable certificate: {e}"))?;
+            }
+        }
+        None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS set-up: {e}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Tls(tokio_postgres_rustls::MakeRustlsConnect::new(config)))
 }
 
 fn classify(effect: &str, e: &tokio_postgres::Error) -> EffectError {
@@ -137,6 +187,12 @@ impl PostgresSpec {
             statement,
             params,
             secrets: c.secrets()?,
+            tls: match c.get("tls_ca_file") {
+                None => tls_config(None),
+                Some(Json::String(path)) => tls_config(Some(path)),
+                Some(_) => Err("must be a path (a string)".into()),
+            }
+            .map_err(|e| c.err("tls_ca_file", e))?,
         })
     }
 
@@ -161,19 +217,38 @@ impl PostgresSpec {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| fatal(format!("template `params`: {e}")))?;
         // The connection string may hold a password: errors name the effect, not the URL.
-        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-            .await
-            .map_err(|e| EffectError::Retryable {
-                reason: format!(
-                    "effect `{effect}`: cannot connect to PostgreSQL: {}",
-                    e.code().map(|c| c.code()).unwrap_or("connection failed")
-                ),
-                retry_after: None,
-                details: json!({}),
-            })?;
-        let conn = tokio::spawn(async move {
-            let _ = connection.await;
-        });
+        let cannot_connect = |e: tokio_postgres::Error| EffectError::Retryable {
+            reason: format!(
+                "effect `{effect}`: cannot connect to PostgreSQL: {}",
+                e.code().map(|c| c.code()).unwrap_or("connection failed")
+            ),
+            retry_after: None,
+            details: json!({}),
+        };
+        let config: tokio_postgres::Config = url.parse().map_err(|_| {
+            fatal(format!(
+                "effect `{effect}`: `url` is not a connection string"
+            ))
+        })?;
+        let (client, conn) = if config.get_ssl_mode() == tokio_postgres::config::SslMode::Require {
+            let (client, connection) = config
+                .connect(self.tls.0.clone())
+                .await
+                .map_err(cannot_connect)?;
+            let conn = tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            (client, conn)
+        } else {
+            let (client, connection) = config
+                .connect(tokio_postgres::NoTls)
+                .await
+                .map_err(cannot_connect)?;
+            let conn = tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            (client, conn)
+        };
         let result = async {
             let stmt = client
                 .prepare(&self.statement)

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::catalog::{Effect, Migration, Saga, SagaKind, Trigger};
+use super::catalog::{Declared, Effect, Migration, Saga, SagaKind, Trigger};
 use super::model::{ManifestFile, SagaDecl};
 use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
 use crate::expr::Needs;
@@ -106,8 +106,21 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                     timeout_ms: e.timeout_ms,
                     retry: e.retry,
                     circuit_breaker: e.circuit_breaker,
+                    declared: Declared {
+                        file: path.clone(),
+                        line: at(&e.name).line(),
+                        column: at(&e.name).column(),
+                    },
                 }),
             );
+            if let Some(check) = super::settings_check()
+                && PROVIDERS.contains(&e.provider.value.as_str())
+            {
+                let effect = &catalog.effects[&e.name.value];
+                if let Err(message) = check(effect) {
+                    d.error(at(&e.name), format!("effect `{}`: {message}", e.name.value));
+                }
+            }
         }
     }
     let mut declared: BTreeSet<(String, u32)> = BTreeSet::new();
