@@ -176,8 +176,8 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         let text = std::fs::read_to_string(common::repo_root().join("manifests").join(f)).unwrap();
         let text = text
             .replace(
-                "when: event.payload.amount_cents > 0 && size(event.payload.items) > 0",
-                "when: 'has(event.payload.items) ? size(event.payload.items) > 0 && event.payload.amount_cents > 0 : false'",
+                "&& type(event.payload.items) == list",
+                "&& has(event.payload.items) && type(event.payload.items) == list",
             )
             .replace(
                 "items: ${ event.payload.items }",
@@ -213,7 +213,10 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         Duration::from_secs(30),
     )
     .await;
-    assert_eq!(rejects[0].body["payload"]["reason"], "empty or free order");
+    assert_eq!(
+        rejects[0].body["payload"]["reason"],
+        "empty, free or malformed order"
+    );
 
     // A second redrive is refused: processed once.
     let (code, out) = run_to_exit(&redrive, &[], Duration::from_secs(20));
