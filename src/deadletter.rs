@@ -46,9 +46,12 @@ pub mod kind {
     pub const PARKED: &str = "parked";
     /// The engine panicked on this input (a bug; the input is kept for a redrive).
     pub const ENGINE_PANIC: &str = "engine_panic";
+    /// An effect result that answers no command the instance issued and waits for (forged,
+    /// another instance's, or a second answer). Its key is not parked.
+    pub const UNANSWERED_RESULT: &str = "unanswered_result";
 
     /// Every kind, so their metric series exist (at 0) from the start.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 9] = [
         UNDECODABLE,
         TENANT_MISMATCH,
         UNKNOWN_TENANT,
@@ -57,6 +60,7 @@ pub mod kind {
         VERSION_NOT_LOADED,
         PARKED,
         ENGINE_PANIC,
+        UNANSWERED_RESULT,
     ];
 }
 

@@ -223,10 +223,10 @@ fn failed_step_compensates_completed_steps_in_reverse() {
         (a5.instance.state.as_str(), a5.instance.status),
         ("compensated", Status::Compensated)
     );
-    // A result for an old command id is not for this step.
+    // A second result for a command already answered is refused like a forged one.
     let stale = waiting_for_b.try_send(effect_result(&a0.work[0].body, "Succeeded", 6, json!({})));
     assert!(
-        matches!(stale, Err(StepError::NoTransition { .. })),
+        matches!(stale, Err(StepError::UnansweredCommand { .. })),
         "{stale:?}"
     );
 }
@@ -566,4 +566,111 @@ sagas:
     let routes = route(&c, &result).unwrap();
     assert_eq!(routes.len(), 1);
     assert_eq!(routes[0].saga, "alpha");
+}
+
+/// The order example (a state machine) takes a result only for a command it issued and
+/// still waits for, of the same effect: a made-up command id, another instance's command,
+/// the wrong effect and a second answer are all refused, without changing the instance.
+#[test]
+fn state_machine_sagas_accept_only_results_for_commands_they_issued() {
+    let c = catalog(&[("order.yaml", include_str!("../manifests/order.yaml"))]);
+    let placed = |id: &str, n| {
+        agg(
+            "Order",
+            id,
+            "OrderPlaced",
+            n,
+            json!({"customer_id": "c", "amount_cents": 100, "items": [{"sku": "s", "qty": 1}]}),
+        )
+    };
+    let mut victim = Scenario::new(&c, "order");
+    let start = victim.send(placed("o-1", 0));
+    let charge = start.work[0].body.clone();
+    assert_eq!(charge["effect_name"], "charge_card");
+    let mut other = Scenario::new(&c, "order");
+    let other_charge = other.send(placed("o-2", 1)).work[0].body.clone();
+
+    let before = victim.instance().clone();
+    let mut forged = charge.clone();
+    forged["command_id"] = json!("0190a3c5-0000-7000-8000-000000000000");
+    let mut theirs = other_charge.clone();
+    theirs["metadata"] = charge["metadata"].clone(); // aimed at o-1
+    let mut wrong_effect = charge.clone();
+    wrong_effect["effect_name"] = json!("refund_card");
+    for (what, cmd) in [
+        ("a made-up command id", forged),
+        ("another instance's command", theirs),
+        ("the wrong effect", wrong_effect),
+    ] {
+        let r = victim.try_send(effect_result(
+            &cmd,
+            "Succeeded",
+            2,
+            json!({"payment_id": "x"}),
+        ));
+        assert!(
+            matches!(r, Err(StepError::UnansweredCommand { .. })),
+            "{what}: {r:?}"
+        );
+        assert_eq!(victim.instance(), &before, "{what} changed the instance");
+    }
+
+    let paid = victim.send(effect_result(
+        &charge,
+        "Succeeded",
+        3,
+        json!({"payment_id": "p"}),
+    ));
+    assert_eq!(paid.instance.state, "reserving_stock");
+    assert_eq!(paid.instance.data["payment_id"], "p");
+    let again = victim.try_send(effect_result(
+        &charge,
+        "Succeeded",
+        4,
+        json!({"payment_id": "q"}),
+    ));
+    assert!(
+        matches!(again, Err(StepError::UnansweredCommand { .. })),
+        "a second answer: {again:?}"
+    );
+
+    // A genuine result that arrives after a timer moved the saga on is ignored, not refused.
+    let mut late = Scenario::new(&c, "order");
+    let late_charge = late.send(placed("o-3", 5)).work[0].body.clone();
+    late.fire("payment_timeout");
+    assert_eq!(late.instance().state, "cancelled");
+    let r = late.try_send(effect_result(
+        &late_charge,
+        "Succeeded",
+        6,
+        json!({"payment_id": "p"}),
+    ));
+    assert!(matches!(r, Err(StepError::Finished(_))), "{r:?}");
+}
+
+/// Instances stored before commands were recorded carry no `awaiting` list: they keep
+/// accepting results as they did, so an upgrade strands nothing.
+#[test]
+fn instances_stored_before_commands_were_recorded_still_take_their_results() {
+    let c = catalog(&[("order.yaml", include_str!("../manifests/order.yaml"))]);
+    let mut s = Scenario::new(&c, "order");
+    let start = s.send(agg(
+        "Order",
+        "o-1",
+        "OrderPlaced",
+        0,
+        json!({"customer_id": "c", "amount_cents": 100, "items": [{"sku": "s", "qty": 1}]}),
+    ));
+    let mut legacy = start.instance.clone();
+    legacy.awaiting = None;
+    let stored: Instance = serde_json::from_value(serde_json::to_value(&legacy).unwrap()).unwrap();
+    assert_eq!(stored.awaiting, None, "no field, no list");
+    let mut s = Scenario::resume(&c, stored);
+    let paid = s.send(effect_result(
+        &start.work[0].body,
+        "Succeeded",
+        1,
+        json!({"payment_id": "p"}),
+    ));
+    assert_eq!(paid.instance.state, "reserving_stock");
 }

@@ -68,6 +68,7 @@ fn fill(store: &Store, n: usize, state: &str) {
                     started_ms: 1,
                     updated_ms: 2,
                     applied: 1,
+                    awaiting: None,
                 })?;
                 let entry = HistoryEntry {
                     n: 1,

@@ -13,7 +13,9 @@ use std::collections::BTreeMap;
 use serde_json::{Value as Json, json};
 
 use super::emitter::{Emitter, Ev, saga_json, valid_token};
-use super::types::{Applied, Input, InputKind, Instance, Route, Status, StepError, str_field};
+use super::types::{
+    Applied, Input, InputKind, Instance, Parsed, Route, Status, StepError, WorkKind, str_field,
+};
 use super::{machine, orchestrate};
 use crate::manifest::Catalog;
 use crate::manifest::catalog::{SagaKind, Trigger, subject_matches};
@@ -67,6 +69,25 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
         });
     }
     Ok(out)
+}
+
+/// The one rule for effect results, for every saga style: a result is accepted only when it
+/// answers a command this instance issued and is still waiting for, of the same effect; the
+/// command is then answered (a second result for it is refused the same way). Instances
+/// stored before commands were recorded (`awaiting` is `None`) accept any result.
+fn answer_command(inst: &mut Instance, p: &Parsed) -> Result<(), StepError> {
+    let Some(awaiting) = &mut inst.awaiting else {
+        return Ok(());
+    };
+    let command_id = p.command_id.clone().unwrap_or_default();
+    let effect = p.name.rsplit_once('.').map_or("", |(e, _)| e);
+    match awaiting.get(&command_id) {
+        Some(issued) if issued == effect => {
+            awaiting.remove(&command_id);
+            Ok(())
+        }
+        _ => Err(StepError::UnansweredCommand { command_id }),
+    }
 }
 
 fn trigger_matches(t: &Trigger, subject: &str, name: &str) -> bool {
@@ -141,6 +162,7 @@ pub fn apply_owned(
                 started_ms: p.timestamp_ms,
                 updated_ms: p.timestamp_ms,
                 applied: 0,
+                awaiting: Some(BTreeMap::new()),
             };
             (def, inst, true)
         }
@@ -159,6 +181,9 @@ pub fn apply_owned(
             }
             _ => return Err(StepError::StaleTimer(name.to_owned())),
         }
+    }
+    if p.kind == InputKind::EffectResult {
+        answer_command(&mut inst, &p)?;
     }
     let event = Ev::new(input, &p.name);
     let mut em = Emitter {
@@ -188,8 +213,18 @@ pub fn apply_owned(
         }
         SagaKind::Steps(o) => orchestrate::step(o, &mut inst, &event, &p, &mut em, started)?,
     }
+    if let Some(awaiting) = &mut inst.awaiting {
+        for w in em.work.iter().filter(|w| w.kind == WorkKind::EffectCommand) {
+            let effect = w.body.get("effect_name").and_then(Json::as_str);
+            awaiting.insert(w.msg_id.clone(), effect.unwrap_or_default().to_owned());
+        }
+    }
     if inst.status.is_final() {
         em.cancel_all_timers(&mut inst);
+        // Results for a finished instance are ignored whatever they answer.
+        if let Some(awaiting) = &mut inst.awaiting {
+            awaiting.clear();
+        }
     }
     inst.updated_ms = p.timestamp_ms;
     inst.applied += 1;

@@ -111,6 +111,7 @@ pub struct EffectReply {
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     /// `applied` (default), `not_starting`, `no_transition`, `finished`, `stale_timer`,
+    /// `unanswered_command` (an effect result for no command the instance waits for),
     /// `poison`, `not_routed`.
     #[serde(default)]
     pub outcome: Option<String>,
@@ -210,6 +211,7 @@ fn outcome_name(r: &Result<Applied, StepError>) -> &'static str {
         Err(StepError::Poison { .. }) => "poison",
         Err(StepError::UnknownSaga(_)) => "unknown_saga",
         Err(StepError::VersionNotLoaded { .. }) => "version_not_loaded",
+        Err(StepError::UnansweredCommand { .. }) => "unanswered_command",
     }
 }
 

@@ -215,6 +215,12 @@ pub struct Instance {
     pub updated_ms: u64,
     /// Number of inputs applied.
     pub applied: u64,
+    /// The effect commands this instance issued and has had no result for: command id →
+    /// effect name. An effect result is accepted only for one of them (see
+    /// [`StepError::UnansweredCommand`]). `None` for instances stored before commands were
+    /// recorded: those accept any result of the right effect, as they did then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting: Option<BTreeMap<String, String>>,
 }
 
 /// Which kind of work item.
@@ -311,6 +317,16 @@ pub enum StepError {
         saga: String,
         /// Version.
         version: u32,
+    },
+    /// An effect result that answers no command this instance issued and is still waiting
+    /// for (a made-up or another instance's command id, or a second answer): dead-letter it
+    /// without parking the key, so a forger can neither move nor stop the saga.
+    #[error(
+        "effect result for command `{command_id}` answers no command this instance is waiting for"
+    )]
+    UnansweredCommand {
+        /// The command id the result names (empty when it names none).
+        command_id: String,
     },
     /// The input cannot be applied (malformed, expression failed): dead-letter it.
     #[error("poison: {reason}")]

@@ -306,6 +306,12 @@ impl<'a> Processor<'a> {
             )) => {
                 self.tally.note(saga, "ignored");
             }
+            Ok(Err(e @ StepError::UnansweredCommand { .. })) => {
+                // Not parked: a forged result must not be able to stop the saga either.
+                self.tally.note(saga, "dead_lettered");
+                let why = e.to_string();
+                return self.dead_letter(tx, raw, tenant, kind::UNANSWERED_RESULT, why, None);
+            }
             Ok(Err(e @ StepError::VersionNotLoaded { .. })) => {
                 self.poison(
                     tx,

@@ -67,6 +67,7 @@ fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
                 started_ms: 1,
                 updated_ms: 2,
                 applied: 3,
+                awaiting: None,
             })?;
             for n in 1..=3 {
                 let e = HistoryEntry {
