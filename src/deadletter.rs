@@ -50,8 +50,11 @@ pub mod kind {
     /// another instance's, or a second answer). Its key is not parked.
     pub const UNANSWERED_RESULT: &str = "unanswered_result";
 
+    /// An effect command delivered `effect.max_deliver` times without completing.
+    pub const REDELIVERY_LIMIT: &str = "redelivery_limit";
+
     /// Every kind, so their metric series exist (at 0) from the start.
-    pub const ALL: [&str; 9] = [
+    pub const ALL: [&str; 10] = [
         UNDECODABLE,
         TENANT_MISMATCH,
         UNKNOWN_TENANT,
@@ -61,7 +64,39 @@ pub mod kind {
         PARKED,
         ENGINE_PANIC,
         UNANSWERED_RESULT,
+        REDELIVERY_LIMIT,
     ];
+}
+
+/// The most of an input's body a dead letter keeps. A dead letter must always fit in a
+/// message (it goes out on the dead-letter stream like any output), whatever the input: it
+/// keeps this excerpt plus the input's source stream and sequence, where the whole input
+/// stays as long as the stream retains it. Escaped as JSON, an excerpt is at most six
+/// times this size.
+pub const EXCERPT_BYTES: usize = 4096;
+
+/// The longest reason kept (reasons quote parts of the input, such as ids).
+const REASON_BYTES: usize = 1024;
+
+/// The excerpt of `body` a dead letter keeps, with the original size when it is cut.
+pub fn excerpt(body: &[u8]) -> (String, Option<u64>) {
+    if body.len() <= EXCERPT_BYTES {
+        return (String::from_utf8_lossy(body).into_owned(), None);
+    }
+    let text = String::from_utf8_lossy(&body[..EXCERPT_BYTES]).into_owned();
+    (text, Some(body.len() as u64))
+}
+
+/// `reason` cut to [`REASON_BYTES`] at a character boundary.
+fn bounded_reason(reason: &str) -> String {
+    if reason.len() <= REASON_BYTES {
+        return reason.to_string();
+    }
+    let mut end = REASON_BYTES;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &reason[..end])
 }
 
 /// An input that cannot be processed, as the saga worker met it: what was refused and why,
@@ -84,21 +119,11 @@ pub struct Poison<'a> {
 /// caller commits `tx`.
 pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<u64, StorageError> {
     let p = poison.refused;
-    let letter = tx.push_dead_letter(DeadLetter {
-        id: 0,
-        tenant: p.tenant.to_string(),
-        kind: p.kind.to_string(),
-        reason: p.reason.to_string(),
-        subject: p.subject.to_string(),
-        source: p.source.to_string(),
-        body: String::from_utf8_lossy(p.body).into_owned(),
-        traceparent: poison.traceparent.map(str::to_string),
-        saga: poison.route.map(|r| r.saga.clone()),
-        correlation_id: poison.route.map(|r| r.correlation_id.clone()),
-        attempts: 1,
-        at_ms: p.at_ms,
-        status: DeadLetterStatus::Pending,
-    })?;
+    let mut letter = letter_of(p);
+    letter.traceparent = poison.traceparent.map(str::to_string);
+    letter.saga = poison.route.map(|r| r.saga.clone());
+    letter.correlation_id = poison.route.map(|r| r.correlation_id.clone());
+    let letter = tx.push_dead_letter(letter)?;
     if let Some(r) = poison.route
         && tx
             .parked_by(p.tenant, &r.saga, &r.correlation_id)?
@@ -120,6 +145,27 @@ pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<u64, StorageErr
     )?;
     tracing::warn!(message = "Input dead-lettered.", tenant = p.tenant, kind = p.kind, reason = %letter.reason, source = %letter.source, saga = ?letter.saga, correlation_id = ?letter.correlation_id, id = letter.id);
     Ok(outbox_seq)
+}
+
+/// The stored dead letter of a refusal (id assigned when pushed): bounded body and reason.
+pub fn letter_of(p: Refused<'_>) -> DeadLetter {
+    let (body, body_bytes) = excerpt(p.body);
+    DeadLetter {
+        id: 0,
+        tenant: p.tenant.to_string(),
+        kind: p.kind.to_string(),
+        reason: bounded_reason(p.reason),
+        subject: p.subject.to_string(),
+        source: p.source.to_string(),
+        body,
+        body_bytes,
+        traceparent: None,
+        saga: None,
+        correlation_id: None,
+        attempts: 1,
+        at_ms: p.at_ms,
+        status: DeadLetterStatus::Pending,
+    }
 }
 
 /// A message for the dead-letter stream.
@@ -160,6 +206,7 @@ pub fn message(dl: &DeadLetter) -> Message {
             "saga": dl.saga,
             "correlation_id": dl.correlation_id,
             "body": dl.body,
+            "body_bytes": dl.body_bytes,
             "at_ms": dl.at_ms,
         }),
     }
@@ -189,6 +236,7 @@ pub struct Refused<'a> {
 /// The message for an effect command that can never run (the effect worker keeps no local
 /// store: this message is the whole record).
 pub fn refused_command(p: Refused<'_>) -> Message {
+    let (body, body_bytes) = excerpt(p.body);
     Message {
         subject: subject(p.tenant, p.kind),
         msg_id: format!("dl:{}:effect", p.source),
@@ -196,10 +244,11 @@ pub fn refused_command(p: Refused<'_>) -> Message {
             "v": 1,
             "tenant_id": p.tenant,
             "kind": p.kind,
-            "reason": p.reason,
+            "reason": bounded_reason(p.reason),
             "subject": p.subject,
             "source": p.source,
-            "body": String::from_utf8_lossy(p.body),
+            "body": body,
+            "body_bytes": body_bytes,
             "at_ms": p.at_ms,
         }),
     }
@@ -223,6 +272,25 @@ pub enum DeadLetterError {
     /// The entry was redriven already.
     #[error("dead letter {0} was already redriven")]
     AlreadyRedriven(u64),
+    /// The entry keeps only an excerpt of its input: it cannot be applied again from here.
+    #[error(
+        "dead letter {id} keeps only an excerpt of its {bytes}-byte input; the input is at \
+         {from} while that stream retains it: fix and republish it there instead"
+    )]
+    ExcerptOnly {
+        /// The entry.
+        id: u64,
+        /// Where the whole input is (`stream:seq`).
+        from: String,
+        /// Its size.
+        bytes: u64,
+    },
+    /// The entry is an effect command parked by an effect worker: it is not a saga input.
+    #[error(
+        "dead letter {0} is an effect command an effect worker could not run; a saga redrive \
+         cannot apply it: republish the command once its cause is fixed"
+    )]
+    EffectCommand(u64),
     /// The entry is held behind another one; that one must be redriven first.
     #[error("dead letter {id} is held behind dead letter {first}; redrive {first} instead")]
     HeldBehind {
@@ -231,6 +299,13 @@ pub enum DeadLetterError {
         /// The entry that parked the key.
         first: u64,
     },
+}
+
+/// Whether a dead letter is an effect command an effect worker parked in its local store
+/// (`tenant.<t>.effect.<name>.<id>`), not a saga input.
+pub fn is_effect_command(dl: &DeadLetter) -> bool {
+    let mut parts = dl.subject.split('.');
+    parts.next() == Some("tenant") && parts.nth(1) == Some("effect") && parts.count() == 2
 }
 
 /// Lists dead letters, optionally of one tenant, pending ones only unless `all`.
@@ -297,9 +372,11 @@ pub fn redrive(
         {
             return Ok(Err(DeadLetterError::HeldBehind { id, first }));
         }
+        if is_effect_command(&dl) {
+            return Ok(Err(DeadLetterError::EffectCommand(id)));
+        }
         let mut entries = vec![dl.clone()];
         if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id) {
-            t.unpark(tenant, saga, corr)?;
             entries.extend(t.dead_letters()?.into_iter().filter(|d| {
                 d.tenant == tenant
                     && d.id > id
@@ -308,6 +385,17 @@ pub fn redrive(
                     && d.saga.as_deref() == Some(saga)
                     && d.correlation_id.as_deref() == Some(corr)
             }));
+        }
+        // Only whole inputs are applied again: an excerpt would be a different input.
+        if let Some(e) = entries.iter().find(|e| e.body_bytes.is_some()) {
+            return Ok(Err(DeadLetterError::ExcerptOnly {
+                id: e.id,
+                from: e.source.clone(),
+                bytes: e.body_bytes.unwrap_or_default(),
+            }));
+        }
+        if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id) {
+            t.unpark(tenant, saga, corr)?;
         }
         let mut processed = Vec::with_capacity(entries.len());
         let mut failed = false;
@@ -350,6 +438,7 @@ mod tests {
             subject: refused.subject.into(),
             source: refused.source.into(),
             body: String::from_utf8_lossy(refused.body).into_owned(),
+            body_bytes: None,
             traceparent: None,
             saga: Some("order".into()),
             correlation_id: Some("o-1".into()),

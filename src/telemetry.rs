@@ -135,6 +135,9 @@ pub mod names {
     pub const EFFECT_CIRCUIT_STATE: &str = "runner_effect_circuit_state";
     /// Effect commands executing now.
     pub const EFFECT_IN_FLIGHT: &str = "runner_effect_in_flight";
+    /// Refused effect commands kept in the local store because the dead-letter stream did
+    /// not take them (`runner dlq list` shows them).
+    pub const EFFECT_DEADLETTERS_LOCAL: &str = "runner_effect_deadletters_local_total";
 }
 
 /// The application's registry and the collectors the core owns.
@@ -220,6 +223,8 @@ pub struct Metrics {
     pub effect_circuit_state: IntGaugeVec,
     /// See [`names::EFFECT_IN_FLIGHT`].
     pub effect_in_flight: IntGauge,
+    /// See [`names::EFFECT_DEADLETTERS_LOCAL`].
+    pub effect_deadletters_local: IntCounter,
 }
 
 fn reg<C: prometheus::core::Collector + Clone + 'static>(
@@ -421,6 +426,13 @@ impl Metrics {
             r,
             IntGauge::new(names::EFFECT_IN_FLIGHT, "Effect commands executing now.")?,
         )?;
+        let effect_deadletters_local = reg(
+            r,
+            IntCounter::new(
+                names::EFFECT_DEADLETTERS_LOCAL,
+                "Refused effect commands kept in the local store (the dead-letter stream refused them).",
+            )?,
+        )?;
         let partitions_owned = reg(
             r,
             IntGauge::new(names::PARTITIONS_OWNED, "Saga partitions owned now.")?,
@@ -520,6 +532,7 @@ impl Metrics {
             effect_seconds,
             effect_circuit_state,
             effect_in_flight,
+            effect_deadletters_local,
             nats_connected,
             draining,
             manifest_reloads,

@@ -108,6 +108,11 @@ pub struct EffectConfig {
     /// Most commands of one effect delivered and not yet acknowledged, across all replicas
     /// (1..=1000000): each effect's consumer has this limit of its own.
     pub max_ack_pending: i64,
+    /// Most deliveries of one command (2..=10000). A command handed back that often (its
+    /// dead letter could not be stored, a claim stayed busy, drains kept handing it back)
+    /// is dead-lettered as `redelivery_limit` on its last delivery instead of being handed
+    /// back again, so no command loops forever and none is dropped silently.
+    pub max_deliver: i64,
     /// JetStream KV bucket holding the claims (created at start when missing).
     pub claims_bucket: String,
     /// Lease of a claim: renewed every third of it; another worker may take the command over
@@ -126,6 +131,7 @@ impl Default for EffectConfig {
             concurrency: 64,
             ack_wait: HumanDuration::secs(30),
             max_ack_pending: 1024,
+            max_deliver: 100,
             claims_bucket: "RUNNER_EFFECT_CLAIMS".into(),
             lease_ttl: HumanDuration::secs(15),
             claim_retention: HumanDuration::secs(7 * 24 * 3600),

@@ -207,6 +207,15 @@ impl Config {
                 ),
             );
         }
+        if !(2..=10_000).contains(&self.effect.max_deliver) {
+            return invalid(
+                "effect.max_deliver",
+                format!(
+                    "{} is out of range; allowed 2 to 10000",
+                    self.effect.max_deliver
+                ),
+            );
+        }
         range(
             "effect.ack_wait",
             self.effect.ack_wait,

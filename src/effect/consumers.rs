@@ -181,7 +181,7 @@ pub(super) async fn open(
             ack_policy: consumer::AckPolicy::Explicit,
             ack_wait: config.effect.ack_wait.get(),
             max_ack_pending: config.effect.max_ack_pending,
-            max_deliver: -1,
+            max_deliver: config.effect.max_deliver,
             ..Default::default()
         })
         .await?;

@@ -89,7 +89,7 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(message = "Claim check failed; will retry.", error = %e);
-            retry_soon(&msg).await;
+            hand_back(ctx, &msg, None, "the claim could not be checked").await;
             return;
         }
     };
@@ -103,7 +103,13 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 }
                 Err(e) => {
                     tracing::warn!(message = "Republishing a stored result failed; will retry.", error = %e);
-                    retry_soon(&msg).await;
+                    hand_back(
+                        ctx,
+                        &msg,
+                        None,
+                        "its stored result could not be republished",
+                    )
+                    .await;
                 }
             }
             return;
@@ -111,7 +117,7 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
         Gate::Busy(delay) => {
             ctx.claim_event(event::BUSY);
             tracing::debug!(message = "Command held by a live executor; retrying later.", retry_in = ?delay);
-            let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+            hand_back(ctx, &msg, Some(delay), "another executor held its claim").await;
             return;
         }
         Gate::Acquired(l) => {
@@ -136,7 +142,7 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
         Guarded::Done(rt, payload, attempts) => (rt, payload, attempts),
         Guarded::Lost => {
             // Someone else owns the command now. Its redelivery finds the new owner's claim.
-            let _ = msg.ack_with(AckKind::Nak(Some(ctx.claims.ttl()))).await;
+            hand_back(ctx, &msg, Some(ctx.claims.ttl()), "its lease was lost").await;
             return;
         }
         Guarded::HandBack => {
@@ -146,7 +152,13 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 message = "Draining: command handed back between retries.",
                 released = released.is_ok()
             );
-            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            hand_back(
+                ctx,
+                &msg,
+                Some(Duration::ZERO),
+                "a draining worker handed it back",
+            )
+            .await;
             return;
         }
     };
@@ -172,7 +184,7 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 ctx.claim_event(event::FAILED);
                 let fenced = matches!(e, ClaimError::Fenced { .. });
                 tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, error = %e);
-                retry_soon(&msg).await;
+                hand_back(ctx, &msg, None, "its outcome could not be recorded").await;
                 return;
             }
         }
@@ -185,7 +197,7 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
         tries += 1;
         if tries >= 5 {
             tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", error = %e);
-            retry_soon(&msg).await;
+            hand_back(ctx, &msg, None, "its result could not be published").await;
             return;
         }
         tokio::time::sleep(pause.next_wait()).await;
@@ -227,7 +239,7 @@ async fn refuse(
         Ok(i) => format!("{}:{}", i.stream, i.stream_sequence),
         Err(_) => subject.to_string(),
     };
-    let message = deadletter::refused_command(deadletter::Refused {
+    let refused = deadletter::Refused {
         tenant: &tenant,
         kind,
         reason,
@@ -235,7 +247,10 @@ async fn refuse(
         source: &source,
         body: &msg.payload,
         at_ms: now_ms(),
-    });
+    };
+    let message = deadletter::refused_command(refused);
+    let mut letter = deadletter::letter_of(refused);
+    letter.traceparent = traceparent.clone();
     let dl = StoredResult {
         subject: message.subject,
         msg_id: message.msg_id,
@@ -243,11 +258,34 @@ async fn refuse(
         body: message.body,
     };
     if let Err(e) = publish(ctx, &dl).await {
-        tracing::warn!(message = "Cannot dead-letter a refused effect command; will retry.", source = %source, error = %e);
-        retry_soon(msg).await;
-        return;
+        // The dead-letter stream did not take it: keep it in this node's store instead, so
+        // the command is terminated now rather than redelivered over and over.
+        match ctx
+            .state
+            .store
+            .write(move |t| t.push_dead_letter(letter))
+            .await
+        {
+            Ok(kept) => {
+                tracing::error!(message = "Effect command refused; the dead-letter stream did not take it, so it is kept in the local store (runner dlq list).", tenant = %tenant, kind, reason, source = %source, id = kept.id, error = %e);
+                metrics.effect_deadletters_local.inc();
+            }
+            Err(se) => {
+                tracing::warn!(message = "Cannot dead-letter a refused effect command anywhere; handing it back.", source = %source, error = %e, storage_error = %se);
+                let delay = backoff_for(msg);
+                if is_last_delivery(ctx, msg) {
+                    // Nothing can record it: terminate rather than loop, loudly.
+                    tracing::error!(message = "Effect command dropped at its redelivery limit: neither the dead-letter stream nor the local store took it.", tenant = %tenant, kind, reason, source = %source);
+                    let _ = msg.ack_with(AckKind::Term).await;
+                } else {
+                    let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
+                }
+                return;
+            }
+        }
+    } else {
+        tracing::error!(message = "Effect command refused and dead-lettered.", tenant = %tenant, kind, reason, source = %source);
     }
-    tracing::error!(message = "Effect command refused and dead-lettered.", tenant = %tenant, kind, reason, source = %source);
     metrics
         .effect_commands
         .with_label_values(&[outcome::REFUSED])
@@ -272,11 +310,58 @@ async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
     Ok(())
 }
 
-/// How long a command handed back after a transient failure waits before redelivery.
+/// How long a command handed back after a transient failure waits before its first
+/// redelivery; each later hand-back of the same command waits twice as long, up to
+/// [`RETRY_MAX`].
 const RETRY_SOON: Duration = Duration::from_secs(1);
+/// The longest wait before a handed-back command comes again.
+const RETRY_MAX: Duration = Duration::from_secs(60);
 
-/// Hands a command back to JetStream for redelivery after [`RETRY_SOON`]; a failed nak only
-/// means JetStream redelivers after the ack wait instead.
-pub(super) async fn retry_soon(msg: &async_nats::jetstream::Message) {
-    let _ = msg.ack_with(AckKind::Nak(Some(RETRY_SOON))).await;
+/// How many times this command was delivered (1 for the first delivery).
+fn deliveries(msg: &jetstream::Message) -> u64 {
+    msg.info().map(|i| i.delivered.max(1) as u64).unwrap_or(1)
+}
+
+/// Whether JetStream will not deliver this command again (`effect.max_deliver`).
+fn is_last_delivery(ctx: &Ctx, msg: &jetstream::Message) -> bool {
+    deliveries(msg) >= u64::try_from(ctx.state.config.effect.max_deliver).unwrap_or(u64::MAX)
+}
+
+/// [`RETRY_SOON`] doubled for every earlier delivery, at most [`RETRY_MAX`].
+fn backoff_for(msg: &jetstream::Message) -> Duration {
+    let n = deliveries(msg).saturating_sub(1).min(16) as u32;
+    RETRY_SOON
+        .saturating_mul(2u32.saturating_pow(n))
+        .min(RETRY_MAX)
+}
+
+/// Hands a command back to JetStream for redelivery after `delay` (or the backoff for its
+/// delivery count), because `why`. On its last delivery it is dead-lettered as
+/// [`deadletter::kind::REDELIVERY_LIMIT`] instead: JetStream would never deliver it again,
+/// and a command must not vanish without a record. A failed nak only means JetStream
+/// redelivers after the ack wait instead.
+pub(super) async fn hand_back(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    delay: Option<Duration>,
+    why: &str,
+) {
+    if is_last_delivery(ctx, msg) {
+        let reason = format!(
+            "delivered {} times (effect.max_deliver) without completing; last: {why}",
+            deliveries(msg)
+        );
+        let traceparent = crate::broker::headers::traceparent(msg.headers.as_ref());
+        Box::pin(refuse(
+            ctx,
+            msg,
+            traceparent,
+            deadletter::kind::REDELIVERY_LIMIT,
+            &reason,
+        ))
+        .await;
+        return;
+    }
+    let delay = delay.unwrap_or_else(|| backoff_for(msg));
+    let _ = msg.ack_with(AckKind::Nak(Some(delay))).await;
 }

@@ -75,7 +75,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, kv, stream::Stream};
+use async_nats::jetstream::{self, kv, stream::Stream};
 use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -305,7 +305,8 @@ impl Loop {
                             Some(slot) => self.dispatch(msg, slot),
                             // More than asked for: not expected; give it back.
                             None => {
-                                let _ = msg.ack_with(AckKind::Nak(None)).await;
+                                let why = "more commands arrived than were asked for";
+                                handle::hand_back(&self.ctx, &msg, Some(Duration::ZERO), why).await;
                             }
                         }
                     }
@@ -368,7 +369,7 @@ impl Loop {
     /// consumer of this process covers it, else fetch its body and handle it here.
     async fn sort(&self, stream: &Stream, mut msg: jetstream::Message, cancel: &CancellationToken) {
         let Ok(seq) = msg.info().map(|i| i.stream_sequence) else {
-            handle::retry_soon(&msg).await;
+            handle::hand_back(&self.ctx, &msg, None, "its delivery info was unreadable").await;
             return;
         };
         if self.coverage.covers(msg.subject.as_str(), seq) {
@@ -377,7 +378,8 @@ impl Loop {
         }
         let Some(permit) = self.acquire(cancel).await else {
             // Draining: another replica answers it.
-            let _ = msg.ack_with(AckKind::Nak(None)).await;
+            let why = "a draining worker handed it back";
+            handle::hand_back(&self.ctx, &msg, Some(Duration::ZERO), why).await;
             return;
         };
         match stream.get_raw_message(seq).await {
@@ -392,7 +394,7 @@ impl Loop {
             }
             Err(e) => {
                 tracing::warn!(message = "Cannot read an effect command's body; will retry.", stream_sequence = seq, error = %e);
-                handle::retry_soon(&msg).await;
+                handle::hand_back(&self.ctx, &msg, None, "its body could not be read").await;
                 return;
             }
         }

@@ -358,12 +358,22 @@ pub fn run_to_exit(
         cmd.env(k, v);
     }
     let mut child = cmd.spawn().unwrap();
+    // Drain both pipes while the child runs: a long listing would otherwise fill a pipe
+    // and block the child forever.
+    let drain = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            let _ = r.read_to_end(&mut buf);
+            buf
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().unwrap()));
+    let err = drain(Box::new(child.stderr.take().unwrap()));
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(st) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            let mut text = String::from_utf8_lossy(&out.stderr).into_owned();
-            text.push_str(&String::from_utf8_lossy(&out.stdout));
+            let mut text = String::from_utf8_lossy(&err.join().unwrap()).into_owned();
+            text.push_str(&String::from_utf8_lossy(&out.join().unwrap()));
             return (st.code(), text);
         }
         if Instant::now() > deadline {

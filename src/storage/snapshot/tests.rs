@@ -39,6 +39,7 @@ fn letter(corr: Option<&str>, kind: &str) -> DeadLetter {
         subject: "tenant.acme.x".into(),
         source: "S:1".into(),
         body: "{}".into(),
+        body_bytes: None,
         traceparent: None,
         saga: corr.map(|_| "order".to_string()),
         correlation_id: corr.map(str::to_string),

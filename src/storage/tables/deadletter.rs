@@ -40,8 +40,13 @@ pub struct DeadLetter {
     pub subject: String,
     /// The input's stream and sequence (`stream:seq`), or `timer` for a timer.
     pub source: String,
-    /// The original body, as text (lossy if it was not UTF-8).
+    /// The original body as text (lossy if it was not UTF-8), or, when it was longer than
+    /// [`crate::deadletter::EXCERPT_BYTES`], its first bytes: see `body_bytes`.
     pub body: String,
+    /// The original body's size when `body` is only an excerpt of it; the whole input is
+    /// then fetched from its source stream and sequence while the stream keeps it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_bytes: Option<u64>,
     /// The original `traceparent`, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
