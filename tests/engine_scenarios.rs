@@ -593,7 +593,7 @@ fn state_machine_sagas_accept_only_results_for_commands_they_issued() {
     let before = victim.instance().clone();
     let mut forged = charge.clone();
     forged["command_id"] = json!("0190a3c5-0000-7000-8000-000000000000");
-    let mut theirs = other_charge.clone();
+    let mut theirs = other_charge;
     theirs["metadata"] = charge["metadata"].clone(); // aimed at o-1
     let mut wrong_effect = charge.clone();
     wrong_effect["effect_name"] = json!("refund_card");
