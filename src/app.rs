@@ -180,6 +180,20 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     metrics
         .manifest_sagas
         .set(catalog.summary().sagas.len() as i64);
+    // Outputs parked by an earlier run and not handled yet keep `/health` degraded.
+    let parked_before = store
+        .read(|t| {
+            Ok(t.dead_letters()?
+                .iter()
+                .filter(|d| {
+                    d.kind == crate::deadletter::kind::UNPUBLISHABLE
+                        && d.status == crate::deadletter::DeadLetterStatus::Pending
+                })
+                .count() as u64)
+        })
+        .await
+        .unwrap_or(0);
+    metrics.relay_parked.inc_by(parked_before);
     let listener = TcpListener::bind(config.admin.addr)
         .await
         .map_err(|source| StartError::AdminBind {

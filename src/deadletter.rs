@@ -52,9 +52,12 @@ pub mod kind {
 
     /// An effect command delivered `effect.max_deliver` times without completing.
     pub const REDELIVERY_LIMIT: &str = "redelivery_limit";
+    /// An output in the outbox the broker can never take (larger than its `max_payload`):
+    /// the relay parked it and went on.
+    pub const UNPUBLISHABLE: &str = "unpublishable";
 
     /// Every kind, so their metric series exist (at 0) from the start.
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 11] = [
         UNDECODABLE,
         TENANT_MISMATCH,
         UNKNOWN_TENANT,
@@ -65,6 +68,7 @@ pub mod kind {
         ENGINE_PANIC,
         UNANSWERED_RESULT,
         REDELIVERY_LIMIT,
+        UNPUBLISHABLE,
     ];
 }
 
@@ -118,6 +122,13 @@ pub struct Poison<'a> {
 /// in the outbox. Returns that message's outbox sequence. Nothing is durable until the
 /// caller commits `tx`.
 pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<u64, StorageError> {
+    let record = store(tx, poison)?;
+    tx.push_outbox(poison.outbox.0, &record)
+}
+
+/// Stores a saga-side dead letter in `tx` and parks its key (as [`record`] does) and
+/// returns the outbox record of its message, for the caller to place in the outbox.
+pub fn store(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<OutboxRecord, StorageError> {
     let p = poison.refused;
     let mut letter = letter_of(p);
     letter.traceparent = poison.traceparent.map(str::to_string);
@@ -132,19 +143,27 @@ pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<u64, StorageErr
         tx.park(p.tenant, &r.saga, &r.correlation_id, letter.id)?;
     }
     let message = message(&letter);
-    let outbox_seq = tx.push_outbox(
-        poison.outbox.0,
-        &OutboxRecord {
-            subject: message.subject,
-            msg_id: message.msg_id,
-            tenant: p.tenant.to_string(),
-            traceparent: letter.traceparent.clone(),
-            body: message.body.to_string(),
-            cause: poison.outbox.1,
-        },
-    )?;
     tracing::warn!(message = "Input dead-lettered.", tenant = p.tenant, kind = p.kind, reason = %letter.reason, source = %letter.source, saga = ?letter.saga, correlation_id = ?letter.correlation_id, id = letter.id);
-    Ok(outbox_seq)
+    Ok(OutboxRecord {
+        subject: message.subject,
+        msg_id: message.msg_id,
+        tenant: p.tenant.to_string(),
+        traceparent: letter.traceparent,
+        body: message.body.to_string(),
+        cause: poison.outbox.1,
+    })
+}
+
+/// A message for the dead-letter stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    /// `tenant.<t>.deadletter.<kind>`.
+    pub subject: String,
+    /// Its `Nats-Msg-Id`, derived from where the input came from, so a republished dead
+    /// letter is dropped by JetStream's de-duplication.
+    pub msg_id: String,
+    /// The JSON body.
+    pub body: Json,
 }
 
 /// The stored dead letter of a refusal (id assigned when pushed): bounded body and reason.
@@ -166,18 +185,6 @@ pub fn letter_of(p: Refused<'_>) -> DeadLetter {
         at_ms: p.at_ms,
         status: DeadLetterStatus::Pending,
     }
-}
-
-/// A message for the dead-letter stream.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Message {
-    /// `tenant.<t>.deadletter.<kind>`.
-    pub subject: String,
-    /// Its `Nats-Msg-Id`, derived from where the input came from, so a republished dead
-    /// letter is dropped by JetStream's de-duplication.
-    pub msg_id: String,
-    /// The JSON body.
-    pub body: Json,
 }
 
 /// The dead-letter stream's subject for `tenant` and `kind`.

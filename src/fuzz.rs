@@ -43,6 +43,7 @@ fn limits() -> Limits {
     Limits {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
     }
 }
 

@@ -80,6 +80,8 @@ pub mod names {
     pub const RELAY_PUBLISHED_TOTAL: &str = "runner_relay_published_total";
     /// Failed relay rounds (publish or acknowledgement errors).
     pub const RELAY_ERRORS_TOTAL: &str = "runner_relay_errors_total";
+    /// Outputs the relay parked because the broker can never take them (dead-lettered).
+    pub const RELAY_PARKED_TOTAL: &str = "runner_relay_parked_total";
     /// Time from publishing a window of outbox records to all acknowledged, seconds.
     pub const RELAY_WINDOW_SECONDS: &str = "runner_relay_window_seconds";
     /// Timers waiting to fire.
@@ -173,6 +175,8 @@ pub struct Metrics {
     pub relay_published: IntCounter,
     /// See [`names::RELAY_ERRORS_TOTAL`].
     pub relay_errors: IntCounter,
+    /// See [`names::RELAY_PARKED_TOTAL`].
+    pub relay_parked: IntCounter,
     /// See [`names::RELAY_WINDOW_SECONDS`].
     pub relay_window_seconds: Histogram,
     /// See [`names::TIMERS_PENDING`].
@@ -348,6 +352,13 @@ impl Metrics {
         let relay_errors = reg(
             r,
             IntCounter::new(names::RELAY_ERRORS_TOTAL, "Failed relay rounds.")?,
+        )?;
+        let relay_parked = reg(
+            r,
+            IntCounter::new(
+                names::RELAY_PARKED_TOTAL,
+                "Outputs the relay parked and dead-lettered: the broker can never take them.",
+            )?,
         )?;
         let relay_window_seconds = hist(
             names::RELAY_WINDOW_SECONDS,
@@ -547,6 +558,7 @@ impl Metrics {
             outbox_depth,
             relay_published,
             relay_errors,
+            relay_parked,
             relay_window_seconds,
             timers_pending,
             timers_fired,

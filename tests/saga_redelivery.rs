@@ -41,6 +41,7 @@ fn ledger_store() -> (
     let limits = Limits {
         allowed_tenants: vec![],
         max_message_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());

@@ -152,6 +152,7 @@ fn run(seed: u64, allowed: &[&str]) {
     let limits = Limits {
         allowed_tenants: allowed.iter().map(|s| s.to_string()).collect(),
         max_message_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
     };
     let (_dir, store) = store();
     // The model: per (tenant, id), the amount of the first order placed (what the instance

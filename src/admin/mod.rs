@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /health` | 200 when NATS is connected and storage answers, else 503; JSON either way |
+//! | `GET /health` | 200 when NATS is connected and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked |
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers, partitions owned with epochs, router sources held |
@@ -123,10 +123,19 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         Err(e) => json!({"ok": false, "error": e.to_string()}),
     };
     let ok = nats_ok && storage.is_ok();
+    // Parked outputs do not make the node unavailable (a restart would not help), but an
+    // operator must look at them: the node reports itself degraded until they are handled.
+    let parked = state.metrics.relay_parked.get();
+    let status = match (ok, parked) {
+        (false, _) => "unavailable",
+        (true, 0) => "ok",
+        (true, _) => "degraded",
+    };
     let body = json!({
-        "status": if ok { "ok" } else { "unavailable" },
+        "status": status,
         "nats": {"ok": nats_ok, "state": state.broker.state_text()},
         "storage": storage_json,
+        "relay": {"parked_outputs": parked},
     });
     let code = if ok {
         StatusCode::OK

@@ -15,6 +15,9 @@
 //! Runner's guarantees (subjects, storage, replicas, de-duplication window) stops the start
 //! with the stream, the field and both values named.
 
+/// Room left in every message for the headers Runner adds to a record's body (message id,
+/// tenant, `traceparent`, routing, atomic batch and fence headers: a few hundred bytes).
+pub const HEADER_ALLOWANCE: usize = 2048;
 pub mod batch;
 pub mod fence;
 pub mod fenced_batch;
@@ -225,6 +228,20 @@ impl Broker {
     /// A receiver that changes every time the connection is (re)established.
     pub fn connections(&self) -> tokio::sync::watch::Receiver<u64> {
         self.connections.clone()
+    }
+
+    /// The server's `max_payload` (headers and body of one message), as it announced it.
+    pub fn max_payload(&self) -> usize {
+        self.client.server_info().max_payload
+    }
+
+    /// The largest record body Runner writes for publication: the server's `max_payload`
+    /// less [`HEADER_ALLOWANCE`] for the headers Runner adds (message id, tenant, trace
+    /// context, batch and fence headers). Every output is checked against it when it is
+    /// committed, so nothing enters the outbox that the broker can never take. 0 (no
+    /// server information yet) means no limit is known.
+    pub fn max_record_bytes(&self) -> usize {
+        self.max_payload().saturating_sub(HEADER_ALLOWANCE)
     }
 
     /// Whether the client is connected right now.

@@ -99,6 +99,20 @@ impl PartitionRelay {
                     continue;
                 }
             };
+            let max = self.client.server_info().max_payload;
+            let max = max.saturating_sub(crate::broker::HEADER_ALLOWANCE);
+            if records
+                .iter()
+                .any(|(_, r)| super::park::unpublishable(r, max).is_some())
+            {
+                if let Err(e) =
+                    super::park::screen(&self.store, &self.metrics, p, &records, max).await
+                {
+                    tracing::error!(message = "Relay cannot park an unpublishable output.", partition = p, error = %e);
+                    tokio::time::sleep(backoff.next_wait()).await;
+                }
+                continue;
+            }
             if records.is_empty() {
                 if stopping {
                     self.delete_published().await;

@@ -17,6 +17,7 @@
 //! On drain it keeps publishing until the outbox is empty, then returns.
 
 pub mod fenced;
+mod park;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -195,6 +196,28 @@ impl Relay {
             });
             if far_ahead {
                 self.delete_published().await;
+            }
+            let max = self.js.client().server_info().max_payload;
+            let max = max.saturating_sub(crate::broker::HEADER_ALLOWANCE);
+            if batch
+                .iter()
+                .any(|(_, r)| park::unpublishable(r, max).is_some())
+            {
+                // Settle what is in flight first, so the parked record's dead letter (written
+                // after it in outbox order) does not overtake anything.
+                if let Some(w) = inflight.take()
+                    && !self.settle(w).await
+                {
+                    next_from = self.retry_point(&mut backoff).await;
+                    continue;
+                }
+                if let Err(e) =
+                    park::screen(&self.store, &self.metrics, DEFAULT_PARTITION, &batch, max).await
+                {
+                    tracing::error!(message = "Relay cannot park an unpublishable output.", error = %e);
+                    tokio::time::sleep(read_backoff.next_wait()).await;
+                }
+                continue;
             }
             if batch.is_empty() {
                 if let Some(w) = inflight.take() {

@@ -44,6 +44,10 @@ pub struct Limits {
     pub allowed_tenants: Vec<String>,
     /// Largest accepted body.
     pub max_message_bytes: usize,
+    /// Largest body of a record written for publication (the broker's `max_payload` less
+    /// the header allowance); 0 when unknown (no check). An input whose outputs would not
+    /// fit is dead-lettered instead of applied.
+    pub max_record_bytes: usize,
 }
 
 impl Limits {
@@ -53,7 +57,14 @@ impl Limits {
             allowed_tenants: c.tenancy.allowed.clone(),
             max_message_bytes: usize::try_from(c.saga.max_message_bytes.get())
                 .unwrap_or(usize::MAX),
+            max_record_bytes: 0,
         }
+    }
+
+    /// These limits with the broker's record budget (see [`Limits::max_record_bytes`]).
+    pub fn with_max_record_bytes(mut self, bytes: usize) -> Self {
+        self.max_record_bytes = bytes;
+        self
     }
 }
 
@@ -205,6 +216,7 @@ mod tests {
     #[test]
     fn each_envelope_check_refuses_with_its_kind_and_tenant() {
         let limits = Limits {
+            max_record_bytes: 0,
             allowed_tenants: vec!["acme".into()],
             max_message_bytes: 64,
         };

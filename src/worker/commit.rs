@@ -158,7 +158,8 @@ impl CommitTask {
             })
             .unzip();
         let catalog = self.state.catalog();
-        let limits = Limits::from_config(&self.state.config);
+        let limits = Limits::from_config(&self.state.config)
+            .with_max_record_bytes(self.state.broker.max_record_bytes());
         let doomed: Vec<(u16, u64)> = published.iter().map(|(p, _, u)| (*p, *u)).collect();
         let out = self
             .state

@@ -80,6 +80,22 @@ impl Scope {
     }
 }
 
+/// Why an input's outputs cannot all be published, when one is larger than the broker
+/// takes ([`Limits::max_record_bytes`]; 0 means no check).
+fn over_budget(work: &[saga::WorkItem], bodies: &[String], limits: &Limits) -> Option<String> {
+    let max = limits.max_record_bytes;
+    if max == 0 {
+        return None;
+    }
+    let (w, body) = work.iter().zip(bodies).find(|(_, b)| b.len() > max)?;
+    Some(format!(
+        "its output `{}` would be {} bytes; the broker takes at most {max} (max_payload less \
+         the header allowance)",
+        w.subject,
+        body.len()
+    ))
+}
+
 impl<'a> Processor<'a> {
     /// A processor for one batch.
     pub fn new(catalog: &'a Catalog, limits: &'a Limits, now_ms: u64) -> Self {
@@ -244,14 +260,25 @@ impl<'a> Processor<'a> {
         }));
         match result {
             Ok(Ok(applied)) => {
+                let bodies: Vec<String> = applied
+                    .work
+                    .iter()
+                    .map(|w| serde_json::to_string(&w.body).unwrap_or_default())
+                    .collect();
+                if let Some(why) = over_budget(&applied.work, &bodies, self.limits) {
+                    // Nothing of the transition is written: the broker could never take
+                    // this output, and a record stuck in the outbox would hold every later
+                    // one. The key is parked like any poison, so its order is kept.
+                    return self.poison(tx, raw, tenant, kind::TOO_LARGE, why, route);
+                }
                 tx.put_instance(&applied.instance)?;
-                for w in &applied.work {
+                for (w, body) in applied.work.iter().zip(bodies) {
                     let rec = OutboxRecord {
                         subject: format!("tenant.{tenant}.{}", w.subject),
                         msg_id: w.msg_id.clone(),
                         tenant: tenant.to_string(),
                         traceparent: raw.traceparent.clone(),
-                        body: serde_json::to_string(&w.body).unwrap_or_default(),
+                        body,
                         cause: (0, 0),
                     };
                     let (partition, cause) = self.next_slot();
@@ -466,6 +493,7 @@ mod tests {
             Limits {
                 allowed_tenants: Vec::new(),
                 max_message_bytes: 1024,
+                max_record_bytes: 0,
             },
         );
         let raw = RawInput {

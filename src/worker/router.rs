@@ -247,7 +247,8 @@ async fn send(
 ) -> Result<(), Stop> {
     let count = state.config.partitions.count;
     let catalog = state.catalog();
-    let limits = Limits::from_config(&state.config);
+    let limits =
+        Limits::from_config(&state.config).with_max_record_bytes(state.broker.max_record_bytes());
     let mut copies: Vec<BatchMessage> = Vec::new();
     let mut last = None;
     for msg in inputs {

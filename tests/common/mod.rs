@@ -58,16 +58,29 @@ pub struct NatsServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    conf: Option<PathBuf>,
 }
 
 impl NatsServer {
     /// Starts a server on a free loopback port.
     pub fn start() -> Self {
+        Self::start_with("")
+    }
+
+    /// Starts a server with extra configuration (nats-server config syntax, e.g.
+    /// `max_payload: 8MB`); the command-line settings of [`NatsServer::start`] still apply.
+    pub fn start_with(conf: &str) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let conf = (!conf.is_empty()).then(|| {
+            let p = dir.path().join("server.conf");
+            std::fs::write(&p, conf).unwrap();
+            p
+        });
         let mut s = Self {
             child: None,
             port: 0,
             dir,
+            conf,
         };
         s.spawn();
         s
@@ -84,7 +97,11 @@ impl NatsServer {
             "server-{}.log",
             Instant::now().elapsed().as_nanos()
         ));
-        let mut child = Command::new(nats_server_bin())
+        let mut cmd = Command::new(nats_server_bin());
+        if let Some(conf) = &self.conf {
+            cmd.arg("-c").arg(conf);
+        }
+        let mut child = cmd
             .args(["-a", "127.0.0.1", "-p", &port_arg, "-js", "-sd"])
             .arg(&store)
             .stdout(Stdio::null())

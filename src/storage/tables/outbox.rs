@@ -150,6 +150,17 @@ impl Tables<'_, RW> {
         Ok(seq)
     }
 
+    /// Writes `rec` in place of outbox record `seq` of `partition` (same place in outbox
+    /// order; used to put a dead letter where an unpublishable record was).
+    pub fn replace_outbox(&self, partition: u16, seq: u64, rec: &OutboxRecord) -> Result<()> {
+        Ok(self.txn.put(
+            &self.outbox,
+            outbox_key(partition, seq),
+            rec.encode(),
+            WriteFlags::UPSERT,
+        )?)
+    }
+
     /// Removes published outbox records.
     pub fn delete_outbox(&self, partition: u16, seqs: &[u64]) -> Result<()> {
         for s in seqs {
