@@ -80,6 +80,10 @@ pub mod names {
     pub const RELAY_PUBLISHED_TOTAL: &str = "runner_relay_published_total";
     /// Failed relay rounds (publish or acknowledgement errors).
     pub const RELAY_ERRORS_TOTAL: &str = "runner_relay_errors_total";
+    /// Admin connections open now.
+    pub const ADMIN_CONNECTIONS: &str = "runner_admin_connections";
+    /// Admin connections closed at once because `admin.max_connections` were open.
+    pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "runner_admin_connections_refused_total";
     /// Outputs the relay parked because the broker can never take them (dead-lettered).
     pub const RELAY_PARKED_TOTAL: &str = "runner_relay_parked_total";
     /// Time from publishing a window of outbox records to all acknowledged, seconds.
@@ -177,6 +181,10 @@ pub struct Metrics {
     pub relay_errors: IntCounter,
     /// See [`names::RELAY_PARKED_TOTAL`].
     pub relay_parked: IntCounter,
+    /// See [`names::ADMIN_CONNECTIONS`].
+    pub admin_connections: IntGauge,
+    /// See [`names::ADMIN_CONNECTIONS_REFUSED_TOTAL`].
+    pub admin_connections_refused: IntCounter,
     /// See [`names::RELAY_WINDOW_SECONDS`].
     pub relay_window_seconds: Histogram,
     /// See [`names::TIMERS_PENDING`].
@@ -352,6 +360,17 @@ impl Metrics {
         let relay_errors = reg(
             r,
             IntCounter::new(names::RELAY_ERRORS_TOTAL, "Failed relay rounds.")?,
+        )?;
+        let admin_connections = reg(
+            r,
+            IntGauge::new(names::ADMIN_CONNECTIONS, "Admin connections open now.")?,
+        )?;
+        let admin_connections_refused = reg(
+            r,
+            IntCounter::new(
+                names::ADMIN_CONNECTIONS_REFUSED_TOTAL,
+                "Admin connections closed at once: admin.max_connections were open.",
+            )?,
         )?;
         let relay_parked = reg(
             r,
@@ -559,6 +578,8 @@ impl Metrics {
             relay_published,
             relay_errors,
             relay_parked,
+            admin_connections,
+            admin_connections_refused,
             relay_window_seconds,
             timers_pending,
             timers_fired,

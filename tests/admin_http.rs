@@ -64,6 +64,23 @@ async fn probes_outage_and_drain() {
     assert_eq!(info["streams"][0]["name"], "AGGREGATE_EVENTS");
     assert!(!info["node_id"].as_str().unwrap().is_empty());
 
+    // NATS freezes (the socket stays open): /health turns 503 all the same, and 200 again
+    // once it answers.
+    nats.signal("STOP");
+    let frozen = eventually(Duration::from_secs(15), || async {
+        status(&format!("{base}/health")).await == 503
+    })
+    .await;
+    nats.signal("CONT");
+    assert!(frozen, "/health kept answering 200 while NATS was frozen");
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            status(&format!("{base}/health")).await == 200
+        })
+        .await,
+        "health did not recover after NATS resumed"
+    );
+
     // NATS goes away: /health turns 503 with the reason; it comes back without a restart.
     nats.stop();
     assert!(
@@ -163,6 +180,28 @@ async fn admin_token_and_reload() {
     assert_eq!(status(&format!("{base}/health")).await, 200);
     let info_json = common::get_text(&format!("{base}/info")).await;
     assert!(!info_json.contains(token), "/info leaks the admin token");
+    // Without the token /info shows only what probes need.
+    let open: serde_json::Value = serde_json::from_str(&info_json).unwrap();
+    assert!(
+        open.get("node_id").is_none() && open.get("manifests").is_none(),
+        "{open}"
+    );
+    assert!(
+        !info_json.contains("data_dir") && !info_json.contains("tenancy"),
+        "{info_json}"
+    );
+    assert_eq!(open["mode"], "combined", "{open}");
+    let info_of = |client: reqwest::Client, base: String| async move {
+        client
+            .get(format!("{base}/info"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
 
     // A broken manifest is rejected with its location, and the old one stays in force.
     std::fs::write(
@@ -181,7 +220,7 @@ async fn admin_token_and_reload() {
     assert_eq!(body["status"], "rejected");
     let err = body["errors"][0].as_str().unwrap();
     assert!(err.contains("m.yaml:3:"), "error lacks file:line: {err}");
-    let info: serde_json::Value = common::get_json(&format!("{base}/info")).await;
+    let info = info_of(client.clone(), base.clone()).await;
     assert_eq!(info["manifests"]["sagas"][0]["name"], "first");
 
     // A valid one is swapped in.
@@ -193,7 +232,7 @@ async fn admin_token_and_reload() {
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let info: serde_json::Value = common::get_json(&format!("{base}/info")).await;
+    let info = info_of(client.clone(), base.clone()).await;
     assert_eq!(info["manifests"]["sagas"][0]["name"], "second");
     let metrics = common::get_text(&format!("{base}/metrics")).await;
     assert!(metrics.contains("runner_manifest_reloads_total{outcome=\"rejected\"} 1"));

@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /health` | 200 when NATS is connected and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked |
+//! | `GET /health` | 200 when NATS answers a JetStream round trip within 2 s and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked |
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers, partitions owned with epochs, router sources held |
@@ -11,8 +11,13 @@
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
 //! When `admin.token` (or `admin.token_file`) is set, `/admin/*` requires
-//! `Authorization: Bearer <token>`, compared in constant time; without it the answer is 401.
-//! The probes and `/metrics` stay open so orchestrators and scrapers need no secret.
+//! `Authorization: Bearer <token>`, compared in constant time; without it the answer is 401,
+//! and `/info` shows only version, mode and readiness. A token is mandatory whenever
+//! `admin.addr` is not a loopback address (configuration validation refuses otherwise); on
+//! loopback without one the start-up log says the admin API is open. The probes and
+//! `/metrics` stay open so orchestrators and scrapers need no secret (metrics carry no
+//! tenant data or secrets). The listener caps open connections and times out idle and
+//! long-lived ones (`guard.rs`).
 
 use std::sync::Arc;
 
@@ -28,26 +33,40 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+mod guard;
+
 use crate::broker::stream_specs;
 use crate::runtime::{AppState, GIT_REVISION, ReloadOutcome, VERSION};
 
 /// Builds the router. `token` is the bearer token required on `/admin/*`, if any.
 pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
+    let token = Arc::new(token);
     let admin = Router::new()
         .route("/admin/drain", post(drain))
         .route("/admin/reload", post(reload))
         .route("/admin/node-mode", post(node_mode))
-        .layer(middleware::from_fn_with_state(
-            Arc::new(token),
-            require_token,
-        ));
+        .layer(middleware::from_fn_with_state(token.clone(), require_token));
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/info", get(info))
+        .layer(axum::Extension(token))
         .merge(admin)
         .with_state(state)
+}
+
+/// Whether `headers` carry the bearer token (always true when none is configured).
+fn authorized(token: &Option<String>, headers: &HeaderMap) -> bool {
+    let Some(expected) = token else {
+        return true;
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    constant_time_eq(given.as_bytes(), expected.as_bytes())
 }
 
 /// Serves the admin router on `listener` until `stop` is cancelled.
@@ -60,6 +79,20 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
             Some(uuid::Uuid::new_v4().to_string() + &uuid::Uuid::new_v4().to_string())
         }
     };
+    if token.is_none() {
+        tracing::warn!(message = "The admin API is open: no admin.token is set. It listens on a loopback address only, so only this host can drain or reload the node.", addr = %state.config.admin.addr);
+    }
+    let a = &state.config.admin;
+    let listener = guard::Guarded::new(
+        listener,
+        guard::Limits {
+            max_connections: a.max_connections,
+            idle: a.idle_timeout.get(),
+            lifetime: a.connection_timeout.get(),
+        },
+        state.metrics.admin_connections.clone(),
+        state.metrics.admin_connections_refused.clone(),
+    );
     let app = router(state, token);
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
@@ -94,13 +127,8 @@ async fn require_token(
     req: Request,
     next: Next,
 ) -> Response {
-    if let Some(expected) = token.as_ref() {
-        let given = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !constant_time_eq(given.as_bytes(), expected.as_bytes()) {
+    {
+        if !authorized(&token, &headers) {
             return (
                 StatusCode::UNAUTHORIZED,
                 [(header::WWW_AUTHENTICATE, "Bearer")],
@@ -112,8 +140,20 @@ async fn require_token(
     next.run(req).await
 }
 
+/// How long `/health` waits for NATS to answer a round trip.
+const NATS_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 async fn health(State(state): State<Arc<AppState>>) -> Response {
-    let nats_ok = state.broker.is_connected();
+    // A connected socket is not enough: a frozen server keeps it open. Ask JetStream a
+    // question (its account info) and require an answer in time.
+    let answered = state.broker.is_connected()
+        && tokio::time::timeout(
+            NATS_PROBE_TIMEOUT,
+            state.broker.jetstream().query_account(),
+        )
+        .await
+        .is_ok_and(|r| r.is_ok());
+    let nats_ok = answered;
     state.metrics.nats_connected.set(i64::from(nats_ok));
     let storage = state.store.check().await;
     let storage_json = match &storage {
@@ -188,9 +228,26 @@ pub fn redact_url(url: &str) -> String {
     }
 }
 
-async fn info(State(state): State<Arc<AppState>>) -> Response {
+async fn info(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(token): axum::Extension<Arc<Option<String>>>,
+    headers: HeaderMap,
+) -> Response {
     let cfg = &state.config;
     let mode = cfg.runner.mode;
+    if !authorized(&token, &headers) {
+        // What probes and dashboards need, nothing about data, tenants or manifests.
+        let lc = &state.lifecycle;
+        return Json(json!({
+            "version": VERSION,
+            "revision": GIT_REVISION,
+            "mode": mode.as_str(),
+            "ready": lc.is_ready(),
+            "draining": lc.is_draining(),
+            "full_view": "send the admin bearer token",
+        }))
+        .into_response();
+    }
     // Where the saga worker stands: the committed checkpoint of each input stream, and
     // what waits in the outbox and the timer table.
     let keys: Vec<(String, String)> = crate::worker::inputs(&state)

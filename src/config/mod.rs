@@ -404,6 +404,15 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// File whose (trimmed) content is the bearer token.
     pub token_file: Option<PathBuf>,
+    /// Most admin connections open at once (1..=10000); further ones are closed at once,
+    /// so a flood of connections cannot take the descriptors the node needs for NATS.
+    pub max_connections: usize,
+    /// A connection that sends or receives nothing for this long is closed (half-open
+    /// requests, idle keep-alives).
+    pub idle_timeout: HumanDuration,
+    /// The longest one connection may stay open, however busy (bounds a slowly dripped
+    /// request; scrapers simply reconnect).
+    pub connection_timeout: HumanDuration,
 }
 
 impl Default for AdminConfig {
@@ -412,6 +421,9 @@ impl Default for AdminConfig {
             addr: SocketAddr::from(([127, 0, 0, 1], 8080)),
             token: None,
             token_file: None,
+            max_connections: 64,
+            idle_timeout: HumanDuration::secs(10),
+            connection_timeout: HumanDuration::secs(60),
         }
     }
 }

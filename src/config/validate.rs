@@ -275,6 +275,40 @@ impl Config {
                 "set either `token` or `token_file`, not both".into(),
             );
         }
+        if !self.admin.addr.ip().is_loopback()
+            && self.admin.token.is_none()
+            && self.admin.token_file.is_none()
+        {
+            return invalid(
+                "admin.addr",
+                format!(
+                    "{} is reachable from other hosts, so `admin.token` (or `admin.token_file`) \
+                     is required: without one anyone who reaches it could drain or reload this node",
+                    self.admin.addr
+                ),
+            );
+        }
+        if !(1..=10_000).contains(&self.admin.max_connections) {
+            return invalid(
+                "admin.max_connections",
+                format!(
+                    "{} is out of range; allowed 1 to 10000",
+                    self.admin.max_connections
+                ),
+            );
+        }
+        range(
+            "admin.idle_timeout",
+            self.admin.idle_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "admin.connection_timeout",
+            self.admin.connection_timeout,
+            HumanDuration::secs(1),
+            HumanDuration::secs(86_400),
+        )?;
         Ok(())
     }
 }

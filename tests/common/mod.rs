@@ -170,6 +170,16 @@ impl NatsServer {
         self.stop();
         self.start_again();
     }
+
+    /// Sends a signal to the server ("STOP" freezes it, "CONT" resumes it).
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("server is running").id();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
 }
 
 impl Drop for NatsServer {
