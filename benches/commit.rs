@@ -39,6 +39,7 @@ fn commit(c: &mut Criterion) {
     let limits = Limits {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
+        max_record_bytes: 1 << 20,
     };
     let mut group = c.benchmark_group("commit");
     group.throughput(Throughput::Elements(BATCH as u64));
