@@ -63,11 +63,26 @@ pub enum Exit {
 }
 
 /// Picks the node id: config, then `RUNNER_NODE_ID`, then `HOSTNAME`, then a random UUID.
+/// The configured id is checked by validation; one taken from the environment is made
+/// usable (anything but letters, digits, `-` and `_` becomes `-`, at most 64 characters),
+/// since it names keys and subjects (a host name such as `a.b.c` would nest KV keys).
 pub fn node_id(configured: &str, env: impl Fn(&str) -> Option<String>) -> String {
     let pick = |v: Option<String>| v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let usable = |s: String| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .take(64)
+            .collect()
+    };
     pick(Some(configured.to_string()))
-        .or_else(|| pick(env("RUNNER_NODE_ID")))
-        .or_else(|| pick(env("HOSTNAME")))
+        .or_else(|| pick(env("RUNNER_NODE_ID")).map(usable))
+        .or_else(|| pick(env("HOSTNAME")).map(usable))
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 

@@ -344,3 +344,51 @@ fn a_stream_whose_subjects_another_stream_owns_is_refused_at_once_not_retried() 
         "a definite refusal was retried:\n{out}"
     );
 }
+
+#[test]
+fn tls_required_against_a_plain_server_says_so() {
+    let nats = NatsServer::start();
+    let data = tempfile::tempdir().unwrap();
+    let (code, out) = run_to_exit(
+        &[
+            "run",
+            "--nats-url",
+            &nats.url(),
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--admin-addr",
+            "127.0.0.1:0",
+        ],
+        &[
+            ("RUNNER__NATS__CONNECT_TIMEOUT", "1s"),
+            ("RUNNER__NATS__TLS_REQUIRED", "true"),
+        ],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(1), "{out}");
+    let line = failure_line(&out);
+    assert!(line.contains("did not answer the TLS handshake"), "{line}");
+}
+
+#[test]
+fn credentials_in_a_nats_url_are_refused_and_never_printed() {
+    let nats = NatsServer::start();
+    let url = nats.url().replace("nats://", "nats://alice:pa55-w0rd-xyz@");
+    let data = tempfile::tempdir().unwrap();
+    let (code, out) = run_to_exit(
+        &[
+            "run",
+            "--nats-url",
+            &url,
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--admin-addr",
+            "127.0.0.1:0",
+        ],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(1), "{out}");
+    assert!(failure_line(&out).contains("nats.urls"), "{out}");
+    assert!(!out.contains("pa55-w0rd-xyz"), "{out}");
+}

@@ -36,6 +36,7 @@ use tokio_util::sync::CancellationToken;
 mod guard;
 
 use crate::broker::stream_specs;
+use crate::config::redact_url;
 use crate::runtime::{AppState, GIT_REVISION, ReloadOutcome, VERSION};
 
 /// Builds the router. `token` is the bearer token required on `/admin/*`, if any.
@@ -147,12 +148,9 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     // A connected socket is not enough: a frozen server keeps it open. Ask JetStream a
     // question (its account info) and require an answer in time.
     let answered = state.broker.is_connected()
-        && tokio::time::timeout(
-            NATS_PROBE_TIMEOUT,
-            state.broker.jetstream().query_account(),
-        )
-        .await
-        .is_ok_and(|r| r.is_ok());
+        && tokio::time::timeout(NATS_PROBE_TIMEOUT, state.broker.jetstream().query_account())
+            .await
+            .is_ok_and(|r| r.is_ok());
     let nats_ok = answered;
     state.metrics.nats_connected.set(i64::from(nats_ok));
     let storage = state.store.check().await;
@@ -216,16 +214,6 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         state.metrics.encode(),
     )
         .into_response()
-}
-
-/// Removes `user:password@` from a URL before showing it.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_string(),
-    }
 }
 
 async fn info(

@@ -15,6 +15,23 @@
 //! Runner's guarantees (subjects, storage, replicas, de-duplication window) stops the start
 //! with the stream, the field and both values named.
 
+/// A connection error in words an operator can act on: a TLS handshake answered in plain
+/// text (the client's TLS library reports it as a corrupt message) is named as such.
+fn connect_reason(cfg: &NatsConfig, raw: &str) -> String {
+    if raw.contains("InvalidContentType") || raw.contains("corrupt message") {
+        let why = if cfg.tls_required {
+            "nats.tls_required is set"
+        } else {
+            "TLS settings are given"
+        };
+        return format!(
+            "the server did not answer the TLS handshake ({why}): is TLS enabled on it, or \
+             is this a plain-text port? ({raw})"
+        );
+    }
+    raw.to_string()
+}
+
 /// Room left in every message for the headers Runner adds to a record's body (message id,
 /// tenant, `traceparent`, routing, atomic batch and fence headers: a few hundred bytes).
 pub const HEADER_ALLOWANCE: usize = 2048;
@@ -200,15 +217,16 @@ impl Broker {
                 }
                 Err(e) => {
                     let now = Instant::now();
+                    let reason = connect_reason(cfg, &e.to_string());
                     if now >= deadline {
                         return Err(BrokerError::Connect {
                             urls,
                             waited: started.elapsed(),
-                            reason: e.to_string(),
+                            reason,
                         });
                     }
                     let wait = delay.next_wait().min(deadline - now);
-                    tracing::warn!(message = "NATS not reachable yet, retrying.", nats.urls = %urls, error = %e, retry_in = ?wait);
+                    tracing::warn!(message = "NATS not reachable yet, retrying.", nats.urls = %urls, error = %reason, retry_in = ?wait);
                     tokio::time::sleep(wait).await;
                 }
             }

@@ -40,6 +40,7 @@ pub fn load(
     env: impl IntoIterator<Item = (String, String)>,
     overrides: &Overrides,
 ) -> Result<Config, ConfigError> {
+    let mut file_text: Option<(&Path, String)> = None;
     let mut table = match file {
         Some(path) => {
             let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
@@ -53,10 +54,15 @@ pub fn load(
                 let key = e.path().to_string();
                 file_error(path, &text, Some(key), e.inner())
             })?;
-            toml::from_str::<toml::Table>(&text).map_err(|e| file_error(path, &text, None, &e))?
+            let table = toml::from_str::<toml::Table>(&text)
+                .map_err(|e| file_error(path, &text, None, &e))?;
+            file_text = Some((path, text));
+            table
         }
         None => toml::Table::new(),
     };
+    // Which variable set each key, so a validation error can name where a value came from.
+    let mut from_env: std::collections::HashMap<String, String> = Default::default();
 
     let mut env_vars: Vec<(String, String)> = env
         .into_iter()
@@ -75,16 +81,33 @@ pub fn load(
                 message: "expected RUNNER__SECTION__KEY".into(),
             });
         }
+        // The value verbatim first: every string key (secrets, names, paths, durations,
+        // sizes, comma-separated lists) takes it exactly as given, whatever it looks like
+        // (`12345678`, `true`, `"quoted"`). Only when the key is not a string is the value
+        // read as TOML (numbers, booleans, arrays).
+        let verbatim = toml::Value::String(raw.clone());
+        let mut tried = table.clone();
+        set_path(&mut tried, &path, verbatim).map_err(|message| ConfigError::Env {
+            var: var.clone(),
+            key: Some(path.join(".")),
+            message,
+        })?;
+        from_env.insert(path.join("."), var.clone());
+        if check_table(&tried).is_ok() {
+            table = tried;
+            continue;
+        }
         set_path(&mut table, &path, parse_env_value(raw)).map_err(|message| ConfigError::Env {
             var: var.clone(),
             key: Some(path.join(".")),
             message,
         })?;
-        // Check after each variable so an error names the variable that caused it.
+        // Check after each variable so an error names the variable that caused it. The
+        // message never repeats the value: it may be a secret given to the wrong key.
         check_table(&table).map_err(|(key, message)| ConfigError::Env {
             var: var.clone(),
             key: Some(key),
-            message,
+            message: without_value(&message, raw),
         })?;
     }
 
@@ -110,8 +133,53 @@ pub fn load(
         config.storage.data_dir = dir.clone();
     }
     // Relative paths in a config file are relative to the working directory, like the CLI's.
-    config.validate()?;
+    config.validate().map_err(|e| match e {
+        // Say where the refused value was written.
+        ConfigError::Invalid { key, message } => {
+            if let Some(var) = from_env.get(&key) {
+                return ConfigError::Env {
+                    var: var.clone(),
+                    key: Some(key),
+                    message,
+                };
+            }
+            match file_text
+                .as_ref()
+                .and_then(|(path, text)| locate(text, &key).map(|at| (path, at)))
+            {
+                Some((path, (line, column))) => ConfigError::File {
+                    path: path.to_path_buf(),
+                    line,
+                    column,
+                    key: Some(key),
+                    message,
+                },
+                None => ConfigError::Invalid { key, message },
+            }
+        }
+        other => other,
+    })?;
     Ok(config)
+}
+
+/// Line and column where `key` (`section.name`) is assigned in a TOML text, if it is.
+fn locate(text: &str, key: &str) -> Option<(usize, usize)> {
+    let (section, name) = key.rsplit_once('.')?;
+    let mut current = String::new();
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_start();
+        if let Some(h) = t.strip_prefix('[') {
+            current = h.split(']').next().unwrap_or_default().trim().to_string();
+            continue;
+        }
+        if current == section
+            && let Some(rest) = t.strip_prefix(name)
+            && rest.trim_start().starts_with('=')
+        {
+            return Some((i + 1, line.len() - t.len() + 1));
+        }
+    }
+    None
 }
 
 fn check_table(table: &toml::Table) -> Result<Config, (String, String)> {
@@ -120,8 +188,17 @@ fn check_table(table: &toml::Table) -> Result<Config, (String, String)> {
         .map_err(|e| (e.path().to_string(), e.inner().message().to_string()))
 }
 
-/// An environment value is read as a TOML value when it is one (`5`, `true`, `["a"]`,
-/// `"quoted"`), else as a plain string (`30s`, `nats://host:4222`).
+/// `message` with every occurrence of the environment value `raw` replaced by a mark.
+fn without_value(message: &str, raw: &str) -> String {
+    if raw.is_empty() {
+        return message.to_string();
+    }
+    message.replace(raw, "<value>")
+}
+
+/// For a key that is not a string: the environment value read as a TOML value when it is
+/// one (`5`, `true`, `["a"]`), else as a plain string (which then fails with the key's
+/// expected type).
 fn parse_env_value(raw: &str) -> toml::Value {
     #[derive(Deserialize)]
     struct Wrapper {
@@ -260,7 +337,10 @@ mod tests {
             env(&[("RUNNER__STREAMS__REPLICAS", "9")]),
             &Overrides::default(),
         ) {
-            Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "streams.replicas"),
+            Err(ConfigError::Env { key, var, .. }) => {
+                assert_eq!(key.as_deref(), Some("streams.replicas"));
+                assert_eq!(var, "RUNNER__STREAMS__REPLICAS");
+            }
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -274,5 +354,120 @@ mod tests {
             Config::default(),
             "config/default.toml drifted from Config::default()"
         );
+    }
+
+    #[test]
+    fn string_keys_take_environment_values_verbatim() {
+        let c = load(
+            None,
+            env(&[
+                ("RUNNER__NATS__USER", "true"),
+                ("RUNNER__NATS__PASSWORD", "12345678"),
+                ("RUNNER__NATS__CLIENT_NAME", "\"abc\""),
+                ("RUNNER__ADMIN__TOKEN", "1_000_000_000_000_000"),
+                ("RUNNER__STREAMS__REPLICAS", "3"),
+                ("RUNNER__PARTITIONS__ENABLED", "true"),
+            ]),
+            &Overrides::default(),
+        )
+        .expect("loads");
+        assert_eq!(c.nats.user.as_deref(), Some("true"));
+        assert_eq!(c.nats.password.as_deref(), Some("12345678"));
+        assert_eq!(c.nats.client_name, "\"abc\"");
+        assert_eq!(c.admin.token.as_deref(), Some("1_000_000_000_000_000"));
+        assert_eq!(c.streams.replicas, 3);
+        assert!(c.partitions.enabled);
+    }
+
+    #[test]
+    fn a_type_error_from_the_environment_does_not_repeat_the_value() {
+        let secret = "hunter2-not-a-number";
+        match load(
+            None,
+            env(&[("RUNNER__STREAMS__REPLICAS", secret)]),
+            &Overrides::default(),
+        ) {
+            Err(e @ ConfigError::Env { .. }) => {
+                let shown = e.to_string();
+                assert!(shown.contains("RUNNER__STREAMS__REPLICAS"), "{shown}");
+                assert!(!shown.contains(secret), "{shown}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn credentials_in_urls_and_several_schemes_are_refused_without_echoing_them() {
+        for url in [
+            "nats://alice:s3cret-pw@127.0.0.1:4222",
+            "nats://s3cret-pw@127.0.0.1:4222",
+        ] {
+            match load(
+                None,
+                env(&[("RUNNER__NATS__URLS", url)]),
+                &Overrides::default(),
+            ) {
+                Err(e @ ConfigError::Env { .. }) => {
+                    let shown = e.to_string();
+                    assert!(shown.contains("nats.urls"), "{shown}");
+                    assert!(!shown.contains("s3cret-pw"), "{shown}");
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let both = env(&[
+            ("RUNNER__NATS__TOKEN", "t0ken-value-123"),
+            ("RUNNER__NATS__USER", "u"),
+            ("RUNNER__NATS__PASSWORD", "p"),
+        ]);
+        match load(None, both, &Overrides::default()) {
+            Err(ConfigError::Env { key, message, .. }) => {
+                assert_eq!(key.as_deref(), Some("nats.token"));
+                assert!(message.contains("nats.user"), "{message}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn odd_node_ids_are_refused() {
+        for id in ["a.b", "a b", "x*", "new\nline", &"n".repeat(65)] {
+            match load(
+                None,
+                env(&[("RUNNER__NODE__ID", id)]),
+                &Overrides::default(),
+            ) {
+                Err(ConfigError::Env { key, .. }) => assert_eq!(key.as_deref(), Some("node.id")),
+                other => panic!("{id:?}: unexpected {other:?}"),
+            }
+        }
+        let ok = load(
+            None,
+            env(&[("RUNNER__NODE__ID", "node-1_a")]),
+            &Overrides::default(),
+        );
+        assert_eq!(ok.expect("loads").node.id, "node-1_a");
+    }
+
+    #[test]
+    fn validation_errors_name_the_file_line_or_the_variable() {
+        let f = file("[streams]\nreplicas = 9\n");
+        match load(Some(f.path()), env(&[]), &Overrides::default()) {
+            Err(ConfigError::File {
+                line, column, key, ..
+            }) => {
+                assert_eq!((line, column), (2, 1));
+                assert_eq!(key.as_deref(), Some("streams.replicas"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        match load(
+            Some(f.path()),
+            env(&[("RUNNER__STREAMS__REPLICAS", "7")]),
+            &Overrides::default(),
+        ) {
+            Err(ConfigError::Env { var, .. }) => assert_eq!(var, "RUNNER__STREAMS__REPLICAS"),
+            other => panic!("unexpected {other:?}"),
+        }
     }
 }

@@ -29,6 +29,17 @@ pub use validate::is_subject_token;
 
 use crate::cli::Mode;
 
+/// Removes `user:password@` (or a token) from a URL before it is shown anywhere: logs,
+/// errors, `/info`. URLs with credentials are refused by validation; this guards the
+/// messages that name such a URL while refusing it.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
+        }
+        _ => url.to_string(),
+    }
+}
 /// The whole configuration of one `runner` process.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]

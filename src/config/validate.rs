@@ -36,9 +36,56 @@ impl Config {
             return invalid("nats.urls", "at least one server URL is required".into());
         }
         for url in &self.nats.urls {
-            if let Err(e) = url.parse::<async_nats::ServerAddr>() {
-                return invalid("nats.urls", format!("{url:?} is not a NATS URL: {e}"));
+            let addr = match url.parse::<async_nats::ServerAddr>() {
+                Ok(a) => a,
+                Err(e) => {
+                    let shown = crate::config::redact_url(url);
+                    return invalid("nats.urls", format!("{shown:?} is not a NATS URL: {e}"));
+                }
+            };
+            if addr.has_user_pass() || addr.username().is_some() {
+                return invalid(
+                    "nats.urls",
+                    format!(
+                        "{:?} carries credentials; give them as nats.user and nats.password \
+                         (or nats.token) so they are used and never logged",
+                        crate::config::redact_url(url)
+                    ),
+                );
             }
+        }
+        let schemes: Vec<&str> = [
+            ("nats.token", self.nats.token.is_some()),
+            (
+                "nats.user",
+                self.nats.user.is_some() || self.nats.password.is_some(),
+            ),
+            ("nats.nkey_seed_file", self.nats.nkey_seed_file.is_some()),
+            ("nats.creds_file", self.nats.creds_file.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(k, set)| set.then_some(k))
+        .collect();
+        if schemes.len() > 1 {
+            return invalid(
+                schemes[0],
+                format!(
+                    "set one authentication scheme, not {}",
+                    schemes.join(" and ")
+                ),
+            );
+        }
+        if self.nats.user.is_some() != self.nats.password.is_some() {
+            return invalid("nats.user", "user and password go together".into());
+        }
+        if !self.node.id.is_empty() && !valid_node_id(&self.node.id) {
+            return invalid(
+                "node.id",
+                format!(
+                    "{:?} is not usable as a node id: use 1 to 64 letters, digits, `-` or `_`",
+                    self.node.id.escape_default().to_string()
+                ),
+            );
         }
         let range = |key: &str, v: HumanDuration, lo: HumanDuration, hi: HumanDuration| {
             if v < lo || v > hi {
@@ -311,6 +358,15 @@ impl Config {
         )?;
         Ok(())
     }
+}
+
+/// A node id names this replica in lease values, heartbeat keys (`m.<node>`), claim owners
+/// and logs: letters, digits, `-` and `_`, 1 to 64 of them.
+pub(crate) fn valid_node_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 #[cfg(test)]
