@@ -117,17 +117,19 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
     match action {
         DlqAction::List { tenant, all } => {
             let items = runner::deadletter::list(&store, tenant.as_deref(), all)?;
+            // Values from inputs may hold control characters: escaped, one line per entry.
+            let e = runner::telemetry::escape_controls;
             for d in &items {
                 println!(
                     "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
                     d.id,
-                    d.tenant,
+                    e(&d.tenant),
                     d.kind,
                     d.status,
-                    d.source,
-                    d.saga.as_deref().unwrap_or("-"),
-                    d.correlation_id.as_deref().unwrap_or("-"),
-                    d.reason
+                    e(&d.source),
+                    e(d.saga.as_deref().unwrap_or("-")),
+                    e(d.correlation_id.as_deref().unwrap_or("-")),
+                    e(&d.reason)
                 );
             }
             println!("{} dead letter(s)", items.len());

@@ -18,35 +18,10 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry,
 };
-use tracing_subscriber::EnvFilter;
 
-use crate::cli::LogFormat;
+mod logging;
 
-/// Filter used when `RUST_LOG` is unset: our events at info, chatty libraries at warn.
-pub const DEFAULT_FILTER: &str = "info,async_nats=warn,libmdbx=warn";
-
-/// Installs the global tracing subscriber. Call once, first thing in `main`.
-pub fn init_logging(format: LogFormat) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => {
-            use std::io::IsTerminal;
-            builder
-                .with_target(false)
-                .with_ansi(std::io::stderr().is_terminal())
-                .init()
-        }
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .init(),
-    }
-}
+pub use logging::{DEFAULT_FILTER, escape_controls, init_logging};
 
 /// Metric names, described once.
 pub mod names {
