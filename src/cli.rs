@@ -133,6 +133,25 @@ pub enum DlqAction {
         /// Dead-letter id.
         id: u64,
     },
+    /// Remove dead letters from the store (all that match the filters). A pending entry
+    /// its key is parked behind is kept unless --force, which also unparks the key.
+    Purge {
+        /// Only this tenant's.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only those older than this (e.g. `7d`, `12h`).
+        #[arg(long)]
+        older_than: Option<crate::config::HumanDuration>,
+        /// Only this kind (`undecodable`, `too_large`, ...).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Also remove entries that park their key (and unpark it).
+        #[arg(long)]
+        force: bool,
+        /// List what would be removed; remove nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// Arguments of `runner run`.

@@ -109,7 +109,7 @@ fn ops_inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::
 }
 
 fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
-    let (config, store) = if matches!(action, DlqAction::Redrive { .. }) {
+    let (config, store) = if matches!(action, DlqAction::Redrive { .. } | DlqAction::Purge { .. }) {
         open_store(args)?
     } else {
         open_store_read_only(args)?
@@ -139,6 +139,40 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
                 "{}",
                 serde_json::to_string_pretty(&runner::deadletter::show(&store, &tenant, id)?)?
             );
+        }
+        DlqAction::Purge {
+            tenant,
+            older_than,
+            kind,
+            force,
+            dry_run,
+        } => {
+            let p = runner::deadletter::Purge {
+                tenant,
+                before_ms: older_than
+                    .map(|d| runner::clock::now_ms().saturating_sub(d.get().as_millis() as u64)),
+                kind,
+                force,
+                dry_run,
+            };
+            let gone = runner::deadletter::purge(&store, &p)?;
+            let e = runner::telemetry::escape_controls;
+            for d in &gone {
+                println!(
+                    "{}\t{}\t{}\t{:?}\t{}",
+                    d.id,
+                    e(&d.tenant),
+                    d.kind,
+                    d.status,
+                    e(&d.source)
+                );
+            }
+            let verb = if dry_run {
+                "would be removed"
+            } else {
+                "removed"
+            };
+            println!("{} dead letter(s) {verb}", gone.len());
         }
         DlqAction::Redrive { tenant, id } => {
             if config.partitions.enabled {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{
     self, kv,
-    stream::{Config as StreamConfig, RetentionPolicy, StorageType},
+    stream::{Config as StreamConfig, DiscardPolicy, RetentionPolicy, StorageType},
 };
 
 use super::BrokerError;
@@ -165,6 +165,7 @@ async fn ensure_one(
             if spec.fenced {
                 subjects.push(fence_subjects(&spec.name));
             }
+            let (max_age, max_bytes, discard) = limits_of(cfg, spec);
             let want = StreamConfig {
                 name: spec.name.clone(),
                 subjects,
@@ -173,6 +174,9 @@ async fn ensure_one(
                 num_replicas: cfg.replicas,
                 duplicate_window: cfg.duplicate_window.get(),
                 retention: RetentionPolicy::Limits,
+                max_age,
+                max_bytes,
+                discard,
                 ..StreamConfig::default()
             };
             match js.create_stream(want).await {
@@ -203,12 +207,38 @@ async fn ensure_one(
     check_compatible(cfg, spec, &existing, partitioned)
 }
 
+/// The limits a stream Runner creates gets: the dead-letter stream its own, and drops its
+/// oldest entries when full; every other stream refuses new messages when full, so nothing
+/// unconsumed is dropped to make room.
+fn limits_of(cfg: &StreamsConfig, spec: &StreamSpec) -> (Duration, i64, DiscardPolicy) {
+    // 0 configured: no byte limit (JetStream's -1).
+    let bytes = |b: crate::config::ByteSize| match b.get() {
+        0 => -1,
+        n => i64::try_from(n).unwrap_or(i64::MAX),
+    };
+    if spec.name == cfg.dead_letter {
+        (
+            cfg.dead_letter_max_age.get(),
+            bytes(cfg.dead_letter_max_bytes),
+            DiscardPolicy::Old,
+        )
+    } else {
+        (cfg.max_age.get(), bytes(cfg.max_bytes), DiscardPolicy::New)
+    }
+}
+
 fn check_compatible(
     cfg: &StreamsConfig,
     spec: &StreamSpec,
     have: &StreamConfig,
     partitioned: bool,
 ) -> Result<(), BrokerError> {
+    // Limits are the operator's to change on an existing stream: a difference is reported,
+    // never refused and never changed.
+    let (max_age, max_bytes, _) = limits_of(cfg, spec);
+    if have.max_age != max_age || have.max_bytes != max_bytes {
+        tracing::info!(message = "Existing stream keeps its own limits.", stream = %spec.name, max_age = ?have.max_age, max_bytes = have.max_bytes, configured_max_age = ?max_age, configured_max_bytes = max_bytes);
+    }
     let incompatible = |field: &'static str, existing: String, wanted: String| {
         Err(BrokerError::Incompatible {
             stream: spec.name.clone(),

@@ -170,6 +170,13 @@ pub struct SagaConfig {
     /// How long per-event dedupe markers are kept. They catch one event published twice
     /// under two stream sequences; the checkpoint already covers re-reads of one sequence.
     pub dedupe_retention: HumanDuration,
+    /// Dead letters older than this are removed from the store by the retention sweep,
+    /// except a pending one its key is parked behind (an operator redrives or purges it).
+    pub dead_letter_retention: HumanDuration,
+    /// Finished instances (completed, failed, compensated) not updated for this long are
+    /// removed with their history; their dedupe markers stay for `dedupe_retention`, so a
+    /// late duplicate is still recognised. Instances waiting for an operator are kept.
+    pub finished_retention: HumanDuration,
 }
 
 impl Default for SagaConfig {
@@ -182,6 +189,8 @@ impl Default for SagaConfig {
             relay_poll: HumanDuration::secs(1),
             timer_poll: HumanDuration::millis(200),
             dedupe_retention: HumanDuration::secs(7 * 24 * 3600),
+            dead_letter_retention: HumanDuration::secs(30 * 24 * 3600),
+            finished_retention: HumanDuration::secs(7 * 24 * 3600),
         }
     }
 }
@@ -307,6 +316,21 @@ pub struct StreamsConfig {
     pub saga_inbox: String,
     /// Dead letters.
     pub dead_letter: String,
+    /// Oldest message kept in the streams Runner creates, dead-letter stream aside
+    /// (`max_age`): inputs not consumed by then are gone, so it must outlast any outage
+    /// you want to ride out. At least 1h and at least `duplicate_window`.
+    pub max_age: HumanDuration,
+    /// Most bytes each of those streams holds (`max_bytes`; 0: no byte limit, `max_age`
+    /// bounds them). JetStream reserves it up front, so keep it within the server's
+    /// storage. When full, new publishes are refused (discard policy `new`): publishers and
+    /// the relay see errors and retry, and nothing unconsumed is dropped.
+    pub max_bytes: ByteSize,
+    /// Oldest message kept in the dead-letter stream (each dead letter also stays in the
+    /// node's store until purged).
+    pub dead_letter_max_age: HumanDuration,
+    /// Most bytes the dead-letter stream holds; the oldest dead letters make room for new
+    /// ones (discard policy `old`), so dead-lettering never blocks the outputs.
+    pub dead_letter_max_bytes: ByteSize,
 }
 
 impl Default for StreamsConfig {
@@ -316,6 +340,10 @@ impl Default for StreamsConfig {
             storage: StreamStorage::File,
             replicas: 1,
             duplicate_window: HumanDuration::secs(120),
+            max_age: HumanDuration::secs(7 * 24 * 3600),
+            max_bytes: ByteSize::mib(0),
+            dead_letter_max_age: HumanDuration::secs(30 * 24 * 3600),
+            dead_letter_max_bytes: ByteSize::mib(256),
             aggregate_events: "AGGREGATE_EVENTS".into(),
             workflow_commands: "WORKFLOW_COMMANDS".into(),
             workflow_events: "WORKFLOW_EVENTS".into(),

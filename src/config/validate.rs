@@ -75,9 +75,6 @@ impl Config {
                 ),
             );
         }
-        if self.nats.user.is_some() != self.nats.password.is_some() {
-            return invalid("nats.user", "user and password go together".into());
-        }
         if !self.node.id.is_empty() && !valid_node_id(&self.node.id) {
             return invalid(
                 "node.id",
@@ -124,6 +121,35 @@ impl Config {
             HumanDuration::secs(1),
             HumanDuration::secs(7 * 24 * 3600),
         )?;
+        let year = HumanDuration::secs(366 * 24 * 3600);
+        for (key, v) in [
+            (
+                "saga.dead_letter_retention",
+                self.saga.dead_letter_retention,
+            ),
+            ("saga.finished_retention", self.saga.finished_retention),
+        ] {
+            range(key, v, HumanDuration::secs(60), year)?;
+        }
+        let floor = HumanDuration::secs(3600).max(self.streams.duplicate_window);
+        range("streams.max_age", self.streams.max_age, floor, year)?;
+        range(
+            "streams.dead_letter_max_age",
+            self.streams.dead_letter_max_age,
+            floor,
+            year,
+        )?;
+        for (key, v) in [
+            ("streams.max_bytes", self.streams.max_bytes),
+            (
+                "streams.dead_letter_max_bytes",
+                self.streams.dead_letter_max_bytes,
+            ),
+        ] {
+            if v.get() != 0 && v.get() < 1024 * 1024 {
+                return invalid(key, format!("{v} is below the least allowed, 1MiB (or 0)"));
+            }
+        }
         if self.nats.user.is_some() != self.nats.password.is_some() {
             return invalid(
                 "nats.user",

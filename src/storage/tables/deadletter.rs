@@ -137,4 +137,24 @@ impl Tables<'_, RW> {
             .del(&self.parked, instance_key(tenant, saga, corr), None)?;
         Ok(())
     }
+
+    /// Removes a dead letter (the caller decides whether it may go: see
+    /// [`Tables::parks_its_key`]).
+    pub fn delete_dead_letter(&self, tenant: &str, id: u64) -> Result<()> {
+        self.txn
+            .del(&self.deadletter, deadletter_key(tenant, id), None)?;
+        Ok(())
+    }
+}
+
+impl<K: TransactionKind> Tables<'_, K> {
+    /// Whether `dl` is the pending dead letter its instance key is parked behind: removing
+    /// it would leave the key parked with nothing to redrive.
+    pub fn parks_its_key(&self, dl: &DeadLetter) -> Result<bool> {
+        let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id) else {
+            return Ok(false);
+        };
+        Ok(dl.status == DeadLetterStatus::Pending
+            && self.parked_by(&dl.tenant, saga, corr)? == Some(dl.id))
+    }
 }

@@ -44,7 +44,74 @@ impl<K: TransactionKind> Tables<'_, K> {
     }
 }
 
+/// The fields of a stored instance the retention sweep reads (the rest is skipped).
+#[derive(serde::Deserialize)]
+struct Head {
+    tenant: String,
+    saga: String,
+    correlation_id: String,
+    status: crate::saga::Status,
+    updated_ms: u64,
+}
+
 impl Tables<'_, RW> {
+    /// Removes up to `limit` instances scanned from `from` (a key; empty for the start)
+    /// that finished (completed, failed or compensated: not those waiting for an operator)
+    /// before `older_than_ms` and whose key is not parked, with their history. Returns how
+    /// many were removed and the key to continue from (`None` at the end). Their dedupe
+    /// markers stay until their own retention passes.
+    pub fn sweep_finished(
+        &self,
+        older_than_ms: u64,
+        from: &[u8],
+        limit: usize,
+    ) -> Result<(usize, Option<Vec<u8>>)> {
+        use crate::saga::Status;
+        let mut cur = self.txn.cursor(&self.saga)?;
+        let mut doomed = Vec::new();
+        let mut next = None;
+        for (scanned, item) in cur.iter_from::<Vec<u8>, Vec<u8>>(from).enumerate() {
+            let (k, v) = item?;
+            if scanned >= limit {
+                next = Some(k);
+                break;
+            }
+            if v.first() != Some(&b'{') {
+                continue; // a history entry
+            }
+            let h: Head = json(&v, "saga instance")?;
+            let finished = matches!(
+                h.status,
+                Status::Completed | Status::Failed | Status::Compensated
+            );
+            if finished
+                && h.updated_ms < older_than_ms
+                && self
+                    .parked_by(&h.tenant, &h.saga, &h.correlation_id)?
+                    .is_none()
+            {
+                doomed.push(k);
+            }
+        }
+        for k in &doomed {
+            self.txn.del(&self.saga, k, None)?;
+            let mut prefix = k.clone();
+            prefix.push(0);
+            let history: Vec<Vec<u8>> = {
+                let mut c = self.txn.cursor(&self.saga)?;
+                c.iter_from::<Vec<u8>, Vec<u8>>(&prefix)
+                    .map_while(|i| i.ok())
+                    .map(|(hk, _)| hk)
+                    .take_while(|hk| hk.starts_with(&prefix))
+                    .collect()
+            };
+            for hk in history {
+                self.txn.del(&self.saga, hk, None)?;
+            }
+        }
+        Ok((doomed.len(), next))
+    }
+
     /// Stores an instance.
     pub fn put_instance(&self, inst: &Instance) -> Result<()> {
         let key = instance_key(&inst.tenant, &inst.saga, &inst.correlation_id);
