@@ -109,6 +109,23 @@ impl Cluster {
         }
     }
 
+    /// Sends a signal to node `i` ("STOP" freezes it, "CONT" resumes it); false when it is
+    /// not running.
+    pub fn signal_node(&self, i: usize, sig: &str) -> bool {
+        let Some(c) = self.nodes[i].child.as_ref() else {
+            return false;
+        };
+        std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &c.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Whether node `i` is running.
+    pub fn running(&self, i: usize) -> bool {
+        self.nodes[i].child.is_some()
+    }
+
     /// The client URL of node `i`.
     pub fn url(&self, i: usize) -> String {
         format!("nats://127.0.0.1:{}", self.nodes[i].client)

@@ -1,0 +1,449 @@
+//! Chaos: random SIGKILL and SIGSTOP/SIGCONT of saga replicas and of NATS nodes while
+//! deposits flow with poison inputs mixed in; then every account must hold exactly the
+//! deposits it was sent, once each and in order, no output may be stored twice, and the
+//! dead letters must hold exactly the poison inputs.
+//!
+//! `scripts/chaos` runs it for a set time; in the ordinary test run it is short. Settings
+//! (environment): `CHAOS_SECONDS` (chaos time per topology, default 20), `CHAOS_TOPOLOGY`
+//! (`single`, `cluster` or `both`, default `both`), `CHAOS_SEED` (the random schedule;
+//! printed, so a failing run can be replayed).
+//!
+//! The workload is the ledger saga (`tests/manifests/ledger.yaml`): deposit n of an account
+//! applies only when the account has seen exactly n-1, and each applied deposit emits one
+//! acknowledgement, so lost, doubled or reordered work shows in the acknowledgements. Two
+//! partitioned replicas share the work. Real binaries, real nats-server, real libmdbx.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::Cluster;
+use common::*;
+use serde_json::json;
+
+/// The NATS side: one server or a three-node cluster.
+enum Nats {
+    Single(NatsServer),
+    Cluster(Cluster),
+}
+
+impl Nats {
+    fn urls(&self) -> String {
+        match self {
+            Nats::Single(s) => s.url(),
+            Nats::Cluster(c) => c.urls(),
+        }
+    }
+    fn nodes(&self) -> usize {
+        match self {
+            Nats::Single(_) => 1,
+            Nats::Cluster(_) => 3,
+        }
+    }
+    /// A URL of a node that is up (for the test's own clients).
+    fn url_up(&self) -> String {
+        match self {
+            Nats::Single(s) => s.url(),
+            Nats::Cluster(c) => (0..3)
+                .find(|i| c.running(*i))
+                .map(|i| c.url(i))
+                .unwrap_or_else(|| c.url(0)),
+        }
+    }
+    fn kill(&mut self, i: usize) {
+        match self {
+            Nats::Single(s) => s.stop(),
+            Nats::Cluster(c) => c.stop_node(i),
+        }
+    }
+    fn start(&mut self, i: usize) {
+        match self {
+            Nats::Single(s) => s.start_again(),
+            Nats::Cluster(c) => c.start_node(i),
+        }
+    }
+    fn signal(&self, i: usize, sig: &str) {
+        match self {
+            Nats::Single(s) => s.signal(sig),
+            Nats::Cluster(c) => {
+                c.signal_node(i, sig);
+            }
+        }
+    }
+}
+
+/// A small deterministic generator (SplitMix64), so a seed replays a schedule.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo))
+    }
+}
+
+fn replica(urls: &str, node: &str, dir: tempfile::TempDir) -> RunnerProc {
+    let replicas = if urls.contains(',') { "3" } else { "1" };
+    RunnerProc::start_in(
+        dir,
+        &[
+            "--mode",
+            "saga",
+            "--nats-url",
+            urls,
+            "--manifest",
+            "tests/manifests/ledger.yaml",
+        ],
+        &[
+            ("RUNNER__PARTITIONS__ENABLED", "true"),
+            ("RUNNER__PARTITIONS__COUNT", "8"),
+            ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
+            ("RUNNER__PARTITIONS__SNAPSHOT_INTERVAL", "5s"),
+            ("RUNNER__STREAMS__REPLICAS", replicas),
+            ("RUNNER__NATS__CONNECT_TIMEOUT", "120s"),
+            ("RUNNER__NATS__SETUP_TIMEOUT", "120s"),
+            ("RUNNER__NODE__ID", node),
+        ],
+    )
+}
+
+/// Publishes `body` on `subject` with message id `id`, retrying until it is stored.
+async fn publish_until_stored(
+    url: &Arc<std::sync::Mutex<String>>,
+    subject: &str,
+    id: &str,
+    body: Vec<u8>,
+) {
+    loop {
+        let u = url.lock().unwrap().clone();
+        let sent = async {
+            let client = async_nats::ConnectOptions::new()
+                .connection_timeout(Duration::from_secs(2))
+                .connect(u.as_str())
+                .await?;
+            let mut js = async_nats::jetstream::new(client);
+            js.set_timeout(Duration::from_secs(3));
+            let mut h = async_nats::HeaderMap::new();
+            h.insert(async_nats::header::NATS_MESSAGE_ID, id);
+            js.publish_with_headers(subject.to_string(), h, body.clone().into())
+                .await?
+                .await
+                .map_err(async_nats::Error::from)
+        };
+        if sent.await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every message of `stream` matching `filter` (subject, message id, body), read through
+/// an ordered consumer; `None` while the servers do not answer.
+async fn read_all(
+    url: &str,
+    stream: &str,
+    filter: &str,
+) -> Option<Vec<(String, String, serde_json::Value)>> {
+    use async_nats::jetstream::consumer::pull::OrderedConfig;
+    use futures::StreamExt;
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(2))
+        .connect(url)
+        .await
+        .ok()?;
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(stream).await.ok()?;
+    let last = s.info().await.ok()?.state.last_sequence;
+    let consumer = s
+        .create_consumer(OrderedConfig {
+            filter_subject: filter.to_string(),
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+    let mut out = Vec::new();
+    let mut msgs = consumer.messages().await.ok()?;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(3), msgs.next()).await;
+        let Ok(Some(Ok(m))) = next else { break };
+        let info = m.info().ok()?;
+        let (seq, pending) = (info.stream_sequence, info.pending);
+        let id = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        out.push((
+            m.subject.to_string(),
+            id,
+            serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
+        ));
+        if pending == 0 || seq >= last {
+            break;
+        }
+    }
+    Some(out)
+}
+
+#[derive(Default, Debug)]
+struct Counts {
+    events: u64,
+    poison: u64,
+    runner_kills: u64,
+    runner_pauses: u64,
+    runner_wipes: u64,
+    nats_kills: u64,
+    nats_pauses: u64,
+    lost: u64,
+    doubled: u64,
+    out_of_order: u64,
+    outputs_stored_twice: u64,
+    dead_letters: u64,
+    dead_letters_unexpected: u64,
+}
+
+async fn run(topology: &str, seconds: u64, seed: u64) -> Counts {
+    let mut rng = Rng(seed);
+    let mut nats = if topology == "cluster" {
+        let c = Cluster::start(3);
+        c.wait_formed(Duration::from_secs(60));
+        Nats::Cluster(c)
+    } else {
+        Nats::Single(NatsServer::start())
+    };
+    let urls = nats.urls();
+    let mut replicas: Vec<Option<RunnerProc>> = vec![
+        Some(replica(&urls, "c1", tempfile::tempdir().unwrap())),
+        Some(replica(&urls, "c2", tempfile::tempdir().unwrap())),
+    ];
+    let (accounts, per_account) = (12u64, 40u64);
+    let counts = Arc::new(AtomicU64::new(0));
+    let poison_sent = Arc::new(std::sync::Mutex::new(BTreeSet::new()));
+    let url_cell = Arc::new(std::sync::Mutex::new(nats.url_up()));
+    let done = Arc::new(AtomicBool::new(false));
+    // The load: deposits 1..=K for every account, one round at a time, a poison input
+    // every few rounds, paced over the chaos time.
+    let load = {
+        let (counts, poison_sent, url_cell, done) = (
+            counts.clone(),
+            poison_sent.clone(),
+            url_cell.clone(),
+            done.clone(),
+        );
+        let pace = Duration::from_millis(seconds * 1000 / per_account);
+        tokio::spawn(async move {
+            for n in 1..=per_account {
+                for a in 0..accounts {
+                    let id = format!("a-{a}");
+                    let mut ev = aggregate_event(
+                        "bank",
+                        "Account",
+                        &id,
+                        "Deposited",
+                        1_800_000_000_000 + n,
+                        json!({"n": n, "amount": 1}),
+                    );
+                    let mid = format!("dep-{a}-{n}");
+                    ev["event_id"] = json!(mid);
+                    let subject = format!("tenant.bank.aggregate.Account.{id}");
+                    publish_until_stored(
+                        &url_cell,
+                        &subject,
+                        &mid,
+                        serde_json::to_vec(&ev).unwrap(),
+                    )
+                    .await;
+                    counts.fetch_add(1, Ordering::SeqCst);
+                }
+                if n % 4 == 0 {
+                    let subject = format!("tenant.bank.aggregate.Account.poison-{n}");
+                    let mid = format!("poison-{n}");
+                    publish_until_stored(&url_cell, &subject, &mid, b"\x01not json".to_vec()).await;
+                    poison_sent.lock().unwrap().insert(subject);
+                }
+                tokio::time::sleep(pace).await;
+            }
+            done.store(true, Ordering::SeqCst);
+        })
+    };
+
+    let mut c = Counts::default();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        tokio::time::sleep(rng.millis(1000, 3000)).await;
+        match rng.below(5) {
+            0 => {
+                // SIGKILL a replica; restart it on its store, or now and then on an empty one.
+                let i = rng.below(2) as usize;
+                if let Some(r) = replicas[i].take() {
+                    let dir = r.kill();
+                    let dir = if rng.below(4) == 0 {
+                        c.runner_wipes += 1;
+                        tempfile::tempdir().unwrap()
+                    } else {
+                        dir
+                    };
+                    c.runner_kills += 1;
+                    tokio::time::sleep(rng.millis(200, 2000)).await;
+                    replicas[i] = Some(replica(&urls, &format!("c{}", i + 1), dir));
+                }
+            }
+            1 => {
+                // Freeze a replica past its lease, then let it go on (a zombie).
+                let i = rng.below(2) as usize;
+                if let Some(r) = &replicas[i] {
+                    r.signal("STOP");
+                    tokio::time::sleep(rng.millis(1000, 5000)).await;
+                    r.signal("CONT");
+                    c.runner_pauses += 1;
+                }
+            }
+            2 => {
+                // SIGKILL a NATS node, restart it on its store.
+                let i = rng.below(nats.nodes() as u64) as usize;
+                nats.kill(i);
+                c.nats_kills += 1;
+                tokio::time::sleep(rng.millis(500, 3000)).await;
+                nats.start(i);
+                *url_cell.lock().unwrap() = nats.url_up();
+            }
+            3 => {
+                let i = rng.below(nats.nodes() as u64) as usize;
+                nats.signal(i, "STOP");
+                tokio::time::sleep(rng.millis(1000, 4000)).await;
+                nats.signal(i, "CONT");
+                c.nats_pauses += 1;
+            }
+            _ => {} // a quiet spell
+        }
+    }
+    // Let the load finish and the replicas settle.
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while !done.load(Ordering::SeqCst) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    load.await.unwrap();
+    c.events = counts.load(Ordering::SeqCst);
+    let poison = poison_sent.lock().unwrap().clone();
+    c.poison = poison.len() as u64;
+
+    // Wait until every acknowledgement is there (or the deadline), then judge.
+    let url = nats.url_up();
+    let want = accounts * per_account;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let acks = loop {
+        let seen = read_all(&url, "WORKFLOW_COMMANDS", "tenant.bank.command.Account.*").await;
+        if let Some(s) = seen {
+            if s.len() as u64 >= want || Instant::now() > deadline {
+                break s;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut per: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let mut ids = BTreeSet::new();
+    for (subject, id, body) in &acks {
+        if !ids.insert(id.clone()) {
+            c.outputs_stored_twice += 1;
+        }
+        let n = body["payload"]["n"]
+            .as_u64()
+            .or_else(|| body["payload"]["n"].as_str().and_then(|v| v.parse().ok()))
+            .unwrap_or(0);
+        per.entry(subject.rsplit('.').next().unwrap().to_string())
+            .or_default()
+            .push(n);
+    }
+    for a in 0..accounts {
+        let got = per.remove(&format!("a-{a}")).unwrap_or_default();
+        let distinct: BTreeSet<u64> = got.iter().copied().collect();
+        c.lost += per_account - distinct.len() as u64;
+        c.doubled += (got.len() - distinct.len()) as u64;
+        if got.windows(2).any(|w| w[0] >= w[1]) {
+            c.out_of_order += 1;
+        }
+    }
+    let dead = loop {
+        if let Some(d) = read_all(&url, "RUNNER_DLQ", "tenant.bank.deadletter.>").await {
+            let subjects: BTreeSet<String> = d
+                .iter()
+                .filter_map(|(_, _, b)| b["subject"].as_str().map(str::to_string))
+                .collect();
+            if subjects.len() as u64 >= c.poison || Instant::now() > deadline {
+                break subjects;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    c.dead_letters = dead.len() as u64;
+    c.dead_letters_unexpected =
+        dead.difference(&poison).count() as u64 + poison.difference(&dead).count() as u64;
+    drop(replicas);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_work_is_lost_or_doubled_under_kills_and_pauses() {
+    let seconds: u64 = std::env::var("CHAOS_SECONDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(20);
+    let topology = std::env::var("CHAOS_TOPOLOGY").unwrap_or_else(|_| "both".into());
+    let seed: u64 = std::env::var("CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| runner::clock::now_ms());
+    let topologies: Vec<&str> = match topology.as_str() {
+        "both" => vec!["single", "cluster"],
+        t => vec![t],
+    };
+    for t in topologies {
+        let started = Instant::now();
+        let c = run(t, seconds, seed).await;
+        println!(
+            "chaos: topology={t} seed={seed} seconds={seconds} took={:.0}s events={} poison={} \
+             runner_kills={} runner_wipes={} runner_pauses={} nats_kills={} nats_pauses={} \
+             lost={} doubled={} out_of_order={} outputs_stored_twice={} dead_letters={} \
+             dead_letters_unexpected={}",
+            started.elapsed().as_secs_f64(),
+            c.events,
+            c.poison,
+            c.runner_kills,
+            c.runner_wipes,
+            c.runner_pauses,
+            c.nats_kills,
+            c.nats_pauses,
+            c.lost,
+            c.doubled,
+            c.out_of_order,
+            c.outputs_stored_twice,
+            c.dead_letters,
+            c.dead_letters_unexpected
+        );
+        assert_eq!(
+            (
+                c.lost,
+                c.doubled,
+                c.out_of_order,
+                c.outputs_stored_twice,
+                c.dead_letters_unexpected
+            ),
+            (0, 0, 0, 0, 0),
+            "chaos found a fault (replay with CHAOS_SEED={seed} CHAOS_TOPOLOGY={t}): {c:?}"
+        );
+    }
+}
