@@ -141,7 +141,7 @@ pub enum DlqAction {
         tenant: Option<String>,
         /// Only those older than this (e.g. `7d`, `12h`).
         #[arg(long)]
-        older_than: Option<crate::config::HumanDuration>,
+        older_than: Option<String>,
         /// Only this kind (`undecodable`, `too_large`, ...).
         #[arg(long)]
         kind: Option<String>,

@@ -56,8 +56,12 @@ pub mod kind {
     /// the relay parked it and went on.
     pub const UNPUBLISHABLE: &str = "unpublishable";
 
+    /// An input whose event id was already applied to another instance of the saga (a
+    /// producer reused it): not a redelivery, so not dropped as one. Its key is not parked.
+    pub const DUPLICATE_EVENT_ID: &str = "duplicate_event_id";
+
     /// Every kind, so their metric series exist (at 0) from the start.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         UNDECODABLE,
         TENANT_MISMATCH,
         UNKNOWN_TENANT,
@@ -69,6 +73,7 @@ pub mod kind {
         UNANSWERED_RESULT,
         REDELIVERY_LIMIT,
         UNPUBLISHABLE,
+        DUPLICATE_EVENT_ID,
     ];
 }
 

@@ -147,6 +147,12 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             force,
             dry_run,
         } => {
+            let older_than = older_than
+                .map(|d| {
+                    d.parse::<runner::config::HumanDuration>()
+                        .map_err(|e| anyhow::anyhow!("--older-than {d:?}: {e}"))
+                })
+                .transpose()?;
             let p = runner::deadletter::Purge {
                 tenant,
                 before_ms: older_than

@@ -136,3 +136,37 @@ fn an_id_holding_a_nul_character_is_dead_lettered_not_stored_under_an_aliased_ke
     assert_eq!(instances[0].correlation_id, "c");
     assert!(letters[0].reason.contains("NUL"), "{}", letters[0].reason);
 }
+
+/// Two producers reuse one event id for two different accounts: the second is not a
+/// redelivery, so it is dead-lettered with the reason instead of being dropped silently;
+/// a true redelivery of the first stays a silent duplicate.
+#[test]
+fn an_event_id_reused_for_another_instance_is_dead_lettered_not_dropped() {
+    let (catalog, limits, _dir, store) = ledger_store();
+    let id = "0190f000-0000-7000-8000-0000000000aa";
+    store
+        .write_blocking(|t| {
+            let mut p = runner::worker::process::Processor::new(&catalog, &limits, 1);
+            p.input(t, &deposit("acc-1", 1, id, 1).1)?;
+            p.input(t, &deposit("acc-2", 1, id, 2).1)?;
+            p.input(t, &deposit("acc-1", 1, id, 3).1)?;
+            Ok(())
+        })
+        .unwrap();
+    let dead = runner::deadletter::list(&store, None, true).unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].kind, "duplicate_event_id");
+    assert_eq!(dead[0].subject, "tenant.bank.aggregate.Account.acc-2");
+    assert!(dead[0].reason.contains(id), "{}", dead[0].reason);
+    let acc1 = store
+        .read_blocking(|t| t.instance("bank", "ledger", "acc-1"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(acc1.data["count"], 1, "the redelivery applied once");
+    assert!(
+        store
+            .read_blocking(|t| t.instance("bank", "ledger", "acc-2"))
+            .unwrap()
+            .is_none()
+    );
+}

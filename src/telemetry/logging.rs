@@ -33,6 +33,43 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// A log line rate limit shared by all threads: [`Every::ready`] says yes at most once per
+/// period and counts the occasions it said no in between.
+#[derive(Debug)]
+pub struct Every {
+    period_ms: u64,
+    last_ms: std::sync::atomic::AtomicU64,
+    skipped: std::sync::atomic::AtomicU64,
+}
+
+impl Every {
+    /// At most one line per `period_ms`.
+    pub const fn new(period_ms: u64) -> Self {
+        Self {
+            period_ms,
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+            skipped: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines skipped since the last one)` when a line may be written now.
+    pub fn ready(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = crate::clock::now_ms();
+        let last = self.last_ms.load(Relaxed);
+        if now.saturating_sub(last) >= self.period_ms
+            && self
+                .last_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            return Some(self.skipped.swap(0, Relaxed));
+        }
+        self.skipped.fetch_add(1, Relaxed);
+        None
+    }
+}
+
 /// Installs the global tracing subscriber. Call once, first thing in `main`.
 pub fn init_logging(format: LogFormat) {
     let filter =

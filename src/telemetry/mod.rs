@@ -21,7 +21,7 @@ use prometheus::{
 
 mod logging;
 
-pub use logging::{DEFAULT_FILTER, escape_controls, init_logging};
+pub use logging::{DEFAULT_FILTER, Every, escape_controls, init_logging};
 
 /// Metric names, described once.
 pub mod names {

@@ -31,11 +31,15 @@ use super::admission::{self, envelope_malformed};
 use crate::deadletter::{self, DeadLetter, Poison, Reapply, Refused, kind};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
+use crate::storage::tables::dedupe::{Applied, instance_fingerprint};
 use crate::storage::tables::{DEFAULT_PARTITION, HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
 
 pub use super::admission::{Limits, MAX_ID_BYTES, MAX_TENANT_BYTES, RawInput, split_subject};
 pub use super::tally::Tally;
+
+/// Rate limit of the "wanted by no saga" line.
+static UNROUTED_LOG: crate::telemetry::Every = crate::telemetry::Every::new(60_000);
 
 /// The subject a timer firing carries in the inbox (header `Runner-Subject`); never a
 /// subject anyone publishes on.
@@ -162,7 +166,12 @@ impl<'a> Processor<'a> {
             }
         };
         if routes.is_empty() {
+            // No saga wants it (a finished-with event type, a typo in a producer): counted
+            // in runner_saga_unrouted_total and named here, at most once a minute.
             self.tally.unrouted += 1;
+            if let Some(skipped) = UNROUTED_LOG.ready() {
+                tracing::info!(message = "Input wanted by no saga; skipped (counted in runner_saga_unrouted_total).", subject = %raw.subject, event_type = input.body.get("event_type").and_then(Json::as_str).unwrap_or("-"), also_skipped_since_last = skipped);
+            }
             return Ok(());
         }
         for route in &routes {
@@ -246,7 +255,19 @@ impl<'a> Processor<'a> {
             self.tally.note(saga, "dead_lettered");
             return self.dead_letter(tx, raw, r.tenant, r.kind, r.reason, None);
         }
-        if !event_id.is_empty() && tx.is_applied(tenant, saga, &event_id)? {
+        if !event_id.is_empty()
+            && let Applied::To(to) = tx.applied(tenant, saga, &event_id)?
+        {
+            if to.is_some_and(|f| f != instance_fingerprint(corr)) {
+                // Not a redelivery: the producer reused an event id for another instance.
+                // Dropping it silently would lose that instance's input.
+                let why = format!(
+                    "event id `{event_id}` was already applied to another instance of saga \
+                     `{saga}`; event ids must be unique"
+                );
+                self.tally.note(saga, "dead_lettered");
+                return self.dead_letter(tx, raw, tenant, kind::DUPLICATE_EVENT_ID, why, None);
+            }
             self.tally.note(saga, "duplicate");
             return Ok(());
         }
@@ -307,7 +328,7 @@ impl<'a> Processor<'a> {
                     })?;
                 }
                 if !event_id.is_empty() {
-                    tx.mark_applied(tenant, saga, &event_id, self.now_ms)?;
+                    tx.mark_applied_to(tenant, saga, &event_id, corr, self.now_ms)?;
                 }
                 let entry = HistoryEntry {
                     n: applied.instance.applied,

@@ -1,5 +1,7 @@
 //! The `dedupe` table: one marker per event applied to a saga (`tenant 0 saga 0 event_id`),
-//! holding the wall-clock time it was applied, a big-endian `u64`.
+//! holding the wall-clock time it was applied (a big-endian `u64`) and, since markers record
+//! it, a fingerprint of the instance it was applied to (a second big-endian `u64`), so an
+//! event id reused for another instance is told apart from a redelivery.
 //!
 //! Guarantee: a marker is written in the transaction that applies its event, so an event
 //! published twice (under two stream sequences) is applied once for as long as its marker
@@ -16,18 +18,46 @@ pub fn dedupe_key(tenant: &str, saga: &str, event_id: &str) -> Vec<u8> {
     instance_key(tenant, saga, event_id)
 }
 
+/// The fingerprint of an instance key a marker records (FNV-1a, 64 bits).
+pub fn instance_fingerprint(correlation_id: &str) -> u64 {
+    correlation_id
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// What a dedupe marker says about an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Not applied to this saga (or its marker expired).
+    No,
+    /// Applied to the instance with this fingerprint (`None`: a marker from before
+    /// fingerprints were recorded).
+    To(Option<u64>),
+}
+
 impl<K: TransactionKind> Tables<'_, K> {
     /// Whether the event was already applied to that saga.
     pub fn is_applied(&self, tenant: &str, saga: &str, event_id: &str) -> Result<bool> {
-        let v: Option<()> = self
+        Ok(self.applied(tenant, saga, event_id)? != Applied::No)
+    }
+
+    /// Whether, and to which instance, the event was already applied to that saga.
+    pub fn applied(&self, tenant: &str, saga: &str, event_id: &str) -> Result<Applied> {
+        let v: Option<Vec<u8>> = self
             .txn
             .get(&self.dedupe, dedupe_key(tenant, saga, event_id))?;
-        Ok(v.is_some())
+        Ok(match v {
+            None => Applied::No,
+            Some(b) if b.len() == 16 => Applied::To(Some(u64_of(&b[8..], "dedupe marker")?)),
+            Some(_) => Applied::To(None),
+        })
     }
 }
 
 impl Tables<'_, RW> {
-    /// Records that the event was applied to that saga.
+    /// Records that the event was applied to that saga (to no particular instance).
     pub fn mark_applied(
         &self,
         tenant: &str,
@@ -39,6 +69,22 @@ impl Tables<'_, RW> {
         Ok(self
             .txn
             .put(&self.dedupe, key, now_ms.to_be_bytes(), WriteFlags::UPSERT)?)
+    }
+
+    /// Records that the event was applied to instance `correlation_id` of that saga.
+    pub fn mark_applied_to(
+        &self,
+        tenant: &str,
+        saga: &str,
+        event_id: &str,
+        correlation_id: &str,
+        now_ms: u64,
+    ) -> Result<()> {
+        let key = dedupe_key(tenant, saga, event_id);
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&now_ms.to_be_bytes());
+        v[8..].copy_from_slice(&instance_fingerprint(correlation_id).to_be_bytes());
+        Ok(self.txn.put(&self.dedupe, key, v, WriteFlags::UPSERT)?)
     }
 
     /// Deletes up to `limit` dedupe markers recorded before `older_than_ms`, scanning from
@@ -59,7 +105,7 @@ impl Tables<'_, RW> {
                 next = Some(k);
                 break;
             }
-            if u64_of(&v, "dedupe marker")? < older_than_ms {
+            if u64_of(v.get(..8).unwrap_or(&v), "dedupe marker")? < older_than_ms {
                 doomed.push(k);
             }
         }
