@@ -347,10 +347,10 @@ async fn run(topology: &str, seconds: u64, seed: u64) -> Counts {
     let deadline = Instant::now() + Duration::from_secs(240);
     let acks = loop {
         let seen = read_all(&url, "WORKFLOW_COMMANDS", "tenant.bank.command.Account.*").await;
-        if let Some(s) = seen {
-            if s.len() as u64 >= want || Instant::now() > deadline {
-                break s;
-            }
+        if let Some(s) = seen
+            && (s.len() as u64 >= want || Instant::now() > deadline)
+        {
+            break s;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     };
