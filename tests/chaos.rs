@@ -406,7 +406,7 @@ async fn no_work_is_lost_or_doubled_under_kills_and_pauses() {
     let seed: u64 = std::env::var("CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| runner::clock::now_ms());
+        .unwrap_or_else(runner::clock::now_ms);
     let topologies: Vec<&str> = match topology.as_str() {
         "both" => vec!["single", "cluster"],
         t => vec![t],
