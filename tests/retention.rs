@@ -108,7 +108,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
     let line = json!([{"sku": "s", "qty": 1}]);
     apply(vec![
         order("acme", "done", json!([]), 1), // rejected at once: finished (failed)
-        order("acme", "open", line, 2), // waits for its payment: running
+        order("acme", "open", line, 2),      // waits for its payment: running
         order("acme", "bad", json!({}), 3),  // finished (rejected); parked below
         RawInput {
             subject: "tenant.acme.aggregate.Order.x".into(),
