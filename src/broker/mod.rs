@@ -38,6 +38,7 @@ pub const HEADER_ALLOWANCE: usize = 2048;
 pub mod batch;
 pub mod fence;
 pub mod fenced_batch;
+pub mod liveness;
 mod streams;
 
 use std::time::{Duration, Instant};

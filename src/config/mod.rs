@@ -362,6 +362,14 @@ pub struct ConsumersConfig {
     /// Effect workers' durable consumers on the command stream: this name for the
     /// catch-all, `<name>-<effect>` for each effect's own.
     pub effect: String,
+    /// A consumer that has delivered nothing for this long is probed: when its stream holds
+    /// a message for it past what it delivered, it is recreated (logged, and counted in
+    /// `runner_consumer_recreated_total`). 500ms to 60s.
+    pub stall_check: HumanDuration,
+    /// Timeout of each attempt to reopen a consumer (and of the stall probe). Short, so
+    /// attempts during a leader election fail fast and are retried with backoff instead of
+    /// waiting out `nats.request_timeout`. 100ms to `nats.request_timeout`.
+    pub reopen_timeout: HumanDuration,
 }
 
 impl Default for ConsumersConfig {
@@ -369,6 +377,8 @@ impl Default for ConsumersConfig {
         Self {
             saga: "runner-saga".into(),
             effect: "runner-effect".into(),
+            stall_check: HumanDuration::secs(3),
+            reopen_timeout: HumanDuration::secs(1),
         }
     }
 }

@@ -382,6 +382,18 @@ impl Config {
             HumanDuration::secs(1),
             HumanDuration::secs(86_400),
         )?;
+        range(
+            "consumers.stall_check",
+            self.consumers.stall_check,
+            HumanDuration::millis(500),
+            HumanDuration::secs(60),
+        )?;
+        range(
+            "consumers.reopen_timeout",
+            self.consumers.reopen_timeout,
+            HumanDuration::millis(100),
+            self.nats.request_timeout,
+        )?;
         Ok(())
     }
 }

@@ -16,6 +16,7 @@
 //!
 //! On drain it keeps publishing until the outbox is empty, then returns.
 
+mod election;
 pub mod fenced;
 mod park;
 
@@ -300,7 +301,7 @@ impl Relay {
                     w.acks.push(f);
                 }
                 Err(e) => {
-                    tracing::warn!(message = "Relay publish failed; retrying.", error = %e);
+                    election::publish_failed("publish", &e);
                     break;
                 }
             }
@@ -323,7 +324,7 @@ impl Relay {
             .relay_window_seconds
             .observe(w.started.elapsed().as_secs_f64());
         if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
-            tracing::warn!(message = "Some relay publishes were not acknowledged.", error = %e, acked);
+            election::publish_failed("acknowledgement", e);
         }
         acked == w.seqs.len()
     }

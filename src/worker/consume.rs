@@ -11,6 +11,10 @@
 //!   committed checkpoint + 1 (after a consumer error or a failed commit with [`Backoff`]
 //!   between tries; after a reconnection at once), so no input is skipped and none is
 //!   applied twice (the commit skips what the checkpoint already covers).
+//! - **Liveness.** A consumer that has delivered nothing for `consumers.stall_check` while
+//!   its stream holds a message for it past the last one read is reopened at once at the
+//!   checkpoint, logged and counted; reopen attempts use `consumers.reopen_timeout`, so
+//!   one made during a leader election fails fast ([`crate::broker::liveness`]).
 //! - **Drain.** On cancellation the loop stops reading; a batch already submitted is
 //!   committed and answered before the loop returns, since it waits for the answer.
 //! - Metrics and the relay's wake-up follow a commit, never precede it.
@@ -26,6 +30,7 @@ use super::admission::RawInput;
 use super::commit::{Committer, Scoped};
 use crate::backoff::Backoff;
 use crate::broker::headers;
+use crate::broker::liveness::{Liveness, Probe};
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
 
@@ -64,6 +69,10 @@ pub fn inputs(state: &AppState) -> Vec<Input> {
 /// died with its server is recreated within about this long.
 pub(crate) const ORDERED_PULL_EXPIRY: Duration = Duration::from_secs(4);
 
+/// How long a consumer found stalled may still deliver before it is recreated (a message
+/// published right at the probe may be on its way).
+const STALL_GRACE: Duration = Duration::from_millis(500);
+
 /// How often a loop held back by backpressure looks at the outbox depth again.
 const BACKPRESSURE_POLL: Duration = Duration::from_millis(20);
 
@@ -80,6 +89,13 @@ pub(crate) async fn run(
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
     let mut connections = state.broker.connections();
+    let liveness = Liveness::new(
+        state.broker.jetstream(),
+        &metrics.registry,
+        state.config.consumers.stall_check.get(),
+        state.config.consumers.reopen_timeout.get(),
+    );
+    let label = format!("saga:{}", input.stream);
     'connect: while !cancel.is_cancelled() {
         connections.mark_unchanged();
         let key = input.checkpoint.clone();
@@ -96,7 +112,7 @@ pub(crate) async fn run(
             .with_label_values(&[&input.stream])
             .set(cp as i64);
         let messages = async {
-            let stream = state.broker.jetstream().get_stream(&input.stream).await?;
+            let stream = liveness.context().get_stream(&input.stream).await?;
             let consumer = stream
                 .create_consumer(OrderedConfig {
                     filter_subjects: input.filters.clone(),
@@ -129,6 +145,8 @@ pub(crate) async fn run(
             }
         };
         tracing::info!(message = "Consuming.", stream = %input.stream, from_sequence = cp + 1);
+        // The last stream sequence read from this consumer (the probe asks what lies past it).
+        let mut position = cp;
         loop {
             wait_for_relay(&state, &relay, &cancel).await;
             let next = tokio::select! {
@@ -141,6 +159,22 @@ pub(crate) async fn run(
                     continue 'connect;
                 }
                 c = chunks.next() => c,
+                _ = tokio::time::sleep(liveness.stall_check()) => {
+                    let Probe::Pending(seq) =
+                        liveness.probe(&input.stream, &input.filters, position).await
+                    else {
+                        continue;
+                    };
+                    // A message published just now may be on its way: give it a moment.
+                    match tokio::time::timeout(STALL_GRACE, chunks.next()).await {
+                        Ok(c) => c,
+                        Err(_) => {
+                            let detail = format!("message {seq} waits past sequence {position}");
+                            liveness.recreating(&label, "stalled", &detail);
+                            continue 'connect;
+                        }
+                    }
+                }
             };
             let Some(chunk) = next else {
                 tracing::warn!(message = "Consumer ended; reopening at the checkpoint.", stream = %input.stream);
@@ -151,6 +185,9 @@ pub(crate) async fn run(
                 failure,
                 lag,
             } = read_chunk(&input.stream, input.scope.is_some(), chunk);
+            if let Some((seq, _)) = batch.last() {
+                position = position.max(*seq);
+            }
             if !batch.is_empty() {
                 let n = batch.len();
                 let replayed = input.scope.as_ref().map_or(0, |s| {

@@ -47,6 +47,7 @@ use crate::broker::batch::BatchMessage;
 use crate::broker::fence::{Fence, Position};
 use crate::broker::fenced_batch;
 use crate::broker::headers;
+use crate::broker::liveness::{Liveness, Probe};
 use crate::manifest::Catalog;
 use crate::runtime::AppState;
 
@@ -145,10 +146,17 @@ async fn route_while_held(
     let mut renewed = Instant::now();
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_jitter();
+    let liveness = Liveness::new(
+        js,
+        &state.metrics.registry,
+        state.config.consumers.stall_check.get(),
+        state.config.consumers.reopen_timeout.get(),
+    );
+    let label = format!("router:{}", source.stream);
     'open: loop {
         let from = fence.through().map_or(1, |p| p.seq + 1);
         let consumer = async {
-            let stream = js.get_stream(&source.stream).await?;
+            let stream = liveness.context().get_stream(&source.stream).await?;
             let c = stream
                 .create_consumer(OrderedConfig {
                     filter_subjects: source.filters.clone(),
@@ -175,6 +183,8 @@ async fn route_while_held(
                 continue;
             }
         };
+        // Since when the consumer has delivered nothing (liveness, see broker/liveness.rs).
+        let mut idle_since = Instant::now();
         loop {
             if renewed.elapsed() >= lease.renew_every() {
                 match lease.renew().await {
@@ -196,9 +206,23 @@ async fn route_while_held(
                     let _ = lease.release().await;
                     return "drain".into();
                 }
-                _ = tokio::time::sleep(lease.renew_every() / 2) => continue,
+                _ = tokio::time::sleep(lease.renew_every() / 2) => {
+                    if idle_since.elapsed() >= liveness.stall_check() {
+                        idle_since = Instant::now();
+                        let after = fence.through().map_or(0, |p| p.seq);
+                        if let Probe::Pending(seq) =
+                            liveness.probe(&source.stream, &source.filters, after).await
+                        {
+                            let detail = format!("message {seq} waits past sequence {after}");
+                            liveness.recreating(&label, "stalled", &detail);
+                            continue 'open;
+                        }
+                    }
+                    continue;
+                }
                 c = chunks.next() => c,
             };
+            idle_since = Instant::now();
             let Some(chunk) = next else { continue 'open };
             let mut inputs = Vec::with_capacity(chunk.len());
             let mut failed = false;
