@@ -76,25 +76,6 @@ impl Nats {
     }
 }
 
-/// A small deterministic generator (SplitMix64), so a seed replays a schedule.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.below(hi - lo))
-    }
-}
-
 fn replica(urls: &str, node: &str, dir: tempfile::TempDir) -> RunnerProc {
     let replicas = if urls.contains(',') { "3" } else { "1" };
     RunnerProc::start_in(
@@ -150,55 +131,6 @@ async fn publish_until_stored(
     }
 }
 
-/// Every message of `stream` matching `filter` (subject, message id, body), read through
-/// an ordered consumer; `None` while the servers do not answer.
-async fn read_all(
-    url: &str,
-    stream: &str,
-    filter: &str,
-) -> Option<Vec<(String, String, serde_json::Value)>> {
-    use async_nats::jetstream::consumer::pull::OrderedConfig;
-    use futures::StreamExt;
-    let client = async_nats::ConnectOptions::new()
-        .connection_timeout(Duration::from_secs(2))
-        .connect(url)
-        .await
-        .ok()?;
-    let js = async_nats::jetstream::new(client);
-    let mut s = js.get_stream(stream).await.ok()?;
-    let last = s.info().await.ok()?.state.last_sequence;
-    let consumer = s
-        .create_consumer(OrderedConfig {
-            filter_subject: filter.to_string(),
-            ..Default::default()
-        })
-        .await
-        .ok()?;
-    let mut out = Vec::new();
-    let mut msgs = consumer.messages().await.ok()?;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(3), msgs.next()).await;
-        let Ok(Some(Ok(m))) = next else { break };
-        let info = m.info().ok()?;
-        let (seq, pending) = (info.stream_sequence, info.pending);
-        let id = m
-            .headers
-            .as_ref()
-            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
-            .map(|v| v.to_string())
-            .unwrap_or_default();
-        out.push((
-            m.subject.to_string(),
-            id,
-            serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
-        ));
-        if pending == 0 || seq >= last {
-            break;
-        }
-    }
-    Some(out)
-}
-
 #[derive(Default, Debug)]
 struct Counts {
     events: u64,
@@ -217,7 +149,7 @@ struct Counts {
 }
 
 async fn run(topology: &str, seconds: u64, seed: u64) -> Counts {
-    let mut rng = Rng(seed);
+    let mut rng = SplitMix(seed);
     let mut nats = if topology == "cluster" {
         let c = Cluster::start(3);
         c.wait_formed(Duration::from_secs(60));
@@ -346,7 +278,8 @@ async fn run(topology: &str, seconds: u64, seed: u64) -> Counts {
     let want = accounts * per_account;
     let deadline = Instant::now() + Duration::from_secs(240);
     let acks = loop {
-        let seen = read_all(&url, "WORKFLOW_COMMANDS", "tenant.bank.command.Account.*").await;
+        let seen =
+            read_stream_once(&url, "WORKFLOW_COMMANDS", "tenant.bank.command.Account.*").await;
         if let Some(s) = seen
             && (s.len() as u64 >= want || Instant::now() > deadline)
         {
@@ -378,7 +311,7 @@ async fn run(topology: &str, seconds: u64, seed: u64) -> Counts {
         }
     }
     let dead = loop {
-        if let Some(d) = read_all(&url, "RUNNER_DLQ", "tenant.bank.deadletter.>").await {
+        if let Some(d) = read_stream_once(&url, "RUNNER_DLQ", "tenant.bank.deadletter.>").await {
             let subjects: BTreeSet<String> = d
                 .iter()
                 .filter_map(|(_, _, b)| b["subject"].as_str().map(str::to_string))

@@ -458,14 +458,7 @@ effects:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_effect_runs_one_parameterised_statement() {
     let pg = PgServer::start();
-    let (client, conn) = loop {
-        // The server may still be starting up after it opened its port.
-        match tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
-    tokio::spawn(conn);
+    let client = pg.client().await;
     client
         .batch_execute("CREATE TABLE charges (command_id text PRIMARY KEY, amount int, meta jsonb)")
         .await

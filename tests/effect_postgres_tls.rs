@@ -34,13 +34,7 @@ fn effect(name: &str, dsn_env: &str, ca: Option<&str>) -> String {
 async fn require_verifies_the_server_and_disable_stays_plain() {
     let pg = PgServer::start_tls();
     let ca = pg.ca_file.clone().unwrap();
-    let (client, conn) = loop {
-        match tokio_postgres::connect(&pg.url(), tokio_postgres::NoTls).await {
-            Ok(c) => break c,
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-        }
-    };
-    tokio::spawn(conn);
+    let client = pg.client().await;
     client
         .batch_execute("CREATE TABLE seen (command_id text PRIMARY KEY, effect text, ssl bool)")
         .await

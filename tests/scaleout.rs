@@ -71,41 +71,15 @@ async fn deposit(url: &str, accounts: usize, from: u64, to: u64) {
     }
 }
 
-/// Every message of `stream` matching `filter`, read through an ordered consumer; `None`
-/// when the cluster did not answer (a node is down, a leader is being elected).
+/// Every message of `stream` matching `filter` (subject, body), or `None` while the
+/// cluster does not answer.
 async fn try_read(
     url: &str,
     stream: &str,
     filter: &str,
 ) -> Option<Vec<(String, serde_json::Value)>> {
-    use async_nats::jetstream::consumer::pull::OrderedConfig;
-    use futures::StreamExt;
-    let js = jetstream(url).await;
-    let mut s = js.get_stream(stream).await.ok()?;
-    let last = s.info().await.ok()?.state.last_sequence;
-    let consumer = s
-        .create_consumer(OrderedConfig {
-            filter_subject: filter.to_string(),
-            ..Default::default()
-        })
-        .await
-        .ok()?;
-    let mut out = Vec::new();
-    let mut msgs = consumer.messages().await.ok()?;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(2), msgs.next()).await;
-        let Ok(Some(Ok(m))) = next else { break };
-        let info = m.info().ok()?;
-        let (seq, pending) = (info.stream_sequence, info.pending);
-        out.push((
-            m.subject.to_string(),
-            serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
-        ));
-        if pending == 0 || seq >= last {
-            break;
-        }
-    }
-    Some(out)
+    let all = common::read_stream_once(url, stream, filter).await?;
+    Some(all.into_iter().map(|(s, _, b)| (s, b)).collect())
 }
 
 /// The acknowledged deposit numbers per account, in stream order (retried until the

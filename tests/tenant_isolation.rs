@@ -17,6 +17,8 @@
 //!
 //! The generator is a seeded SplitMix64, so a failure prints the seed that reproduces it.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use runner::config::StorageConfig;
@@ -33,21 +35,6 @@ use serde_json::{Value as Json, json};
 /// tenant cannot be read are filed): it is a tenant like any other here.
 const TENANTS: [&str; 7] = ["a", "ab", "A", "a-b", "a_b", "b", "_"];
 const IDS: [&str; 4] = ["o-1", "o-10", "o-1-", "O-1"];
-
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
-        &xs[(self.next() % xs.len() as u64) as usize]
-    }
-}
 
 fn catalog() -> Catalog {
     let report = load_str(&[("order.yaml", include_str!("../manifests/order.yaml"))]);
@@ -147,7 +134,7 @@ fn read_all(store: &Store) -> Filed {
 
 /// One run: `batches` batches of inputs from random tenants, then every property checked.
 fn run(seed: u64, allowed: &[&str]) {
-    let mut rng = Rng(seed);
+    let mut rng = common::SplitMix(seed);
     let catalog = catalog();
     let limits = Limits {
         allowed_tenants: allowed.iter().map(|s| s.to_string()).collect(),

@@ -696,3 +696,79 @@ pub async fn command_numbers(js: &async_nats::jetstream::Context) -> Vec<serde_j
         .map(|s| s.body["payload"]["n"].clone())
         .collect()
 }
+
+/// Every message of `stream` matching `filter` (subject, message id, body) at `url`, read
+/// through an ordered consumer; `None` while the servers do not answer (a node is down, a
+/// leader is being elected).
+pub async fn read_stream_once(
+    url: &str,
+    stream: &str,
+    filter: &str,
+) -> Option<Vec<(String, String, serde_json::Value)>> {
+    use async_nats::jetstream::consumer::pull::OrderedConfig;
+    use futures::StreamExt;
+    let client = async_nats::ConnectOptions::new()
+        .connection_timeout(Duration::from_secs(2))
+        .connect(url)
+        .await
+        .ok()?;
+    let js = async_nats::jetstream::new(client);
+    let mut s = js.get_stream(stream).await.ok()?;
+    let last = s.info().await.ok()?.state.last_sequence;
+    let consumer = s
+        .create_consumer(OrderedConfig {
+            filter_subject: filter.to_string(),
+            ..Default::default()
+        })
+        .await
+        .ok()?;
+    let mut out = Vec::new();
+    let mut msgs = consumer.messages().await.ok()?;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(3), msgs.next()).await;
+        let Ok(Some(Ok(m))) = next else { break };
+        let info = m.info().ok()?;
+        let (seq, pending) = (info.stream_sequence, info.pending);
+        let id = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(async_nats::header::NATS_MESSAGE_ID))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        out.push((
+            m.subject.to_string(),
+            id,
+            serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
+        ));
+        if pending == 0 || seq >= last {
+            break;
+        }
+    }
+    Some(out)
+}
+
+/// A small deterministic generator (SplitMix64), so a seed replays a random schedule.
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// A number below `n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    /// A duration between `lo` and `hi` milliseconds.
+    pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo))
+    }
+    /// One of `xs`.
+    pub fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}

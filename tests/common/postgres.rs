@@ -217,6 +217,20 @@ impl PgServer {
         )
     }
 
+    /// A plain-text client as the `postgres` user, retried while the server starts up
+    /// after it opened its port.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        loop {
+            match tokio_postgres::connect(&self.url(), tokio_postgres::NoTls).await {
+                Ok((client, conn)) => {
+                    tokio::spawn(conn);
+                    return client;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
     /// A directory for the test's own files, removed with the server.
     pub fn dir(&self) -> &Path {
         self.dir.path()
