@@ -1,7 +1,9 @@
-//! Runner authenticates to NATS with each scheme a plain server configuration offers —
-//! user and password, token, nkey — and a wrong secret fails with a clear error that never
+//! Runner authenticates to NATS with each scheme a server configuration offers — user and
+//! password, token, nkey, TLS verified against a CA and mutual TLS (a CA and certificates
+//! made for the test with openssl) — and a wrong secret fails with a clear error that never
 //! contains the secret; neither do the logs, `/info` or `/metrics` of a running node. Real
-//! nats-server (configured by the test), real binary.
+//! nats-server (configured by the test), real binary. (Creds files with JWTs need an
+//! operator-mode server and are not covered here.)
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -105,4 +107,48 @@ async fn nkey_seed_file() {
         &[("RUNNER__NATS__NKEY_SEED_FILE", wrong_file.to_str().unwrap())],
     );
     assert!(!out.contains(&other.seed().unwrap()), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_and_mutual_tls_with_a_test_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    common::postgres::make_test_ca(dir.path());
+    let f = |n: &str| dir.path().join(n).to_str().unwrap().to_string();
+    // Server TLS, verified by the runner against the test CA.
+    let nats = NatsServer::start_with(&format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\" }}\n",
+        f("server.pem"),
+        f("server.key")
+    ));
+    let ca = f("ca.pem");
+    let tls = [
+        ("RUNNER__NATS__TLS_REQUIRED", "true"),
+        ("RUNNER__NATS__TLS_CA_FILE", ca.as_str()),
+    ];
+    up_and_everything_shown(&nats, &tls).await;
+    // Without the CA the server's certificate is not trusted.
+    let out = refused(&nats, &[("RUNNER__NATS__TLS_REQUIRED", "true")]);
+    assert!(
+        out.to_lowercase().contains("certificate") || out.contains("tls"),
+        "{out}"
+    );
+    drop(nats);
+
+    // Mutual TLS: the server requires a client certificate from the CA.
+    let nats = NatsServer::start_with(&format!(
+        "tls {{ cert_file: \"{}\", key_file: \"{}\", ca_file: \"{}\", verify: true }}\n",
+        f("server.pem"),
+        f("server.key"),
+        f("ca.pem")
+    ));
+    let (cert, key) = (f("client.pem"), f("client.key"));
+    let mut mtls = tls.to_vec();
+    mtls.push(("RUNNER__NATS__TLS_CERT_FILE", cert.as_str()));
+    mtls.push(("RUNNER__NATS__TLS_KEY_FILE", key.as_str()));
+    let shown = up_and_everything_shown(&nats, &mtls).await;
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let key_body = key_text.lines().nth(1).unwrap();
+    assert!(!shown.contains(key_body), "the client key was shown");
+    // Without a client certificate the server refuses.
+    refused(&nats, &tls);
 }

@@ -36,7 +36,8 @@ fn openssl(dir: &Path, args: &[&str]) {
     assert!(st.success(), "openssl {args:?} failed");
 }
 
-/// Writes `ca.pem`, `server.pem` (for 127.0.0.1 and localhost) and `server.key` into `dir`.
+/// Writes `ca.pem`, `server.pem` (for 127.0.0.1 and localhost), `server.key`, and a client
+/// certificate `client.pem` with `client.key`, into `dir`.
 pub fn make_test_ca(dir: &Path) {
     openssl(
         dir,
@@ -95,6 +96,39 @@ pub fn make_test_ca(dir: &Path) {
             "-out",
             "server.pem",
         ],
+    );
+    // A client certificate from the same CA, for mutual TLS.
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=runner-client",
+        ]
+        .into_iter()
+        .chain(["-keyout", "client.key", "-out", "client.csr"])
+        .collect::<Vec<_>>(),
+    );
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "client.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+        ]
+        .into_iter()
+        .chain(["-CAcreateserial", "-days", "2", "-extfile", "client.ext"])
+        .chain(["-out", "client.pem"])
+        .collect::<Vec<_>>(),
     );
 }
 
