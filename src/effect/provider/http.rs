@@ -4,7 +4,7 @@
 //! `${ event.payload }`), `success_status` (list; default any 2xx), `success_when` (CEL over
 //! the response, `state` = `{status, body}`), `result` (template; default the response body).
 //!
-//! Classification: timeouts, connection errors, 408, 429 (honouring `Retry-After` seconds)
+//! Classification: timeouts, connection errors, 408, 429 (honouring `Retry-After`, seconds or an HTTP date)
 //! and 5xx are retryable; any other non-success answer, a request that cannot be built, and
 //! a false `success_when` are fatal.
 //!
@@ -199,13 +199,40 @@ impl HttpSpec {
     }
 }
 
-/// The upstream's `Retry-After`, when it is a number of seconds.
+/// The upstream's `Retry-After`: a number of seconds, or an HTTP date (the wait until then;
+/// a date already past means no wait).
 fn retry_after(h: &reqwest::header::HeaderMap) -> Option<Duration> {
-    h.get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<u64>()
-        .ok()
-        .map(Duration::from_secs)
+    let v = h.get(reqwest::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .unwrap_or(Duration::ZERO),
+    )
+}
+
+#[cfg(test)]
+mod retry_after_tests {
+    use super::*;
+
+    fn header(v: &str) -> reqwest::header::HeaderMap {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert(reqwest::header::RETRY_AFTER, v.parse().expect("header value"));
+        h
+    }
+
+    #[test]
+    fn seconds_and_http_dates_are_both_read() {
+        assert_eq!(retry_after(&header("7")), Some(Duration::from_secs(7)));
+        let later = std::time::SystemTime::now() + Duration::from_secs(120);
+        let got = retry_after(&header(&httpdate::fmt_http_date(later))).expect("a date");
+        assert!(got > Duration::from_secs(110) && got <= Duration::from_secs(120), "{got:?}");
+        assert_eq!(
+            retry_after(&header("Wed, 21 Oct 2015 07:28:00 GMT")),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after(&header("soon")), None);
+    }
 }
