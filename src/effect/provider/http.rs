@@ -219,7 +219,10 @@ mod retry_after_tests {
 
     fn header(v: &str) -> reqwest::header::HeaderMap {
         let mut h = reqwest::header::HeaderMap::new();
-        h.insert(reqwest::header::RETRY_AFTER, v.parse().expect("header value"));
+        h.insert(
+            reqwest::header::RETRY_AFTER,
+            v.parse().expect("header value"),
+        );
         h
     }
 
@@ -228,7 +231,10 @@ mod retry_after_tests {
         assert_eq!(retry_after(&header("7")), Some(Duration::from_secs(7)));
         let later = std::time::SystemTime::now() + Duration::from_secs(120);
         let got = retry_after(&header(&httpdate::fmt_http_date(later))).expect("a date");
-        assert!(got > Duration::from_secs(110) && got <= Duration::from_secs(120), "{got:?}");
+        assert!(
+            got > Duration::from_secs(110) && got <= Duration::from_secs(120),
+            "{got:?}"
+        );
         assert_eq!(
             retry_after(&header("Wed, 21 Oct 2015 07:28:00 GMT")),
             Some(Duration::ZERO)
