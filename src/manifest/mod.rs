@@ -35,8 +35,10 @@ pub mod model;
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
 pub use loader::{collect_files, is_test_file, load, load_str};
 
-/// A check of one effect's provider settings: `Err` says what is wrong, naming the setting.
-pub type SettingsCheck = fn(&catalog::Effect) -> Result<(), String>;
+/// A check of one effect's provider settings: `Err((setting, message))` names the setting
+/// (a dotted path such as `request.amount`, located in the file when it is reported) and
+/// says what is wrong with it.
+pub type SettingsCheck = fn(&catalog::Effect) -> Result<(), (String, String)>;
 
 static SETTINGS_CHECK: std::sync::OnceLock<SettingsCheck> = std::sync::OnceLock::new();
 
