@@ -106,6 +106,13 @@ fn descriptor_problems_are_reported_at_the_setting() {
             "must start with http:// or https://",
         ),
         (
+            "endpoint_path",
+            "      endpoint: http://127.0.0.1:1/api\n      method: a.B/C\n".to_string(),
+            6,
+            7,
+            "has a path or query",
+        ),
+        (
             "tls_over_plain",
             "      endpoint: http://127.0.0.1:1\n      method: a.B/C\n      tls_ca_file: /etc/ssl/ca.pem\n".to_string(),
             8,

@@ -288,6 +288,13 @@ fn endpoint(c: &Settings<'_>) -> Result<Endpoint, SettingsError> {
     if uri.host().is_none_or(str::is_empty) {
         return Err(c.err("endpoint", "has no host"));
     }
+    if uri.path_and_query().is_some_and(|p| p.as_str() != "/") {
+        return Err(c.err(
+            "endpoint",
+            "has a path or query; gRPC calls go to `/package.Service/Method` on the host, \
+             so write only `scheme://host:port`",
+        ));
+    }
     let endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| c.err("endpoint", e.to_string()))?
         .connect_timeout(Duration::from_secs(10));
