@@ -133,6 +133,18 @@ pub struct Expect {
     /// Names of timers cancelled.
     #[serde(default)]
     pub timers_cancelled: Option<Vec<String>>,
+    /// The terminal workflow event the step published (`SagaCompleted`, `SagaFailed`,
+    /// `SagaCompensated`, `SagaNeedsOperator`), partial match; `null` expects none. It is
+    /// not part of `work`, which lists what the manifest emitted.
+    #[serde(default, deserialize_with = "some_or_null")]
+    pub finished_event: Option<Option<ExpectWork>>,
+}
+
+/// Tells a field given as `null` (`Some(None)`) from one not given (`None`).
+fn some_or_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// An expected work item.
@@ -466,28 +478,21 @@ fn check_expect(
             failures.push(msg);
         } else {
             for (n, (w, got)) in want.iter().zip(work).enumerate() {
-                let at = format!("{label}: work[{n}]");
-                if let Some(k) = w.kind
-                    && k != got.kind
-                {
-                    failures.push(format!("{at}.kind: expected {k:?}, got {:?}", got.kind));
-                }
-                if let Some(s) = &w.subject {
-                    let ok = match s.strip_suffix('*') {
-                        Some(prefix) => got.subject.starts_with(prefix),
-                        None => *s == got.subject,
-                    };
-                    if !ok {
-                        failures.push(format!(
-                            "{at}.subject: expected `{s}`, got `{}`",
-                            got.subject
-                        ));
-                    }
-                }
-                if let Some(b) = &w.body {
-                    diff_json(failures, &format!("{at}.body"), b, &got.body);
-                }
+                match_work(failures, &format!("{label}: work[{n}]"), w, got);
             }
+        }
+    }
+    if let Some(want) = &e.finished_event {
+        let got = applied.and_then(|a| a.finished.as_ref());
+        let at = format!("{label}: finished_event");
+        match (want, got) {
+            (Some(w), Some(got)) => match_work(failures, &at, w, got),
+            (None, None) => {}
+            (Some(_), None) => failures.push(format!("{at}: expected one, got none")),
+            (None, Some(got)) => failures.push(format!(
+                "{at}: expected none, got {}",
+                got.body["event_type"]
+            )),
         }
     }
     let names = |v: Option<Vec<String>>| v.unwrap_or_default();
@@ -507,6 +512,31 @@ fn check_expect(
                 "{label}: timers_cancelled: expected {want:?}, got {got:?}"
             ));
         }
+    }
+}
+
+/// Compares one output with its expectation (kind, subject with an optional trailing `*`,
+/// partial body).
+fn match_work(failures: &mut Vec<String>, at: &str, w: &ExpectWork, got: &super::WorkItem) {
+    if let Some(k) = w.kind
+        && k != got.kind
+    {
+        failures.push(format!("{at}.kind: expected {k:?}, got {:?}", got.kind));
+    }
+    if let Some(s) = &w.subject {
+        let ok = match s.strip_suffix('*') {
+            Some(prefix) => got.subject.starts_with(prefix),
+            None => *s == got.subject,
+        };
+        if !ok {
+            failures.push(format!(
+                "{at}.subject: expected `{s}`, got `{}`",
+                got.subject
+            ));
+        }
+    }
+    if let Some(b) = &w.body {
+        diff_json(failures, &format!("{at}.body"), b, &got.body);
     }
 }
 
