@@ -321,7 +321,9 @@ async fn reload_refuses_to_strand_running_instances() {
     );
     assert_eq!(code, Some(1), "{out}");
     assert!(
-        out.contains("<store>:0:0: error: saga `ledger` version 1 has instances in flight but is not loaded"),
+        out.contains(
+            "<store>:0:0: error: saga `ledger` version 1 has instances in flight but is not loaded"
+        ),
         "{out}"
     );
 

@@ -513,7 +513,8 @@ fn stranded_versions_are_reported() {
     let v1 = s.iter().find(|x| x.version == 1).expect("v1 stranded");
     assert!(v1.migratable);
     assert!(
-        v1.to_string().contains("runner migrate --saga doc --from 1"),
+        v1.to_string()
+            .contains("runner migrate --saga doc --from 1"),
         "{v1}"
     );
     // Dropping v2 strands its instances: nothing loaded can run or migrate them.
