@@ -139,6 +139,17 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
         keep: state.config.partitions.snapshot_keep,
     };
     let mut snapshot_at = Instant::now();
+    // For the "inbox retention shorter than snapshot age" alert: what the inbox keeps.
+    let inbox = &state.config.streams.saga_inbox;
+    match snapshot::retention_of(state.broker.jetstream(), inbox).await {
+        Ok(age) => state
+            .metrics
+            .inbox_retention
+            .set(i64::try_from(age.as_secs()).unwrap_or(i64::MAX)),
+        Err(e) => {
+            tracing::warn!(message = "Cannot read the inbox's retention.", stream = %inbox, error = %e)
+        }
+    }
     let ttl = state.config.partitions.lease_ttl.get();
     let tick = ttl / 20;
     let mut joined: Option<Instant> = None;
@@ -533,6 +544,14 @@ impl Snap {
         match snapshot::snapshot(&state.store, &self.bucket, &self.how, p, self.keep).await {
             Ok(checkpoint) => {
                 state.metrics.snapshots.inc();
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+                state
+                    .metrics
+                    .snapshot_last_timestamp
+                    .with_label_values(&[&p.to_string()])
+                    .set(now);
                 tracing::debug!(message = "Snapshot uploaded.", partition = p, checkpoint);
             }
             Err(e) => {
@@ -546,6 +565,11 @@ impl Snap {
 fn forget(state: &AppState, p: u32) {
     state.placement.gave_up(p);
     let label = p.to_string();
+    // Its snapshots are the new owner's business now (and no alert of ours should age).
+    let _ = state
+        .metrics
+        .snapshot_last_timestamp
+        .remove_label_values(&[&label]);
     state
         .metrics
         .partition_epoch

@@ -368,6 +368,22 @@ pub async fn retention_gap(
     Ok(s.cached_info().state.first_sequence > from_seq.saturating_add(1))
 }
 
+/// How long `stream` keeps messages (its `max_age`; zero: no age limit).
+pub async fn retention_of(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<std::time::Duration, BrokerError> {
+    let s = js
+        .get_stream(stream)
+        .await
+        .map_err(|e| BrokerError::JetStream {
+            op: "stream info",
+            stream: stream.to_string(),
+            reason: e.to_string(),
+        })?;
+    Ok(s.cached_info().config.max_age)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

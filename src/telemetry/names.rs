@@ -1,0 +1,103 @@
+//! Metric names, described once: every metric Runner exports is named here, and
+//! registered under that name in [`super::Metrics::new`].
+
+/// Build information (value 1), labelled with version, revision and mode.
+pub const BUILD_INFO: &str = "runner_build_info";
+/// 1 while the NATS connection is up, 0 otherwise (updated on every scrape).
+pub const NATS_CONNECTED: &str = "runner_nats_connected";
+/// 1 while the process is draining.
+pub const DRAINING: &str = "runner_draining";
+/// Manifest reloads by outcome (`applied` | `rejected`).
+pub const MANIFEST_RELOADS_TOTAL: &str = "runner_manifest_reloads_total";
+/// Sagas currently loaded (one per name and version).
+pub const MANIFEST_SAGAS: &str = "runner_manifest_sagas";
+/// Inputs applied per libmdbx transaction.
+pub const SAGA_BATCH_SIZE: &str = "runner_saga_batch_size";
+/// Time to apply a batch and commit it durably, seconds.
+pub const SAGA_COMMIT_SECONDS: &str = "runner_saga_commit_seconds";
+/// Saga applications by saga and outcome (`applied`, `ignored`, `duplicate`, `dead_lettered`).
+pub const SAGA_TRANSITIONS_TOTAL: &str = "runner_saga_transitions_total";
+/// Inputs read, by stream.
+pub const SAGA_INPUTS_TOTAL: &str = "runner_saga_inputs_total";
+/// Inputs no saga wanted.
+pub const SAGA_UNROUTED_TOTAL: &str = "runner_saga_unrouted_total";
+/// Messages in the stream after the last one read, by stream (consumer lag).
+pub const CONSUMER_LAG: &str = "runner_consumer_lag";
+/// Last applied stream sequence, by stream.
+pub const CONSUMER_CHECKPOINT: &str = "runner_consumer_checkpoint";
+/// Records waiting in the outbox.
+pub const OUTBOX_DEPTH: &str = "runner_outbox_depth";
+/// Outbox records published and acknowledged.
+pub const RELAY_PUBLISHED_TOTAL: &str = "runner_relay_published_total";
+/// Failed relay rounds (publish or acknowledgement errors).
+pub const RELAY_ERRORS_TOTAL: &str = "runner_relay_errors_total";
+/// Admin connections open now.
+pub const ADMIN_CONNECTIONS: &str = "runner_admin_connections";
+/// Admin connections closed at once because `admin.max_connections` were open.
+pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "runner_admin_connections_refused_total";
+/// Outputs the relay parked because the broker can never take them (dead-lettered).
+pub const RELAY_PARKED_TOTAL: &str = "runner_relay_parked_total";
+/// Time from publishing a window of outbox records to all acknowledged, seconds.
+pub const RELAY_WINDOW_SECONDS: &str = "runner_relay_window_seconds";
+/// Timers waiting to fire.
+pub const TIMERS_PENDING: &str = "runner_timers_pending";
+/// Timers fired.
+pub const TIMERS_FIRED_TOTAL: &str = "runner_timers_fired_total";
+/// How late timers fire (now minus due time), seconds.
+pub const TIMER_FIRE_LAG_SECONDS: &str = "runner_timer_fire_lag_seconds";
+/// Dead letters by kind.
+pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
+/// Saga partitions this replica owns now (partitioned mode).
+pub const PARTITIONS_OWNED: &str = "runner_partitions_owned";
+/// Lease epoch of each partition this replica owns (0 when not owned).
+pub const PARTITION_EPOCH: &str = "runner_partition_epoch";
+/// Inbox messages after the last one read, by owned partition.
+pub const PARTITION_LAG: &str = "runner_partition_lag";
+/// Partition lease events (`acquired`, `renewed`, `lost`, `released`, `fenced`).
+pub const LEASE_EVENTS_TOTAL: &str = "runner_lease_events_total";
+/// Fenced publishes the broker refused because a newer owner raised the fence.
+pub const FENCED_REJECTIONS_TOTAL: &str = "runner_fenced_rejections_total";
+/// Outbox records not published because the fence watermark showed a predecessor had.
+pub const RELAY_SUPPRESSED_TOTAL: &str = "runner_relay_suppressed_total";
+/// Input copies the routers stored in the saga inbox.
+pub const ROUTER_COPIES_TOTAL: &str = "runner_router_copies_total";
+/// Partitions taken over, and how long from lease to first read, seconds.
+pub const PARTITION_START_SECONDS: &str = "runner_partition_start_seconds";
+/// Partitions handed over, and how long from stop to release, seconds.
+pub const PARTITION_HANDOFF_SECONDS: &str = "runner_partition_handoff_seconds";
+/// Partition starts by where the state came from (`local`, `snapshot`).
+pub const PARTITION_RESTORES_TOTAL: &str = "runner_partition_restores_total";
+/// Inputs applied again on take-over that an earlier owner had already applied (at or
+/// below the fence watermark).
+pub const PARTITION_REPLAYED_TOTAL: &str = "runner_partition_replayed_inputs_total";
+/// Snapshots uploaded.
+pub const SNAPSHOTS_TOTAL: &str = "runner_snapshots_total";
+/// When each owned partition's last snapshot was uploaded, Unix seconds, by partition
+/// (absent until its first).
+pub const SNAPSHOT_LAST_TIMESTAMP: &str = "runner_snapshot_last_timestamp_seconds";
+/// How long the saga inbox stream keeps inputs (its `max_age`), seconds; 0 = no age limit.
+/// A partition's last snapshot older than this cannot be replayed without a gap.
+pub const INBOX_RETENTION: &str = "runner_inbox_retention_seconds";
+/// Take-overs that found inputs they needed already gone from the inbox (retention
+/// shorter than snapshot age plus outage).
+pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
+/// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
+/// `completed`, `failed`, `replayed`).
+pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
+/// Effect commands not executed on delivery, by outcome (`refused`: undecodable or
+/// inconsistent, terminated).
+pub const EFFECT_COMMANDS_TOTAL: &str = "runner_effect_commands_total";
+/// Effect results published, by effect and result type.
+pub const EFFECT_RESULTS_TOTAL: &str = "runner_effect_results_total";
+/// Effect attempts by effect and outcome (`succeeded`, `retryable`, `fatal`,
+/// `timed_out`, `circuit_open`).
+pub const EFFECT_ATTEMPTS_TOTAL: &str = "runner_effect_attempts_total";
+/// Time from claiming a command to its outcome (all attempts), seconds, by effect.
+pub const EFFECT_SECONDS: &str = "runner_effect_seconds";
+/// Circuit breaker state by effect: 0 closed, 1 open, 2 half-open.
+pub const EFFECT_CIRCUIT_STATE: &str = "runner_effect_circuit_state";
+/// Effect commands executing now.
+pub const EFFECT_IN_FLIGHT: &str = "runner_effect_in_flight";
+/// Refused effect commands kept in the local store because the dead-letter stream did
+/// not take them (`runner dlq list` shows them).
+pub const EFFECT_DEADLETTERS_LOCAL: &str = "runner_effect_deadletters_local_total";
