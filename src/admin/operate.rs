@@ -1,0 +1,186 @@
+//! The admin API's operator routes over the node's own store: one instance with its timers
+//! and recent transitions, and the dead letters — listed, shown, redriven. They are the
+//! running node's side of `runner inspect` and `runner dlq`, and what the admin page calls.
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /admin/instance?tenant=T&saga=S&id=C` | the `runner inspect` view; 404 when there is none |
+//! | `GET /admin/dlq?[tenant=T][&all=true][&limit=N]` | dead letters, newest first (pending only unless `all`), at most `limit` (100; ≤ 1000) |
+//! | `GET /admin/dlq/{tenant}/{id}` | one dead letter in full |
+//! | `POST /admin/dlq/{tenant}/{id}/redrive` | applies it again with the manifests in force, then what was held behind it; the redrive report |
+//!
+//! Guarantees: a redrive is applied once — the store marks the letter redriven in the same
+//! transaction, so a second request for it is refused — and redrives are rate-limited per
+//! node ([`REDRIVES_PER_SECOND`], 429 with `Retry-After` beyond it), so a script cannot turn
+//! a dead-letter backlog into a burst against the saga worker. In partitioned mode a redrive
+//! is refused (as by the CLI): it would write outside the partition's log and fences.
+//! Behind the admin token like every `/admin/*` route.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::deadletter::{self, DeadLetterError};
+use crate::ops::{self, OpsError};
+use crate::runtime::AppState;
+
+/// Redrives one node accepts per second.
+pub(super) const REDRIVES_PER_SECOND: u32 = 5;
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+}
+
+/// `GET /admin/instance` query.
+#[derive(Debug, Deserialize)]
+pub(super) struct InstanceParams {
+    tenant: String,
+    saga: String,
+    id: String,
+}
+
+pub(super) async fn instance(
+    State(state): State<Arc<AppState>>,
+    Query(p): Query<InstanceParams>,
+) -> Response {
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || ops::inspect(&store, &p.tenant, &p.saga, &p.id)).await
+    {
+        Ok(Ok(view)) => Json(view).into_response(),
+        Ok(Err(e @ OpsError::NoInstance { .. })) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+/// `GET /admin/dlq` query.
+#[derive(Debug, Deserialize)]
+pub(super) struct ListParams {
+    tenant: Option<String>,
+    #[serde(default)]
+    all: bool,
+    limit: Option<usize>,
+}
+
+pub(super) async fn dlq_list(
+    State(state): State<Arc<AppState>>,
+    Query(p): Query<ListParams>,
+) -> Response {
+    let limit = p.limit.unwrap_or(100);
+    if limit == 0 || limit > 1000 {
+        return error(StatusCode::BAD_REQUEST, "`limit` must be 1 to 1000");
+    }
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || deadletter::list(&store, p.tenant.as_deref(), p.all))
+        .await
+    {
+        Ok(Ok(mut items)) => {
+            let total = items.len();
+            items.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then(b.id.cmp(&a.id)));
+            items.truncate(limit);
+            Json(json!({ "total": total, "items": items })).into_response()
+        }
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+pub(super) async fn dlq_show(
+    State(state): State<Arc<AppState>>,
+    Path((tenant, id)): Path<(String, u64)>,
+) -> Response {
+    let store = state.store.clone();
+    match tokio::task::spawn_blocking(move || deadletter::show(&store, &tenant, id)).await {
+        Ok(Ok(d)) => Json(d).into_response(),
+        Ok(Err(e @ DeadLetterError::NotFound { .. })) => {
+            error(StatusCode::NOT_FOUND, e.to_string())
+        }
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+/// A token bucket: `REDRIVES_PER_SECOND` tokens, refilled continuously.
+#[derive(Debug)]
+pub(super) struct RedriveLimit(Mutex<(f64, Instant)>);
+
+impl Default for RedriveLimit {
+    fn default() -> Self {
+        Self(Mutex::new((f64::from(REDRIVES_PER_SECOND), Instant::now())))
+    }
+}
+
+impl RedriveLimit {
+    /// Takes a token, or says how long until one is there.
+    fn take(&self) -> Result<(), Duration> {
+        let rate = f64::from(REDRIVES_PER_SECOND);
+        let mut g = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (tokens, at) = &mut *g;
+        *tokens = (*tokens + at.elapsed().as_secs_f64() * rate).min(rate);
+        *at = Instant::now();
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - *tokens) / rate))
+        }
+    }
+}
+
+pub(super) async fn dlq_redrive(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(limit): axum::Extension<Arc<RedriveLimit>>,
+    Path((tenant, id)): Path<(String, u64)>,
+) -> Response {
+    if state.config.partitions.enabled {
+        return error(
+            StatusCode::CONFLICT,
+            "redrive is not available in partitioned mode yet: the dead letter stays pending",
+        );
+    }
+    if let Err(wait) = limit.take() {
+        let secs = wait.as_secs().max(1).to_string();
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, secs)],
+            Json(json!({ "error": format!("at most {REDRIVES_PER_SECOND} redrives a second") })),
+        )
+            .into_response();
+    }
+    let catalog = state.catalog();
+    let st = state.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let limits = crate::worker::process::Limits::from_config(&st.config);
+        ops::redrive(&st.store, &catalog, &limits, &tenant, id)
+    })
+    .await;
+    match result {
+        Ok(Ok(report)) => {
+            tracing::info!(
+                message = "Dead letter redriven.",
+                id,
+                applied = report.applied,
+                dead_lettered = report.dead_lettered
+            );
+            Json(report).into_response()
+        }
+        Ok(Err(e @ DeadLetterError::NotFound { .. })) => {
+            error(StatusCode::NOT_FOUND, e.to_string())
+        }
+        Ok(Err(e)) => error(StatusCode::CONFLICT, e.to_string()),
+        Err(e) => internal(e),
+    }
+}

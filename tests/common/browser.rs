@@ -1,0 +1,210 @@
+//! A real headless browser for tests: Debian's `chromium` driven over the W3C WebDriver
+//! protocol through `chromedriver` (Debian's `chromium-driver`), with plain HTTP calls.
+//!
+//! Every wait polls the page until a condition holds or a generous deadline passes; nothing
+//! sleeps a guessed time. The driver process is killed when the [`Browser`] is dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value as Json, json};
+
+/// The key WebDriver names element references with.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+fn find_tool(names: &[&str]) -> PathBuf {
+    for dir in std::env::var("PATH").unwrap_or_default().split(':') {
+        for n in names {
+            let p = Path::new(dir).join(n);
+            if p.is_file() {
+                return p;
+            }
+        }
+    }
+    panic!(
+        "none of {names:?} found: install Debian's `chromium` and `chromium-driver` \
+         (scripts/setup-deps --test)"
+    );
+}
+
+/// One browser session.
+pub struct Browser {
+    driver: Child,
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Browser {
+    /// Starts chromedriver on a free port and a headless Chromium session.
+    pub async fn start() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Command::new(find_tool(&["chromedriver"]))
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver starts");
+        let http = reqwest::Client::new();
+        let root = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let ready = http.get(format!("{root}/status")).send().await;
+            if let Ok(r) = ready
+                && let Ok(v) = r.json::<Json>().await
+                && v["value"]["ready"] == true
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not become ready"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let chromium = find_tool(&["chromium", "chromium-browser"]);
+        let caps = json!({ "capabilities": { "alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": chromium,
+                "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                         "--disable-dev-shm-usage", "--window-size=1280,1000"]
+            }
+        }}});
+        let v: Json = http
+            .post(format!("{root}/session"))
+            .json(&caps)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let session = v["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {v}"))
+            .to_string();
+        Self {
+            driver,
+            base: format!("{root}/session/{session}"),
+            http,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Json>) -> Json {
+        let mut req = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let v: Json = req.send().await.unwrap().json().await.unwrap();
+        v["value"].clone()
+    }
+
+    /// Opens `url`.
+    pub async fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    /// Runs `script` in the page with `args`; returns its result.
+    pub async fn script(&self, script: &str, args: Json) -> Json {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": args })),
+        )
+        .await
+    }
+
+    async fn element(&self, css: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = self
+                .call(
+                    reqwest::Method::POST,
+                    "/element",
+                    Some(json!({ "using": "css selector", "value": css })),
+                )
+                .await;
+            if let Some(id) = v[ELEMENT].as_str() {
+                return id.to_string();
+            }
+            assert!(Instant::now() < deadline, "no element {css} on the page");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Replaces the value of the input `css` with `text`.
+    pub async fn fill(&self, css: &str, text: &str) {
+        let id = self.element(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/clear"),
+            Some(json!({})),
+        )
+        .await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/value"),
+            Some(json!({ "text": text })),
+        )
+        .await;
+    }
+
+    /// Clicks `css`.
+    pub async fn click(&self, css: &str) {
+        let id = self.element(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            Some(json!({})),
+        )
+        .await;
+    }
+
+    /// The text of every element matching `css`.
+    pub async fn texts(&self, css: &str) -> Vec<String> {
+        let v = self
+            .script(
+                "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.textContent);",
+                json!([css]),
+            )
+            .await;
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|t| t.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits until `check` holds for the texts of `css`; returns them.
+    pub async fn wait_for(
+        &self,
+        css: &str,
+        what: &str,
+        check: impl Fn(&[String]) -> bool,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let t = self.texts(css).await;
+            if check(&t) {
+                return t;
+            }
+            assert!(Instant::now() < deadline, "{what}: {css} shows {t:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
