@@ -131,6 +131,33 @@ impl Needs {
         ]
     }
 
+    /// The fields read directly under `root.path` (for `saga` and `["secrets"]`: the names
+    /// of the secrets read), or `None` when the expression may read any of them (it uses
+    /// the object, or one of its parents, whole).
+    pub fn fields_read(&self, root: &str, path: &[&str]) -> Option<Vec<String>> {
+        let mut need = match root {
+            "event" => &self.event,
+            "state" => &self.state,
+            "saga" => &self.saga,
+            _ => return Some(Vec::new()),
+        };
+        for field in path {
+            need = match need {
+                Need::Whole => return None,
+                Need::Nothing => return Some(Vec::new()),
+                Need::Fields(f) => match f.get(*field) {
+                    Some(n) => n,
+                    None => return Some(Vec::new()),
+                },
+            };
+        }
+        match need {
+            Need::Whole => None,
+            Need::Nothing => Some(Vec::new()),
+            Need::Fields(f) => Some(f.keys().cloned().collect()),
+        }
+    }
+
     fn mark(&mut self, root: &str, path: &[String]) {
         match root {
             "event" => self.event.mark(path),

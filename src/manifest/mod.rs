@@ -33,7 +33,7 @@ mod loader;
 pub mod model;
 
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
-pub use loader::{collect_files, is_test_file, load, load_str};
+pub use loader::{collect_files, is_test_file, load, load_str, with_manifests_beside};
 
 /// A check of one effect's provider settings: `Err` says what is wrong, naming the setting.
 pub type SettingsCheck = fn(&catalog::Effect) -> Result<(), String>;

@@ -44,12 +44,15 @@ pub struct EffectDecl {
     /// Unique effect name, used in subjects (`effect.<name>.<command_id>`).
     #[schemars(with = "String")]
     pub name: Sp<String>,
-    /// Which executor runs it: `noop`, `http`, `nats_publish`.
+    /// Which executor runs it: `http`, `nats_request`, `nats_publish`, `smtp`, `postgres`,
+    /// `noop` or `log` (the book's Effects chapter describes each one's settings).
     #[schemars(with = "String")]
     pub provider: Sp<String>,
-    /// Provider settings (URL, method, headers...), passed to the provider unchanged.
+    /// Provider settings (URL, method, headers, `secrets`...), handed to the provider; each
+    /// key keeps its location for the diagnostics about it.
     #[serde(default)]
-    pub settings: BTreeMap<String, serde_json::Value>,
+    #[schemars(with = "BTreeMap<String, serde_json::Value>", extend("default" = {}))]
+    pub settings: SpannedMap<serde_json::Value>,
     /// Timeout of one attempt, in milliseconds.
     pub timeout_ms: Option<u64>,
     /// Retries applied by the effect worker.

@@ -8,21 +8,28 @@
 //! format: 1
 //! tenant: acme                      # default `_`
 //! tests:
-//!   - name: card declined cancels the order
+//!   - name: a payment timer cancelled by the charge is ignored when it fires
 //!     saga: order                   # whose instance the expectations look at
 //!     steps:
 //!       - event:                    # any input: subject + envelope fields
 //!           subject: aggregate.Order.o-1
 //!           event_type: OrderPlaced
-//!           payload: { amount: 40 }
+//!           payload: { customer_id: c-1, amount_cents: 40, items: [{ sku: a, qty: 1 }] }
 //!         expect:
 //!           state: awaiting_payment
+//!           timers_set: [payment_timeout]
 //!           work: [ { kind: effect_command, subject: "effect.charge_card.*" } ]
-//!       - effect_result: { effect: charge_card, result: Failed }   # answers the last command
-//!         expect: { state: cancelled, status: failed }
-//!       - fire_timer: payment_timeout                          # at the timer's due time
-//!         expect: { outcome: stale_timer }
+//!       - effect_result: { effect: charge_card, result: Succeeded }   # answers the last command
+//!         expect: { state: reserving_stock, timers_cancelled: [payment_timeout] }
+//!       - fire_timer: payment_timeout   # pending, or the last one set (here: cancelled)
+//!         expect: { outcome: stale_timer, state: reserving_stock }
 //! ```
+//!
+//! `fire_timer` fires the instance's pending timer of that name at its due time; when none
+//! is pending it fires the last timer of that name the test set (cancelled, or replaced by
+//! a newer one), as a late firing would arrive in the service, so a test can show that it
+//! is ignored (`stale_timer`, or `finished` once the instance has ended). A timer name the
+//! test never set is an error of the test.
 //!
 //! Envelope defaults: `v: 1`, `tenant_id`, a deterministic `event_id`, and `timestamp_ms`
 //! one second after the previous input (the first at 1 700 000 000 000) unless `at_ms` is given.
@@ -82,7 +89,8 @@ pub struct ScenarioStep {
     /// A result for the last effect command of that effect.
     #[serde(default)]
     pub effect_result: Option<EffectReply>,
-    /// Fire the instance's pending timer of that name, at its due time.
+    /// Fire the instance's timer of that name at its due time: the pending one, else the
+    /// last one set (cancelled or replaced), which the engine ignores.
     #[serde(default)]
     pub fire_timer: Option<String>,
     /// Input time (ms), instead of the default.
@@ -221,6 +229,7 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
     let mut sent: Vec<(String, Json)> = Vec::new(); // (effect, command body) emitted so far
     let mut now = DEFAULT_START_MS;
     let mut target: Option<(String, String)> = None;
+    let mut timers_seen = TimersSeen::new();
     for (i, step) in t.steps.iter().enumerate() {
         let label = format!("step {}", i + 1);
         let event_id = ids::derive(
@@ -235,7 +244,16 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
         )
         .to_string();
         now = step.at_ms.unwrap_or(if i == 0 { now } else { now + 1_000 });
-        let input = match build_input(step, tenant, &event_id, now, &sent, &instances, &target, t) {
+        let ctx = InputCtx {
+            tenant,
+            event_id: &event_id,
+            now,
+            sent: &sent,
+            instances: &instances,
+            target: &target,
+            timers_seen: &timers_seen,
+        };
+        let input = match build_input(step, &ctx, t) {
             Ok(input) => input,
             Err(e) => {
                 failures.push(format!("{label}: {e}"));
@@ -269,6 +287,12 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
                 &input,
             );
             if let Ok(a) = &res {
+                for ts in &a.timers_set {
+                    timers_seen.insert(
+                        (key.0.clone(), key.1.clone(), ts.name.clone()),
+                        (ts.timer_id.clone(), ts.due_ms),
+                    );
+                }
                 for w in &a.work {
                     if w.kind == WorkKind::EffectCommand {
                         let effect = w
@@ -314,17 +338,31 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
     failures
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_input(
-    step: &ScenarioStep,
-    tenant: &str,
-    event_id: &str,
+/// The last timer of each name a test set: (saga, correlation id, name) → (id, due ms).
+type TimersSeen = BTreeMap<(String, String, String), (String, u64)>;
+
+/// What a step's input is built from.
+#[derive(Clone, Copy)]
+struct InputCtx<'a> {
+    tenant: &'a str,
+    event_id: &'a str,
     now: u64,
-    sent: &[(String, Json)],
-    instances: &BTreeMap<(String, String), Instance>,
-    target: &Option<(String, String)>,
-    t: &Scenario,
-) -> Result<Input, String> {
+    sent: &'a [(String, Json)],
+    instances: &'a BTreeMap<(String, String), Instance>,
+    target: &'a Option<(String, String)>,
+    timers_seen: &'a TimersSeen,
+}
+
+fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<Input, String> {
+    let InputCtx {
+        tenant,
+        event_id,
+        now,
+        sent,
+        instances,
+        target,
+        timers_seen,
+    } = *ctx;
     let given = usize::from(step.event.is_some())
         + usize::from(step.effect_result.is_some())
         + usize::from(step.fire_timer.is_some());
@@ -391,19 +429,27 @@ fn build_input(
     let inst = instances
         .get(&key)
         .ok_or("no instance to fire a timer on")?;
-    let timer = inst.timers.get(name).ok_or_else(|| {
-        format!(
-            "timer `{name}` is not pending (pending: {:?})",
-            inst.timers.keys().collect::<Vec<_>>()
-        )
-    })?;
-    let due = step.at_ms.unwrap_or(timer.due_ms);
+    // The pending timer of that name; else the last one the test set (cancelled or
+    // replaced), fired late as the service would see it.
+    let (timer_id, due_ms) = match inst.timers.get(name) {
+        Some(timer) => (timer.timer_id.clone(), timer.due_ms),
+        None => timers_seen
+            .get(&(key.0.clone(), key.1.clone(), name.to_owned()))
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "timer `{name}` was never set on this instance (pending: {:?})",
+                    inst.timers.keys().collect::<Vec<_>>()
+                )
+            })?,
+    };
+    let due = step.at_ms.unwrap_or(due_ms);
     Ok(Input::timer(
         &inst.tenant,
         &key.0,
         &key.1,
         name,
-        &timer.timer_id,
+        &timer_id,
         due,
     ))
 }

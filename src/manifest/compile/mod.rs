@@ -22,6 +22,7 @@ mod diags;
 mod machine;
 mod orchestration;
 mod parts;
+mod secrets;
 
 use diags::{Diags, at};
 use parts::SagaCompiler;
@@ -102,7 +103,12 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                 Arc::new(Effect {
                     name: e.name.value.clone(),
                     provider: e.provider.value.clone(),
-                    settings: e.settings.clone(),
+                    settings: e
+                        .settings
+                        .0
+                        .iter()
+                        .map(|(k, v)| (k.value.clone(), v.clone()))
+                        .collect(),
                     timeout_ms: e.timeout_ms,
                     retry: e.retry,
                     circuit_breaker: e.circuit_breaker,
@@ -113,6 +119,7 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                     },
                 }),
             );
+            secrets::check_references(&mut d, e);
             if let Some(check) = super::settings_check()
                 && PROVIDERS.contains(&e.provider.value.as_str())
             {
