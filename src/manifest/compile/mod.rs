@@ -88,6 +88,15 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                 );
                 continue;
             }
+            if e.name.value.is_empty() || e.name.value.contains(['.', '*', '>', ' ']) {
+                d.error(
+                    at(&e.name),
+                    format!(
+                        "effect name `{}` is not a valid subject token",
+                        e.name.value
+                    ),
+                );
+            }
             if !PROVIDERS.contains(&e.provider.value.as_str()) {
                 d.error(
                     at(&e.provider),
