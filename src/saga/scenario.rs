@@ -19,16 +19,17 @@
 //!           state: awaiting_payment
 //!           timers_set: [payment_timeout]
 //!           work: [ { kind: effect_command, subject: "effect.charge_card.*" } ]
-//!       - effect_result: { effect: charge_card, result: Succeeded }   # answers the last command
+//!       - effect_result:          # answers the last command of that effect
+//!           { effect: charge_card, result: Succeeded, payload: { payment_id: p-1 } }
 //!         expect: { state: reserving_stock, timers_cancelled: [payment_timeout] }
 //!       - fire_timer: payment_timeout   # pending, or the last one set (here: cancelled)
 //!         expect: { outcome: stale_timer, state: reserving_stock }
 //! ```
 //!
 //! `fire_timer` fires the instance's pending timer of that name at its due time; when none
-//! is pending it fires the last timer of that name the test set (cancelled, or replaced by
-//! a newer one), as a late firing would arrive in the service, so a test can show that it
-//! is ignored (`stale_timer`, or `finished` once the instance has ended). A timer name the
+//! is pending it fires the last timer of that name the test set (cancelled by a transition
+//! or by the end of the instance), as a late firing would arrive in the service, so a test
+//! can show that it is ignored (`stale_timer`, or `finished` once the instance has ended). A timer name the
 //! test never set is an error of the test.
 //!
 //! Envelope defaults: `v: 1`, `tenant_id`, a deterministic `event_id`, and `timestamp_ms`
@@ -90,7 +91,7 @@ pub struct ScenarioStep {
     #[serde(default)]
     pub effect_result: Option<EffectReply>,
     /// Fire the instance's timer of that name at its due time: the pending one, else the
-    /// last one set (cancelled or replaced), which the engine ignores.
+    /// last one set (since cancelled), which the engine ignores.
     #[serde(default)]
     pub fire_timer: Option<String>,
     /// Input time (ms), instead of the default.
@@ -429,8 +430,8 @@ fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<
     let inst = instances
         .get(&key)
         .ok_or("no instance to fire a timer on")?;
-    // The pending timer of that name; else the last one the test set (cancelled or
-    // replaced), fired late as the service would see it.
+    // The pending timer of that name; else the last one the test set (since cancelled),
+    // fired late as the service would see it.
     let (timer_id, due_ms) = match inst.timers.get(name) {
         Some(timer) => (timer.timer_id.clone(), timer.due_ms),
         None => timers_seen

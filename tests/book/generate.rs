@@ -123,7 +123,11 @@ fn ty(p: &Json) -> String {
     if let Some(r) = p.get("$ref").and_then(Json::as_str) {
         return def_link(r);
     }
-    if let Some(any) = p.get("anyOf").or_else(|| p.get("oneOf")).and_then(Json::as_array) {
+    if let Some(any) = p
+        .get("anyOf")
+        .or_else(|| p.get("oneOf"))
+        .and_then(Json::as_array)
+    {
         return any.iter().map(ty).collect::<Vec<_>>().join(" or ");
     }
     let one = |t: &str| -> String {
@@ -160,7 +164,12 @@ fn allowed(p: &Json) -> String {
     if let Some(e) = p.get("enum").and_then(Json::as_array) {
         return e
             .iter()
-            .map(|v| format!("`{}`", v.as_str().map(str::to_owned).unwrap_or(v.to_string())))
+            .map(|v| {
+                format!(
+                    "`{}`",
+                    v.as_str().map(str::to_owned).unwrap_or(v.to_string())
+                )
+            })
             .collect::<Vec<_>>()
             .join(", ");
     }
@@ -239,15 +248,19 @@ pub(crate) fn default_toml_keys() -> Vec<TomlKey> {
         // `key = value`, or `# key = value` for an optional key shown commented out.
         let candidate = t.strip_prefix('#').map(str::trim).unwrap_or(t);
         let is_key = !section.is_empty()
-            && candidate
-                .split_once(" = ")
-                .is_some_and(|(k, _)| !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+            && candidate.split_once(" = ").is_some_and(|(k, _)| {
+                !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            });
         if is_key {
             let (k, v) = candidate.split_once(" = ").expect("checked");
             let inline = v.split_once(" # ").map(|(_, c)| c.trim().to_owned());
             let mut text = comment.join(" ");
             if let Some(c) = inline {
-                text = if text.is_empty() { c } else { format!("{text} ({c})") };
+                text = if text.is_empty() {
+                    c
+                } else {
+                    format!("{text} ({c})")
+                };
             }
             if text.is_empty()
                 && let Some(head) = &group_head
@@ -358,7 +371,11 @@ pub(crate) fn metrics() -> Vec<(String, String, Vec<String>, String)> {
                 let (kind, labels, help) = shape(&text, cname);
                 // The doc of the name, unless it only says what the constant is.
                 let doc = doc.join(" ");
-                let meaning = if doc.starts_with("Name of") { help } else { doc };
+                let meaning = if doc.starts_with("Name of") {
+                    help
+                } else {
+                    doc
+                };
                 out.push((name, kind, labels, meaning));
             }
             doc.clear();
@@ -435,7 +452,7 @@ pub(crate) fn metrics_table() -> String {
 fn ms(v: u64) -> String {
     if v < 1000 {
         format!("{v} ms")
-    } else if v % 1000 == 0 {
+    } else if v.is_multiple_of(1000) {
         format!("{} s", v / 1000)
     } else {
         format!("{:.1} s", v as f64 / 1000.0)

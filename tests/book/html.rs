@@ -49,7 +49,10 @@ pub(crate) fn broken_links(build: &Path) -> (Vec<String>, usize) {
     let mut checked = 0;
     for (f, text) in &texts {
         for href in attr_values(text, "href") {
-            if href.contains("://") || href.starts_with("mailto:") || href.starts_with("javascript:") {
+            if href.contains("://")
+                || href.starts_with("mailto:")
+                || href.starts_with("javascript:")
+            {
                 continue;
             }
             checked += 1;

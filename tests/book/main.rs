@@ -16,7 +16,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 mod generate;
 mod html;
@@ -81,7 +80,11 @@ fn code_blocks_are_marked_and_data_is_included_from_checked_files() {
                 ));
             }
         } else if !["text", "promql"].contains(&b.lang.as_str()) {
-            problems.push(format!("{}: unexpected block language `{}`", b.at(), b.lang));
+            problems.push(format!(
+                "{}: unexpected block language `{}`",
+                b.at(),
+                b.lang
+            ));
         }
     }
     for c in chapters() {
@@ -90,7 +93,11 @@ fn code_blocks_are_marked_and_data_is_included_from_checked_files() {
                 continue; // checked by generated_pages_are_current
             }
             let Ok(text) = std::fs::read_to_string(&inc.path) else {
-                problems.push(format!("{}: includes missing {}", inc.at, inc.path.display()));
+                problems.push(format!(
+                    "{}: includes missing {}",
+                    inc.at,
+                    inc.path.display()
+                ));
                 continue;
             };
             if let Some(a) = &inc.anchor
@@ -122,7 +129,9 @@ fn included(ext: &str) -> Vec<PathBuf> {
 }
 
 fn is_broken_example(p: &Path) -> bool {
-    p.starts_with(markdown::canonical(&root().join("docs/book/examples/broken")))
+    p.starts_with(markdown::canonical(
+        &root().join("docs/book/examples/broken"),
+    ))
 }
 
 #[test]
@@ -150,14 +159,30 @@ fn every_manifest_the_book_shows_validates_and_its_scenarios_pass() {
         }
         let out = runner().arg("test").arg(&tests).output().unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}: {stdout}{}", tests.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: {stdout}{}",
+            tests.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(stdout.trim_end().ends_with(" passed, 0 failed"), "{stdout}");
         tested += 1;
     }
-    assert!(tested >= 4, "only {tested} example manifests have scenarios");
-    for t in included(".tests.yaml").iter().filter(|p| !is_broken_example(p)) {
+    assert!(
+        tested >= 4,
+        "only {tested} example manifests have scenarios"
+    );
+    for t in included(".tests.yaml")
+        .iter()
+        .filter(|p| !is_broken_example(p))
+    {
         let out = runner().arg("test").arg(t).output().unwrap();
-        assert!(out.status.success(), "{}: {}", t.display(), String::from_utf8_lossy(&out.stdout));
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            t.display(),
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
 }
 
@@ -271,19 +296,28 @@ fn the_manifest_reference_names_every_schema_key_and_only_those() {
     }
     collect(&schema, &mut keys);
     for k in &keys {
-        assert!(page.contains(&format!("| `{k}` |")), "the reference lacks key `{k}`");
+        assert!(
+            page.contains(&format!("| `{k}` |")),
+            "the reference lacks key `{k}`"
+        );
     }
     for line in page.lines().filter(|l| l.starts_with("| `")) {
         let k = line[3..].split('`').next().unwrap();
         let is_value = ["completed", "failed", "compensated"].contains(&k);
-        assert!(is_value || keys.contains(k), "the reference names `{k}`, which the schema lacks");
+        assert!(
+            is_value || keys.contains(k),
+            "the reference names `{k}`, which the schema lacks"
+        );
     }
     // The schema's provider description names every provider Runner has.
     let desc = schema["$defs"]["EffectDecl"]["properties"]["provider"]["description"]
         .as_str()
         .unwrap();
     for p in runner::manifest::PROVIDERS {
-        assert!(desc.contains(&format!("`{p}`")), "the schema's provider description lacks `{p}`: {desc}");
+        assert!(
+            desc.contains(&format!("`{p}`")),
+            "the schema's provider description lacks `{p}`: {desc}"
+        );
         let effects = std::fs::read_to_string(src_dir().join("effects.md")).unwrap();
         let has_section = effects
             .lines()
@@ -300,15 +334,28 @@ fn the_configuration_reference_has_every_key_of_the_structs_and_no_other() {
         .map(|k| (k.section, k.key))
         .collect();
     for k in structs.keys() {
-        assert!(toml.contains(k), "config/default.toml lacks [{}] {}", k.0, k.1);
+        assert!(
+            toml.contains(k),
+            "config/default.toml lacks [{}] {}",
+            k.0,
+            k.1
+        );
     }
     for k in &toml {
-        assert!(structs.contains_key(k), "config/default.toml has [{}] {}, which the config structs lack", k.0, k.1);
+        assert!(
+            structs.contains_key(k),
+            "config/default.toml has [{}] {}, which the config structs lack",
+            k.0,
+            k.1
+        );
     }
     let page = std::fs::read_to_string(src_dir().join("generated/config-keys.md")).unwrap();
     for (section, key) in structs.keys() {
         let env = format!("RUNNER__{}__{}", section.to_uppercase(), key.to_uppercase());
-        assert!(page.contains(&format!("| `{key}` |")) && page.contains(&env), "the reference lacks {section}.{key}");
+        assert!(
+            page.contains(&format!("| `{key}` |")) && page.contains(&env),
+            "the reference lacks {section}.{key}"
+        );
     }
     // An environment override the reference names really overrides the key.
     let c = runner::config::load(
@@ -324,13 +371,28 @@ fn the_configuration_reference_has_every_key_of_the_structs_and_no_other() {
 fn the_retry_table_agrees_with_the_formula_the_book_states() {
     use runner::manifest::model::RetryPolicy;
     // The book states min(max_backoff, (base_backoff × 2) ^ n) and quotes examples.
-    let p = |base, max| RetryPolicy { retry_limit: 9, base_backoff: Some(base), max_backoff: max, enable_jitter: false };
-    let waits = |pol: &RetryPolicy| (1..=5).map(|n| runner::saga::retry::backoff_ms(pol, n)).collect::<Vec<_>>();
+    let p = |base, max| RetryPolicy {
+        retry_limit: 9,
+        base_backoff: Some(base),
+        max_backoff: max,
+        enable_jitter: false,
+    };
+    let waits = |pol: &RetryPolicy| {
+        (1..=5)
+            .map(|n| runner::saga::retry::backoff_ms(pol, n))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(waits(&p(10, 30_000)), [20, 400, 8_000, 30_000, 30_000]);
     assert_eq!(waits(&p(100, 5_000)), [200, 5_000, 5_000, 5_000, 5_000]);
     let effects = std::fs::read_to_string(src_dir().join("effects.md")).unwrap();
-    assert!(effects.contains("4 × 2 s + (200 + 5 000 + 5 000) ms"), "the worked total in effects.md");
-    let none = RetryPolicy { base_backoff: None, ..p(1, 1) };
+    assert!(
+        effects.contains("4 × 2 s + (200 + 5 000 + 5 000) ms"),
+        "the worked total in effects.md"
+    );
+    let none = RetryPolicy {
+        base_backoff: None,
+        ..p(1, 1)
+    };
     assert_eq!(runner::saga::retry::backoff_ms(&none, 3), 0);
 }
 
@@ -338,7 +400,10 @@ fn the_retry_table_agrees_with_the_formula_the_book_states() {
 fn operations_lists_every_dead_letter_kind_and_metric() {
     let ops = std::fs::read_to_string(src_dir().join("operations.md")).unwrap();
     for k in runner::deadletter::kind::ALL {
-        assert!(ops.contains(&format!("| `{k}` |")), "operations.md lacks dead-letter kind `{k}`");
+        assert!(
+            ops.contains(&format!("| `{k}` |")),
+            "operations.md lacks dead-letter kind `{k}`"
+        );
     }
     let metrics = generate::metrics();
     assert!(metrics.len() >= 40, "{}", metrics.len());
@@ -349,7 +414,10 @@ fn operations_lists_every_dead_letter_kind_and_metric() {
     for word in ops.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
         if word.starts_with("runner_") && !word.ends_with('_') {
             let base = word.trim_end_matches("_bucket");
-            assert!(metrics.iter().any(|(n, ..)| n == base), "operations.md names unknown metric {word}");
+            assert!(
+                metrics.iter().any(|(n, ..)| n == base),
+                "operations.md names unknown metric {word}"
+            );
         }
     }
 }
@@ -381,13 +449,14 @@ fn run_chapter(chapter: &str, envs: &[(&str, String)], limit: Duration) -> Strin
         n += 1;
     }
     assert!(n > 0, "{chapter} has no run block");
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_runner")).parent().unwrap().to_path_buf();
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_runner"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let nats_dir = common::nats_server_bin().parent().unwrap().to_path_buf();
-    let path = std::env::join_paths(
-        [bin_dir, nats_dir]
-            .into_iter()
-            .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
-    )
+    let path = std::env::join_paths([bin_dir, nats_dir].into_iter().chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
     .unwrap();
     let log = tempfile::NamedTempFile::new().unwrap();
     let mut cmd = Command::new("bash");
@@ -409,7 +478,10 @@ fn run_chapter(chapter: &str, envs: &[(&str, String)], limit: Duration) -> Strin
             break Some(s);
         }
         if start.elapsed() > limit {
-            let _ = Command::new("kill").arg("--").arg(format!("-{}", child.id())).status();
+            let _ = Command::new("kill")
+                .arg("--")
+                .arg(format!("-{}", child.id()))
+                .status();
             let _ = child.wait();
             break None;
         }
@@ -431,7 +503,11 @@ fn shape(v: &serde_json::Value) -> serde_json::Value {
         J::Object(m) => J::Object(
             m.iter()
                 .map(|(k, x)| {
-                    let k = if uuid::Uuid::parse_str(k).is_ok() { "<id>".to_owned() } else { k.clone() };
+                    let k = if uuid::Uuid::parse_str(k).is_ok() {
+                        "<id>".to_owned()
+                    } else {
+                        k.clone()
+                    };
                     (k, shape(x))
                 })
                 .collect(),
@@ -475,9 +551,15 @@ fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
-    assert!(ignored >= 1, "the late bureau answer was not ignored:\n{out}");
+    assert!(
+        ignored >= 1,
+        "the late bureau answer was not ignored:\n{out}"
+    );
     // The inspect output the book shows has the shape the real one has.
-    for (real, shown) in [("l-100.json", "inspect-l-100.json"), ("l-500.json", "inspect-l-500.json")] {
+    for (real, shown) in [
+        ("l-100.json", "inspect-l-100.json"),
+        ("l-500.json", "inspect-l-500.json"),
+    ] {
         let real_text = std::fs::read_to_string(work.path().join(real)).unwrap();
         let real: serde_json::Value = serde_json::from_str(&real_text).unwrap();
         let shown_path = root().join("docs/book/examples/loan").join(shown);
@@ -486,7 +568,12 @@ fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
         }
         let shown: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&shown_path).unwrap()).unwrap();
-        assert_eq!(shape(&real), shape(&shown), "{} differs in shape from a real `runner inspect`", shown_path.display());
+        assert_eq!(
+            shape(&real),
+            shape(&shown),
+            "{} differs in shape from a real `runner inspect`",
+            shown_path.display()
+        );
     }
 }
 
@@ -523,13 +610,16 @@ fn mdbook() -> PathBuf {
         .chain(std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo/bin")))
         .map(|d| d.join("mdbook"))
         .collect::<Vec<_>>();
-    candidates.into_iter().find(|p| p.is_file()).unwrap_or_else(|| {
-        panic!(
-            "mdbook is not installed: `scripts/setup-deps --test` installs it \
+    candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "mdbook is not installed: `scripts/setup-deps --test` installs it \
              (cargo install mdbook --locked --version {})",
-            pinned_mdbook()
-        )
-    })
+                pinned_mdbook()
+            )
+        })
 }
 
 #[test]
@@ -550,11 +640,23 @@ fn the_book_builds_and_every_internal_link_resolves() {
         .arg(out_dir.path())
         .output()
         .unwrap();
-    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "mdbook build failed:\n{log}");
-    assert!(!log.contains("WARN") && !log.contains("ERROR"), "mdbook build warned:\n{log}");
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "mdbook build warned:\n{log}"
+    );
     let (broken, checked) = html::broken_links(out_dir.path());
-    assert!(broken.is_empty(), "{} broken link(s):\n{}", broken.len(), broken.join("\n"));
+    assert!(
+        broken.is_empty(),
+        "{} broken link(s):\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
     assert!(checked > 200, "only {checked} links checked");
     // Includes were expanded: no directive is left in the output.
     let gs = std::fs::read_to_string(out_dir.path().join("getting-started.html")).unwrap();
