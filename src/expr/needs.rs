@@ -275,6 +275,21 @@ mod tests {
     use crate::expr::{Expr, Vars};
 
     #[test]
+    fn fields_read_names_what_is_selected_and_admits_a_whole_use() {
+        let e = Expr::compile("saga.secrets.a + saga.secrets['b'] + saga.secrets.c.d").unwrap();
+        // `['b']` is an index, not a selection: the chain stops at `secrets`, read whole.
+        assert_eq!(e.needs().fields_read("saga", &["secrets"]), None);
+        let e = Expr::compile("saga.secrets.a + saga.secrets.c.d + event.payload.x").unwrap();
+        assert_eq!(
+            e.needs().fields_read("saga", &["secrets"]),
+            Some(vec!["a".to_owned(), "c".to_owned()])
+        );
+        assert_eq!(e.needs().fields_read("state", &[]), Some(vec![]));
+        assert_eq!(e.needs().fields_read("event", &["payload", "x", "y"]), None);
+        assert_eq!(e.needs().fields_read("nope", &[]), Some(vec![]));
+    }
+
+    #[test]
     fn pruned_variables_give_the_same_results() {
         let event = json!({"event_type": "X", "aggregate_id": "a-1", "payload": {"n": 3, "m": {"k": [1, 2]},
             "items": [{"sku": "s", "qty": 2}], "s": "txt"}, "metadata": {"correlation_id": "c"}});

@@ -531,7 +531,9 @@ fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
             ("BUREAU_PORT", free_port().to_string()),
             ("WORK", work.path().display().to_string()),
         ],
-        Duration::from_secs(600),
+        // Below nextest's terminate-after (5 × 60 s), so this harness, not nextest, stops
+        // the script's process group (nats-server, runner, the bureau) on a hang.
+        Duration::from_secs(240),
     );
     // What the chapter says happens, happened.
     for needle in [
