@@ -59,6 +59,9 @@ pub(crate) fn manifest_keys(schema: &Json) -> String {
         } else if let Some(variants) = def.get("oneOf").and_then(Json::as_array) {
             out.push_str("Exactly one of:\n\n");
             for v in variants {
+                if let Some(d) = v.get("description").and_then(Json::as_str) {
+                    let _ = writeln!(out, "{}\n", cell(d));
+                }
                 object_table(&mut out, v);
                 out.push('\n');
             }

@@ -365,6 +365,34 @@ fn the_configuration_reference_has_every_key_of_the_structs_and_no_other() {
     )
     .unwrap();
     assert_eq!(c.saga.batch_size, 7);
+    // Every variable the reference names is one the loader knows (an unknown one is
+    // refused): each set to its key's default loads, and changes nothing.
+    let defaults = runner::config::Config::default();
+    for ((section, key), v) in &structs {
+        let value = match v {
+            serde_json::Value::Null => continue,
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Array(items) if items.is_empty() => continue,
+            serde_json::Value::Array(items) => items
+                .iter()
+                .map(|i| i.as_str().map(str::to_owned).unwrap_or_else(|| i.to_string()))
+                .collect::<Vec<_>>()
+                .join(","),
+            other => other.to_string(),
+        };
+        let env = format!("RUNNER__{}__{}", section.to_uppercase(), key.to_uppercase());
+        let loaded = runner::config::load(None, vec![(env.clone(), value.clone())], &Default::default());
+        match loaded {
+            Ok(c) => assert!(c == defaults, "{env}={value} changed the configuration"),
+            Err(e) => panic!("{env}={value}: {e}"),
+        }
+    }
+    let unknown = runner::config::load(
+        None,
+        vec![("RUNNER__SAGA__NO_SUCH_KEY".into(), "1".into())],
+        &Default::default(),
+    );
+    assert!(unknown.is_err(), "an unknown variable must be refused");
 }
 
 #[test]
