@@ -375,13 +375,21 @@ fn the_configuration_reference_has_every_key_of_the_structs_and_no_other() {
             serde_json::Value::Array(items) if items.is_empty() => continue,
             serde_json::Value::Array(items) => items
                 .iter()
-                .map(|i| i.as_str().map(str::to_owned).unwrap_or_else(|| i.to_string()))
+                .map(|i| {
+                    i.as_str()
+                        .map(str::to_owned)
+                        .unwrap_or_else(|| i.to_string())
+                })
                 .collect::<Vec<_>>()
                 .join(","),
             other => other.to_string(),
         };
         let env = format!("RUNNER__{}__{}", section.to_uppercase(), key.to_uppercase());
-        let loaded = runner::config::load(None, vec![(env.clone(), value.clone())], &Default::default());
+        let loaded = runner::config::load(
+            None,
+            vec![(env.clone(), value.clone())],
+            &Default::default(),
+        );
         match loaded {
             Ok(c) => assert!(c == defaults, "{env}={value} changed the configuration"),
             Err(e) => panic!("{env}={value}: {e}"),
