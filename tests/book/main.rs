@@ -593,6 +593,24 @@ fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
         ignored >= 1,
         "the late bureau answer was not ignored:\n{out}"
     );
+    // The withdrawn loan's bureau call was not cancelled: the bureau was still asked.
+    let bureau = std::fs::read_to_string(work.path().join("bureau.log")).unwrap();
+    assert!(bureau.contains("applicant=a-slow-1"), "{bureau}");
+    // A timer is due at the input's timestamp plus its delay (the request of l-500).
+    let l500: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(work.path().join("l-500.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        l500["instance"]["timers"]["bureau_deadline"]["due_ms"]
+            .as_u64()
+            .unwrap(),
+        l500["instance"]["started_ms"].as_u64().unwrap() + 120_000,
+        "{l500}"
+    );
+    assert!(
+        out.contains("\"kind\": \"unknown_tenant\""),
+        "dlq show: {out}"
+    );
     // The inspect output the book shows has the shape the real one has.
     for (real, shown) in [
         ("l-100.json", "inspect-l-100.json"),
