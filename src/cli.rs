@@ -80,6 +80,15 @@ pub enum Command {
         #[arg(long)]
         id: String,
     },
+    /// Saga instances from the local store's index (works while the node runs).
+    Instances {
+        /// Where the store is.
+        #[command(flatten)]
+        store: StoreArgs,
+        /// What to do.
+        #[command(subcommand)]
+        action: InstancesAction,
+    },
     /// Dead letters: list them, show one, or redrive one.
     Dlq {
         /// Where the store is.
@@ -103,6 +112,44 @@ pub struct StoreArgs {
     /// Manifest file or directory (for redrive); repeat for several.
     #[arg(long = "manifest", global = true)]
     pub manifests: Vec<PathBuf>,
+}
+
+/// `runner instances` actions.
+#[derive(Debug, Subcommand)]
+pub enum InstancesAction {
+    /// One page of a tenant's instances of a saga, oldest first.
+    List {
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Saga name.
+        #[arg(long)]
+        saga: String,
+        /// Only instances in this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// Only instances started at least this long ago (e.g. `15m`, `2h`, `7d`).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        older_than: Option<std::time::Duration>,
+        /// Page size (1 to 1000).
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Continue after this point (the `next` a previous page printed).
+        #[arg(long)]
+        after: Option<String>,
+        /// `text` (a line per instance, then `next: …`) or `json`.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+}
+
+/// How a read command prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// Lines for people.
+    Text,
+    /// One JSON document.
+    Json,
 }
 
 /// `runner dlq` actions.

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use runner::app::{self, Exit};
-use runner::cli::{Cli, Command, DlqAction, RunArgs, StoreArgs};
+use runner::cli::{Cli, Command, DlqAction, InstancesAction, OutputFormat, RunArgs, StoreArgs};
 use runner::config::{self, Overrides};
 
 /// mimalloc: the per-input work allocates many small, short-lived buffers (JSON values,
@@ -25,6 +25,7 @@ fn main() -> ExitCode {
             id,
         } => report(ops_inspect(&store, &tenant, &saga, &id)),
         Command::Dlq { store, action } => report(ops_dlq(&store, action)),
+        Command::Instances { store, action } => report(ops_instances(&store, action)),
         Command::Run(args) => {
             runner::telemetry::init_logging(cli.log_format);
             match run(args) {
@@ -105,6 +106,50 @@ fn ops_inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::
     let (_, store) = open_store_read_only(args)?;
     let view = runner::ops::inspect(&store, tenant, saga, id)?;
     println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+fn ops_instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()> {
+    let InstancesAction::List {
+        tenant,
+        saga,
+        state,
+        older_than,
+        limit,
+        after,
+        output,
+    } = action;
+    let (_, store) = open_store_read_only(args)?;
+    let older_than_ms = older_than.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let page = runner::ops::list_instances(
+        &store,
+        &tenant,
+        &saga,
+        state.as_deref(),
+        older_than_ms,
+        after.as_deref(),
+        limit,
+    )?;
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    let e = runner::telemetry::escape_controls;
+    for i in &page.items {
+        println!(
+            "{}\t{}\t{:?}\tv{}\tstarted {}\tupdated {}\t{} inputs",
+            e(&i.correlation_id),
+            e(&i.state),
+            i.status,
+            i.version,
+            i.started_ms,
+            i.updated_ms,
+            i.inputs_applied
+        );
+    }
+    if let Some(next) = &page.next {
+        println!("next: {next}");
+    }
     Ok(())
 }
 

@@ -1,4 +1,5 @@
-//! Operator tools on the local store: `runner inspect`, and the saga worker's side of
+//! Operator tools on the local store: `runner inspect`, `runner instances list` (also served
+//! by the admin API), and the saga worker's side of
 //! `runner dlq redrive` (listing, showing and the redrive protocol are
 //! [`crate::deadletter`]'s).
 //!
@@ -24,6 +25,9 @@ pub enum OpsError {
     /// Storage failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
+    /// A listing's arguments are wrong.
+    #[error("{0}")]
+    BadQuery(String),
     /// No such instance.
     #[error("no instance of saga `{saga}` with id `{id}` for tenant `{tenant}`")]
     NoInstance {
@@ -73,6 +77,100 @@ pub fn inspect(
             saga: saga.into(),
             id: id.into(),
         })
+}
+
+/// One instance in a listing.
+#[derive(Debug, Serialize)]
+pub struct InstanceSummary {
+    /// Correlation id (the instance's key within its saga).
+    pub correlation_id: String,
+    /// State name.
+    pub state: String,
+    /// Lifecycle status.
+    pub status: crate::saga::Status,
+    /// The saga version it runs on.
+    pub version: u32,
+    /// When it started (its first input's time), ms since the epoch.
+    pub started_ms: u64,
+    /// Its last input's time.
+    pub updated_ms: u64,
+    /// Inputs applied.
+    pub inputs_applied: u64,
+}
+
+/// A page of `runner instances list`.
+#[derive(Debug, Serialize)]
+pub struct InstanceListing {
+    /// Tenant.
+    pub tenant: String,
+    /// Saga.
+    pub saga: String,
+    /// The instances, oldest first.
+    pub items: Vec<InstanceSummary>,
+    /// Pass as `after` for the next page; absent on the last one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+}
+
+/// Lists one page of a tenant's instances of a saga, optionally in one state and older
+/// than `older_than_ms` (started that long ago or more), from the index: the cost is the
+/// page, not the number of instances. The tenant and saga are required, so a listing
+/// never reaches another tenant's instances.
+pub fn list_instances(
+    store: &Store,
+    tenant: &str,
+    saga: &str,
+    state: Option<&str>,
+    older_than_ms: Option<u64>,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<InstanceListing, OpsError> {
+    use crate::storage::tables::{InstanceQuery, MAX_PAGE, is_continuation};
+    for (what, v) in [("tenant", tenant), ("saga", saga)] {
+        if v.is_empty() || v.contains(['\0', '.', '*', '>']) {
+            return Err(OpsError::BadQuery(format!("`{what}` must be a name")));
+        }
+    }
+    if state.is_some_and(|s| s.is_empty() || s.contains('\0')) {
+        return Err(OpsError::BadQuery("`state` must be a state name".into()));
+    }
+    if after.is_some_and(|a| !is_continuation(a)) {
+        return Err(OpsError::BadQuery(
+            "`after` is not the `next` of an earlier page".into(),
+        ));
+    }
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(OpsError::BadQuery(format!(
+            "`limit` must be 1 to {MAX_PAGE}"
+        )));
+    }
+    let q = InstanceQuery {
+        tenant: tenant.to_string(),
+        saga: saga.to_string(),
+        state: state.map(str::to_string),
+        started_before_ms: older_than_ms.map(|d| now_ms().saturating_sub(d)),
+        after: after.map(str::to_string),
+        limit,
+    };
+    let page = store.read_blocking(|t| t.list_instances(&q))?;
+    Ok(InstanceListing {
+        tenant: tenant.to_string(),
+        saga: saga.to_string(),
+        items: page
+            .items
+            .into_iter()
+            .map(|i| InstanceSummary {
+                correlation_id: i.correlation_id,
+                state: i.state,
+                status: i.status,
+                version: i.version,
+                started_ms: i.started_ms,
+                updated_ms: i.updated_ms,
+                inputs_applied: i.applied,
+            })
+            .collect(),
+        next: page.next,
+    })
 }
 
 /// What a redrive did.

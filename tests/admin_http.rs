@@ -303,7 +303,7 @@ async fn reload_refuses_to_strand_running_instances() {
     let body: serde_json::Value = r.json().await.unwrap();
     let err = body["errors"][0].as_str().unwrap();
     assert!(
-        err.contains("`ledger` version 1 has running instances"),
+        err.contains("`ledger` version 1 has instances in flight but is not loaded"),
         "{err}"
     );
     // `runner validate --data-dir` says the same against the live store.
@@ -321,7 +321,9 @@ async fn reload_refuses_to_strand_running_instances() {
     );
     assert_eq!(code, Some(1), "{out}");
     assert!(
-        out.contains("<store>:0:0: error: saga `ledger` version 1 has running instances"),
+        out.contains(
+            "<store>:0:0: error: saga `ledger` version 1 has instances in flight but is not loaded"
+        ),
         "{out}"
     );
 

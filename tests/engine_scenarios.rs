@@ -505,9 +505,18 @@ fn stranded_versions_are_reported() {
         (stranded[0].saga.as_str(), stranded[0].version),
         ("gone", 4)
     );
-    // Dropping v1 is fine: v2 declares a migration from it.
+    // Dropping v1 while instances still run on it is refused even though v2 declares a
+    // migration from it: nothing migrates them implicitly. The answer says how.
     let v2_only = catalog(&[("v2.yaml", MACHINE_V2)]);
-    assert_eq!(v2_only.stranded(&in_use).len(), 1);
+    let s = v2_only.stranded(&in_use);
+    assert_eq!(s.len(), 2, "{s:?}");
+    let v1 = s.iter().find(|x| x.version == 1).expect("v1 stranded");
+    assert!(v1.migratable);
+    assert!(
+        v1.to_string()
+            .contains("runner migrate --saga doc --from 1"),
+        "{v1}"
+    );
     // Dropping v2 strands its instances: nothing loaded can run or migrate them.
     let v1_only = catalog(&[("v1.yaml", MACHINE_V1)]);
     let s = v1_only.stranded(&in_use);

@@ -95,7 +95,7 @@ fn validate_rejects_a_reference_to_an_undeclared_secret_at_its_setting() {
     // Each undeclared one, at the line of its setting, with the declared ones named.
     assert!(
         all.contains(
-            "e.yaml:7:7: error: effect `score`: setting `headers.Authorization` reads \
+            "e.yaml:8:9: error: effect `score`: setting `headers.Authorization` reads \
              `saga.secrets.nope`, which the effect does not declare (declared: path, token)"
         ),
         "{all}"

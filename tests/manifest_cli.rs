@@ -46,7 +46,7 @@ fn validate_fails_with_located_errors() {
 }
 
 #[test]
-fn wrong_provider_settings_are_manifest_errors_at_the_effect() {
+fn wrong_provider_settings_are_manifest_errors_at_the_setting() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("e.yaml"),
@@ -62,7 +62,7 @@ fn wrong_provider_settings_are_manifest_errors_at_the_effect() {
     );
     assert!(
         stderr.contains(
-            "e.yaml:6:11: error: effect `rec`: setting `statement`: must not hold templates"
+            "e.yaml:8:33: error: effect `rec`: setting `statement`: must not hold templates"
         ),
         "{stderr}"
     );

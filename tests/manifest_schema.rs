@@ -46,3 +46,32 @@ fn schema_describes_the_top_level_and_saga_fields() {
         "string"
     );
 }
+
+#[test]
+fn schema_lists_exactly_the_providers_the_compiler_knows() {
+    let schema = runner::manifest::json_schema();
+    let provider = &schema["$defs"]["ProviderName"];
+    let mut listed: Vec<String> = provider["oneOf"]
+        .as_array()
+        .map(|alts| {
+            alts.iter()
+                .filter_map(|a| a["const"].as_str().or_else(|| a["enum"][0].as_str()))
+                .map(str::to_string)
+                .collect()
+        })
+        .or_else(|| {
+            provider["enum"].as_array().map(|e| {
+                e.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+        })
+        .unwrap_or_default();
+    listed.sort();
+    let mut known: Vec<String> = runner::manifest::PROVIDERS
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
+    known.sort();
+    assert_eq!(listed, known, "schema: {provider}");
+}

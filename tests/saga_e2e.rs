@@ -129,14 +129,39 @@ async fn orders_of_two_tenants_reach_their_states_and_emit_once() {
     );
     assert_unique_ids(&all);
 
+    // Each declined order ended (cancelled): one SagaFailed each, which callers wait for.
+    let ended = wait_for_messages(
+        &js,
+        "WORKFLOW_EVENTS",
+        "tenant.*.workflow_event.order.*",
+        half,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(ended.len(), half);
+    assert_unique_ids(&ended);
+    for e in &ended {
+        assert_eq!(e.body["event_type"], "SagaFailed", "{}", e.body);
+        assert_eq!(e.body["payload"]["state"], "cancelled");
+        assert_eq!(e.body["payload"]["status"], "failed");
+    }
+
     let info: serde_json::Value = common::get_json(&format!("{}/info", runner.admin)).await;
     assert_eq!(
         info["saga_progress"]["checkpoints"]["AGGREGATE_EVENTS"],
         json!(total)
     );
+    // The saga worker reads the whole WORKFLOW_EVENTS stream: the results it was sent and
+    // the terminal events it published (no trigger wants those; they are counted, dropped).
+    common::eventually(Duration::from_secs(30), || async {
+        let info: serde_json::Value = common::get_json(&format!("{}/info", runner.admin)).await;
+        info["saga_progress"]["checkpoints"]["WORKFLOW_EVENTS"] == json!(total + half)
+    })
+    .await;
+    let info: serde_json::Value = common::get_json(&format!("{}/info", runner.admin)).await;
     assert_eq!(
         info["saga_progress"]["checkpoints"]["WORKFLOW_EVENTS"],
-        json!(total)
+        json!(total + half)
     );
     runner.signal("TERM");
     assert_eq!(runner.wait_exit(Duration::from_secs(30)), Some(0));

@@ -149,19 +149,28 @@ async fn a_killed_saga_replica_costs_no_double_effect_and_no_lost_order() {
             "{path}: executed more than once: {twice:?}"
         );
     }
-    // Every output stored once: one OrderFulfilled and one MarkShipped per order.
-    let fulfilled = common::wait_for_messages(
+    // Every output stored once: one OrderFulfilled, one SagaCompleted and one MarkShipped
+    // per order.
+    let workflow = common::wait_for_messages(
         &js,
         "WORKFLOW_EVENTS",
         "tenant.acme.workflow_event.order.*",
-        orders as usize,
+        2 * orders as usize,
         Duration::from_secs(120),
     )
     .await;
     let mut by_order: HashMap<String, usize> = HashMap::new();
-    for f in &fulfilled {
-        *by_order.entry(f.subject.clone()).or_default() += 1;
+    let mut completed: HashMap<String, usize> = HashMap::new();
+    for f in &workflow {
+        let count = match f.body["event_type"].as_str() {
+            Some("OrderFulfilled") => &mut by_order,
+            Some("SagaCompleted") => &mut completed,
+            other => panic!("unexpected workflow event {other:?}"),
+        };
+        *count.entry(f.subject.clone()).or_default() += 1;
     }
+    assert_eq!(completed.len(), orders as usize, "every order ended once");
+    assert!(completed.values().all(|n| *n == 1), "an order ended twice");
     assert_eq!(by_order.len(), orders as usize, "every order fulfilled");
     assert!(
         by_order.values().all(|n| *n == 1),

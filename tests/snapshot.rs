@@ -55,21 +55,24 @@ fn fill(store: &Store, n: usize, state: &str) {
             for i in 0..n {
                 let corr = format!("o-{i}");
                 let p = partition("acme", "order", &corr, P) as u16;
-                t.put_instance(&Instance {
-                    tenant: "acme".into(),
-                    saga: "order".into(),
-                    version: 1,
-                    correlation_id: corr.clone(),
-                    state: state.clone(),
-                    status: Status::Running,
-                    data: serde_json::json!({ "i": i }),
-                    timers: BTreeMap::new(),
-                    progress: None,
-                    started_ms: 1,
-                    updated_ms: 2,
-                    applied: 1,
-                    awaiting: None,
-                })?;
+                t.put_instance(
+                    &Instance {
+                        tenant: "acme".into(),
+                        saga: "order".into(),
+                        version: 1,
+                        correlation_id: corr.clone(),
+                        state: state.clone(),
+                        status: Status::Running,
+                        data: serde_json::json!({ "i": i }),
+                        timers: BTreeMap::new(),
+                        progress: None,
+                        started_ms: 1,
+                        updated_ms: 2,
+                        applied: 1,
+                        awaiting: None,
+                    },
+                    None,
+                )?;
                 let entry = HistoryEntry {
                     n: 1,
                     event: "OrderPlaced".into(),

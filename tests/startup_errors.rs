@@ -286,7 +286,7 @@ async fn run_refuses_manifests_that_would_strand_stored_instances() {
         "{out}"
     );
     assert!(
-        out.contains("saga `ledger` version 1 has running instances"),
+        out.contains("saga `ledger` version 1 has instances in flight but is not loaded"),
         "{out}"
     );
     assert!(!out.contains("Ready."), "it started anyway:\n{out}");

@@ -15,6 +15,10 @@ use super::claim::StoredResult;
 use crate::clock::now_ms;
 use crate::manifest::model::RetryPolicy;
 
+/// Room a result leaves, under the broker's record limit, for the claim record that stores
+/// it (owner, attempt, lease, subject, ids).
+const CLAIM_ALLOWANCE: usize = 1024;
+
 /// Final result types of an effect command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ResultType {
@@ -160,6 +164,40 @@ impl Command {
         crate::saga::ids::derive(&seed, 0).to_string()
     }
 
+    /// The result event for an outcome, kept within `limit` bytes of body (0: no limit
+    /// known). An outcome whose payload would make it larger — an upstream answering
+    /// megabytes — cannot be published or stored in the claim, so it becomes a `Failed`
+    /// result saying so (`error`, the outcome it replaces as `result_type`, its size and
+    /// the limit); the second value is that size when this happened. The call is never
+    /// made again for it: the command completes with the small result.
+    pub fn result_within(
+        &self,
+        rt: ResultType,
+        payload: Json,
+        attempts: u32,
+        limit: usize,
+    ) -> (StoredResult, Option<usize>) {
+        let limit = limit.saturating_sub(CLAIM_ALLOWANCE);
+        let full = self.result(rt, payload, attempts);
+        let size = serde_json::to_vec(&full.body).map_or(usize::MAX, |b| b.len());
+        if limit == 0 || size <= limit {
+            return (full, None);
+        }
+        let payload = json!({
+            "error": format!(
+                "the {} result is {size} bytes, more than the {limit} bytes a result may have",
+                rt.as_str()
+            ),
+            "result_type": rt.as_str(),
+            "bytes": size,
+            "limit": limit,
+        });
+        (
+            self.result(ResultType::Failed, payload, attempts),
+            Some(size),
+        )
+    }
+
     /// The result event for an outcome.
     pub fn result(&self, rt: ResultType, payload: Json, attempts: u32) -> StoredResult {
         let id = self.result_id();
@@ -189,6 +227,31 @@ impl Command {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_oversized_result_becomes_a_small_failed_one() {
+        let body = json!({"v":1,"tenant_id":"acme","command_id":"c1","effect_name":"pay","payload":{},"metadata":{"saga":"order"}});
+        let bytes = serde_json::to_vec(&body).expect("json");
+        let c = Command::decode("tenant.acme.effect.pay.c1", &bytes, None).expect("decodes");
+        let big = json!({ "blob": "x".repeat(10_000) });
+        let (r, over) = c.result_within(ResultType::Succeeded, big.clone(), 1, 0);
+        assert_eq!(
+            (r.body["result_type"].as_str(), over),
+            (Some("Succeeded"), None)
+        );
+        let (r, over) = c.result_within(ResultType::Succeeded, big.clone(), 1, 50_000);
+        assert_eq!(
+            (r.body["result_type"].as_str(), over),
+            (Some("Succeeded"), None)
+        );
+        let (r, over) = c.result_within(ResultType::Succeeded, big, 2, 5_000);
+        assert!(over.is_some_and(|n| n > 10_000));
+        assert_eq!(r.body["result_type"], "Failed");
+        assert_eq!(r.body["payload"]["result_type"], "Succeeded");
+        assert_eq!(r.body["payload"]["limit"], 5_000 - 1_024);
+        assert_eq!(r.body["attempts"], 2);
+        assert!(serde_json::to_vec(&r.body).expect("json").len() < 4_000);
+    }
 
     #[test]
     fn decode_checks_subject_against_body() {

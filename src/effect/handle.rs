@@ -23,7 +23,7 @@ use tracing::field::Empty;
 
 use super::attempt::{Guarded, run_guarded};
 use super::claim::{self, ClaimError, Gate, StoredResult};
-use super::command::{Command, CommandError};
+use super::command::{Command, CommandError, ResultType};
 use super::context::{Ctx, event, outcome};
 use crate::backoff::Backoff;
 use crate::clock::now_ms;
@@ -167,7 +167,20 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
         .effect_seconds
         .with_label_values(&[label.as_str()])
         .observe(started.elapsed().as_secs_f64());
-    let result = cmd.result(rt, payload, attempts);
+    let (result, oversized) =
+        cmd.result_within(rt, payload, attempts, ctx.state.broker.max_record_bytes());
+    if let Some(bytes) = oversized {
+        tracing::error!(
+            message = "The effect's result is larger than a result may be; a Failed result says so instead.",
+            result_type = rt.as_str(),
+            bytes
+        );
+    }
+    let rt = if oversized.is_some() {
+        ResultType::Failed
+    } else {
+        rt
+    };
     // Recording is retried while the lease lasts: the call's outcome is in hand, and giving
     // up here would make another executor call the upstream again.
     let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));

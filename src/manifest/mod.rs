@@ -35,8 +35,10 @@ pub mod model;
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
 pub use loader::{collect_files, is_test_file, load, load_str, with_manifests_beside};
 
-/// A check of one effect's provider settings: `Err` says what is wrong, naming the setting.
-pub type SettingsCheck = fn(&catalog::Effect) -> Result<(), String>;
+/// A check of one effect's provider settings: `Err((setting, message))` names the setting
+/// (a dotted path such as `request.amount`, located in the file when it is reported) and
+/// says what is wrong with it.
+pub type SettingsCheck = fn(&catalog::Effect) -> Result<(), (String, String)>;
 
 static SETTINGS_CHECK: std::sync::OnceLock<SettingsCheck> = std::sync::OnceLock::new();
 
@@ -182,29 +184,24 @@ impl Catalog {
         self.effects.get(name)
     }
 
-    /// The (saga, version) pairs in `in_use` (e.g. versions of in-flight instances) that this
-    /// catalog can no longer run: not loaded, and no chain of declared migrations leads from
-    /// them to a loaded version. Loading such a catalog would strand those instances.
+    /// The (saga, version) pairs in `in_use` (versions of in-flight instances) that this
+    /// catalog does not load. Loading it would strand those instances: every later input
+    /// of theirs would be refused as `version_not_loaded`. A version stays loaded until its
+    /// instances are migrated (`runner migrate`), even when the next version declares a
+    /// migration from it: nothing migrates an instance implicitly.
     pub fn stranded(&self, in_use: &[(String, u32)]) -> Vec<Stranded> {
-        let mut out = Vec::new();
-        for (name, version) in in_use {
-            if self.saga(name, *version).is_some() {
-                continue;
-            }
-            // Migrations are declared by the newer version (N+1 says `from: N`), so an
-            // unloaded N can still be migrated only when N+1 is loaded and declares it.
-            let reachable = version
-                .checked_add(1)
-                .and_then(|next| self.saga(name, next))
-                .is_some_and(|s| s.migration.as_ref().is_some_and(|m| m.from == *version));
-            if !reachable {
-                out.push(Stranded {
-                    saga: name.clone(),
-                    version: *version,
-                });
-            }
-        }
-        out
+        in_use
+            .iter()
+            .filter(|(name, version)| self.saga(name, *version).is_none())
+            .map(|(name, version)| Stranded {
+                saga: name.clone(),
+                version: *version,
+                migratable: version
+                    .checked_add(1)
+                    .and_then(|next| self.saga(name, next))
+                    .is_some_and(|s| s.migration.as_ref().is_some_and(|m| m.from == *version)),
+            })
+            .collect()
     }
 }
 
@@ -216,32 +213,43 @@ impl Stranded {
             line: 0,
             column: 0,
             severity: Severity::Error,
-            message: format!(
-                "saga `{}` version {} has running instances, and these manifests neither load \
-                 that version nor declare a migration from it",
-                self.saga, self.version
-            ),
+            message: self.to_string(),
         }
     }
 }
 
-/// An in-use saga version that a catalog cannot run or migrate.
+/// An in-use saga version that a catalog does not load.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Stranded {
     /// Saga name.
     pub saga: String,
     /// The version in use.
     pub version: u32,
+    /// Whether the next version, loaded, declares a migration from this one (so the
+    /// instances can be migrated while both are loaded).
+    pub migratable: bool,
 }
 
 impl fmt::Display for Stranded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (saga, v) = (&self.saga, self.version);
         write!(
             f,
-            "saga `{}` version {} has instances in flight but is not loaded and no loaded \
-             version declares a migration from it",
-            self.saga, self.version
-        )
+            "saga `{saga}` version {v} has instances in flight but is not loaded; "
+        )?;
+        if self.migratable {
+            write!(
+                f,
+                "keep version {v} loaded beside version {}, migrate them with `runner migrate \
+                 --saga {saga} --from {v}` (for each tenant), then drop it",
+                v + 1
+            )
+        } else {
+            write!(
+                f,
+                "keep it loaded until they finish (no loaded version declares a migration from it)"
+            )
+        }
     }
 }
 

@@ -44,21 +44,43 @@ pub struct EffectDecl {
     /// Unique effect name, used in subjects (`effect.<name>.<command_id>`).
     #[schemars(with = "String")]
     pub name: Sp<String>,
-    /// Which executor runs it: `http`, `nats_request`, `nats_publish`, `smtp`, `postgres`,
-    /// `noop` or `log` (the book's Effects chapter describes each one's settings).
-    #[schemars(with = "String")]
+    /// Which provider runs it (its settings are described with each provider).
+    #[schemars(with = "ProviderName")]
     pub provider: Sp<String>,
-    /// Provider settings (URL, method, headers, `secrets`...), handed to the provider; each
-    /// key keeps its location for the diagnostics about it.
+    /// Provider settings (URL, method, headers...), passed to the provider unchanged.
     #[serde(default)]
     #[schemars(with = "BTreeMap<String, serde_json::Value>", extend("default" = {}))]
-    pub settings: SpannedMap<serde_json::Value>,
+    pub settings: SpannedMap<Sp<TemplateNode>>,
     /// Timeout of one attempt, in milliseconds.
     pub timeout_ms: Option<u64>,
     /// Retries applied by the effect worker.
     pub retry: Option<RetryPolicy>,
     /// Circuit breaker per upstream.
     pub circuit_breaker: Option<CircuitBreaker>,
+}
+
+// The compiler's own list is `crate::manifest::PROVIDERS`; a test keeps the two the same.
+/// A provider: what executes an effect's commands.
+#[derive(JsonSchema)]
+#[serde(rename_all = "snake_case")]
+#[allow(dead_code)]
+enum ProviderName {
+    /// Calls nothing; succeeds with `result`, or fails when `fail_when` holds.
+    Noop,
+    /// Logs the command and succeeds.
+    Log,
+    /// One HTTP request.
+    Http,
+    /// One unary gRPC call (messages from `descriptors` or server reflection).
+    Grpc,
+    /// NATS request/reply.
+    NatsRequest,
+    /// Publishes on a NATS subject.
+    NatsPublish,
+    /// One plain-text mail through SMTP.
+    Smtp,
+    /// One parameterised PostgreSQL statement.
+    Postgres,
 }
 
 /// Sage's retry options. Backoffs are in milliseconds.
@@ -462,7 +484,7 @@ pub enum TemplateNode {
     /// A list.
     List(Vec<Sp<TemplateNode>>),
     /// A mapping with string keys.
-    Map(Vec<(String, Sp<TemplateNode>)>),
+    Map(Vec<(Sp<String>, Sp<TemplateNode>)>),
 }
 
 impl<'de> Deserialize<'de> for TemplateNode {
@@ -508,13 +530,30 @@ impl<'de> Deserialize<'de> for TemplateNode {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
                 let mut out = Vec::new();
-                while let Some(k) = map.next_key::<String>()? {
+                while let Some(k) = map.next_key::<Sp<String>>()? {
                     out.push((k, map.next_value::<Sp<TemplateNode>>()?));
                 }
                 Ok(TemplateNode::Map(out))
             }
         }
         d.deserialize_any(V2)
+    }
+}
+
+impl TemplateNode {
+    /// The value as plain JSON (templates stay strings; a repeated key keeps its last value).
+    pub fn to_json(&self) -> serde_json::Value {
+        match self {
+            TemplateNode::Scalar(v) => v.clone(),
+            TemplateNode::Str(s) => serde_json::Value::String(s.clone()),
+            TemplateNode::List(items) => items.iter().map(|i| i.value.to_json()).collect(),
+            TemplateNode::Map(fields) => serde_json::Value::Object(
+                fields
+                    .iter()
+                    .map(|(k, v)| (k.value.clone(), v.value.to_json()))
+                    .collect(),
+            ),
+        }
     }
 }
 

@@ -228,6 +228,56 @@ impl Emitter<'_> {
         Ok(id)
     }
 
+    /// The workflow event announcing that `inst` has just ended (or stopped for an
+    /// operator): `SagaCompleted`, `SagaFailed`, `SagaCompensated` or `SagaNeedsOperator`
+    /// on `workflow_event.<saga>.<correlation_id>`, with the final state, the status and
+    /// how long the instance ran (input times, so a replay says the same). Its id comes
+    /// after every other output of the input. `None` while the instance runs.
+    pub(crate) fn terminal_event(&mut self, inst: &Instance) -> Option<WorkItem> {
+        use super::types::Status;
+        use super::types::TERMINAL_EVENTS;
+        let event_type = match inst.status {
+            Status::Running => return None,
+            Status::Completed => TERMINAL_EVENTS[0],
+            Status::Failed => TERMINAL_EVENTS[1],
+            Status::Compensated => TERMINAL_EVENTS[2],
+            Status::NeedsOperator => TERMINAL_EVENTS[3],
+        };
+        let status = serde_json::to_value(inst.status).unwrap_or(Json::Null);
+        let id = self.next_id();
+        let finished = self.p.timestamp_ms;
+        Some(WorkItem {
+            kind: WorkKind::WorkflowEvent,
+            subject: format!("workflow_event.{}.{}", self.saga.name, self.correlation_id),
+            msg_id: id.clone(),
+            body: obj([
+                ("v", Json::from(ENVELOPE_VERSION)),
+                ("event_id", text(&id)),
+                ("tenant_id", text(&self.p.tenant)),
+                ("event_type", text(event_type)),
+                ("saga", text(&self.saga.name)),
+                ("correlation_id", text(self.correlation_id)),
+                ("timestamp_ms", Json::from(finished)),
+                (
+                    "payload",
+                    obj([
+                        ("state", text(&inst.state)),
+                        ("status", status),
+                        ("saga_version", Json::from(inst.version)),
+                        ("started_ms", Json::from(inst.started_ms)),
+                        ("finished_ms", Json::from(finished)),
+                        (
+                            "duration_ms",
+                            Json::from(finished.saturating_sub(inst.started_ms)),
+                        ),
+                        ("inputs_applied", Json::from(inst.applied + 1)),
+                    ]),
+                ),
+                ("metadata", self.metadata(None)),
+            ]),
+        })
+    }
+
     /// Sets (or replaces) a timer on the instance.
     pub(crate) fn set_timer(&mut self, inst: &mut Instance, name: &str, due_ms: u64) {
         self.cancel_timer(inst, name);

@@ -219,6 +219,7 @@ pub fn apply_owned(
             awaiting.insert(w.msg_id.clone(), effect.unwrap_or_default().to_owned());
         }
     }
+    let finished = em.terminal_event(&inst);
     if inst.status.is_final() {
         em.cancel_all_timers(&mut inst);
         // Results for a finished instance are ignored whatever they answer.
@@ -233,6 +234,7 @@ pub fn apply_owned(
         started,
         event: p.name.clone(),
         work: em.work,
+        finished,
         timers_set: em.timers_set,
         timers_cancelled: em.timers_cancelled,
     })

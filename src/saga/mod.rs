@@ -51,5 +51,5 @@ mod types;
 pub use engine::{apply, apply_owned, route};
 pub use types::{
     Applied, ENVELOPE_VERSION, Input, InputKind, Instance, Route, ScheduledTimer, Status,
-    StepError, TimerCancel, TimerSet, WorkItem, WorkKind,
+    StepError, TERMINAL_EVENTS, TimerCancel, TimerSet, WorkItem, WorkKind, is_terminal_event,
 };

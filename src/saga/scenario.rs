@@ -29,22 +29,26 @@
 //! `fire_timer` fires the instance's pending timer of that name at its due time; when none
 //! is pending it fires the last timer of that name the test set (cancelled by a transition
 //! or by the end of the instance), as a late firing would arrive in the service, so a test
-//! can show that it is ignored (`stale_timer`, or `finished` once the instance has ended). A timer name the
-//! test never set is an error of the test.
+//! can show that it is ignored (`stale_timer`, or `finished` once the instance has ended).
+//! A timer name the test never set is an error of the test.
 //!
 //! Envelope defaults: `v: 1`, `tenant_id`, a deterministic `event_id`, and `timestamp_ms`
 //! one second after the previous input (the first at 1 700 000 000 000) unless `at_ms` is given.
 //! Expectations are partial: `data` and work `body` match when every field given is equal
 //! (objects may have more fields; lists must have the same length); a work `subject` may end
-//! in `*`; `work` (when given) must list every item emitted, in order.
+//! in `*`; `work` (when given) must list every item emitted, in order. The comparisons
+//! live in `check.rs`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 use serde_saphyr::Spanned;
+
+mod check;
+
+use check::{check_expect, check_outcome};
 
 use super::engine::{apply, route};
 use super::ids;
@@ -142,6 +146,18 @@ pub struct Expect {
     /// Names of timers cancelled.
     #[serde(default)]
     pub timers_cancelled: Option<Vec<String>>,
+    /// The terminal workflow event the step published (`SagaCompleted`, `SagaFailed`,
+    /// `SagaCompensated`, `SagaNeedsOperator`), partial match; `null` expects none. It is
+    /// not part of `work`, which lists what the manifest emitted.
+    #[serde(default, deserialize_with = "some_or_null")]
+    pub finished_event: Option<Option<ExpectWork>>,
+}
+
+/// Tells a field given as `null` (`Some(None)`) from one not given (`None`).
+fn some_or_null<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 /// An expected work item.
@@ -453,128 +469,4 @@ fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<
         &timer_id,
         due,
     ))
-}
-
-fn check_outcome(failures: &mut Vec<String>, label: &str, e: &Expect, got: &str, detail: &str) {
-    let want = e.outcome.as_deref().unwrap_or("applied");
-    if want != got {
-        let detail = if detail.is_empty() {
-            String::new()
-        } else {
-            format!(" ({detail})")
-        };
-        failures.push(format!(
-            "{label}: outcome: expected `{want}`, got `{got}`{detail}"
-        ));
-    }
-}
-
-fn check_expect(
-    failures: &mut Vec<String>,
-    label: &str,
-    e: &Expect,
-    inst: Option<&Instance>,
-    applied: Option<&Applied>,
-) {
-    if let Some(want) = &e.state {
-        let got = inst.map(|i| i.state.as_str()).unwrap_or("<no instance>");
-        if want != got {
-            failures.push(format!("{label}: state: expected `{want}`, got `{got}`"));
-        }
-    }
-    if let Some(want) = e.status {
-        match inst {
-            Some(i) if i.status == want => {}
-            Some(i) => failures.push(format!(
-                "{label}: status: expected {want:?}, got {:?}",
-                i.status
-            )),
-            None => failures.push(format!(
-                "{label}: status: expected {want:?}, got no instance"
-            )),
-        }
-    }
-    if let Some(want) = &e.data {
-        let got = inst.map(|i| i.data.clone()).unwrap_or(Json::Null);
-        diff_json(failures, &format!("{label}: data"), want, &got);
-    }
-    let empty = Vec::new();
-    let work = applied.map(|a| &a.work).unwrap_or(&empty);
-    if let Some(want) = &e.work {
-        if want.len() != work.len() {
-            let mut msg = format!(
-                "{label}: work: expected {} item(s), got {}:",
-                want.len(),
-                work.len()
-            );
-            for w in work {
-                let _ = write!(msg, "\n      {} {}", w.subject, w.body);
-            }
-            failures.push(msg);
-        } else {
-            for (n, (w, got)) in want.iter().zip(work).enumerate() {
-                let at = format!("{label}: work[{n}]");
-                if let Some(k) = w.kind
-                    && k != got.kind
-                {
-                    failures.push(format!("{at}.kind: expected {k:?}, got {:?}", got.kind));
-                }
-                if let Some(s) = &w.subject {
-                    let ok = match s.strip_suffix('*') {
-                        Some(prefix) => got.subject.starts_with(prefix),
-                        None => *s == got.subject,
-                    };
-                    if !ok {
-                        failures.push(format!(
-                            "{at}.subject: expected `{s}`, got `{}`",
-                            got.subject
-                        ));
-                    }
-                }
-                if let Some(b) = &w.body {
-                    diff_json(failures, &format!("{at}.body"), b, &got.body);
-                }
-            }
-        }
-    }
-    let names = |v: Option<Vec<String>>| v.unwrap_or_default();
-    if let Some(want) = &e.timers_set {
-        let got = names(applied.map(|a| a.timers_set.iter().map(|t| t.name.clone()).collect()));
-        if *want != got {
-            failures.push(format!(
-                "{label}: timers_set: expected {want:?}, got {got:?}"
-            ));
-        }
-    }
-    if let Some(want) = &e.timers_cancelled {
-        let got =
-            names(applied.map(|a| a.timers_cancelled.iter().map(|t| t.name.clone()).collect()));
-        if *want != got {
-            failures.push(format!(
-                "{label}: timers_cancelled: expected {want:?}, got {got:?}"
-            ));
-        }
-    }
-}
-
-/// Partial JSON comparison: every field of `want` must be in `got` and equal.
-fn diff_json(failures: &mut Vec<String>, path: &str, want: &Json, got: &Json) {
-    match (want, got) {
-        (Json::Object(w), Json::Object(g)) => {
-            for (k, wv) in w {
-                match g.get(k) {
-                    Some(gv) => diff_json(failures, &format!("{path}.{k}"), wv, gv),
-                    None => failures.push(format!("{path}.{k}: expected {wv}, missing")),
-                }
-            }
-        }
-        (Json::Array(w), Json::Array(g)) if w.len() == g.len() => {
-            for (n, (wv, gv)) in w.iter().zip(g).enumerate() {
-                diff_json(failures, &format!("{path}[{n}]"), wv, gv);
-            }
-        }
-        (Json::Number(a), Json::Number(b)) if a.as_f64() == b.as_f64() => {}
-        _ if want == got => {}
-        _ => failures.push(format!("{path}: expected {want}, got {got}")),
-    }
 }

@@ -144,6 +144,25 @@ impl Input {
     }
 }
 
+/// The event types of the workflow events Runner publishes when an instance ends (or stops
+/// for an operator), in the order of [`Status`]'s final variants: completed, failed,
+/// compensated, needs operator.
+pub const TERMINAL_EVENTS: [&str; 4] = [
+    "SagaCompleted",
+    "SagaFailed",
+    "SagaCompensated",
+    "SagaNeedsOperator",
+];
+
+/// Whether `body` is one of the workflow events Runner publishes when an instance ends.
+pub fn is_terminal_event(subject: &str, body: &Json) -> bool {
+    subject.contains(".workflow_event.")
+        && body
+            .get("event_type")
+            .and_then(Json::as_str)
+            .is_some_and(|t| TERMINAL_EVENTS.contains(&t))
+}
+
 /// Lifecycle of an instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -279,8 +298,11 @@ pub struct Applied {
     pub started: bool,
     /// The event name that was handled.
     pub event: String,
-    /// Work to publish, in order.
+    /// Work to publish, in order: what the manifest emitted.
     pub work: Vec<WorkItem>,
+    /// The terminal workflow event when this input ended the instance (or stopped it for
+    /// an operator), published after `work` through the same outbox.
+    pub finished: Option<WorkItem>,
     /// Timers to schedule.
     pub timers_set: Vec<TimerSet>,
     /// Timers to unschedule.

@@ -30,7 +30,7 @@ pub use error::{Result, StorageError};
 pub use tables::Tables;
 
 /// The named tables of the store (DESIGN §5 keyspaces).
-pub const TABLES: [&str; 9] = [
+pub const TABLES: [&str; 10] = [
     "saga",
     "outbox",
     "checkpoint",
@@ -40,6 +40,7 @@ pub const TABLES: [&str; 9] = [
     "parked",
     "meta",
     "history",
+    "index",
 ];
 
 /// A handle to the open store; cheap to clone.
@@ -86,6 +87,7 @@ impl Store {
         for name in TABLES {
             txn.create_table(Some(name), TableFlags::empty())?;
         }
+        tables::index::build_if_missing(&txn)?;
         txn.commit()?;
         Ok(Self {
             db: Arc::new(db),

@@ -330,6 +330,8 @@ impl Store {
             }
         }
         write_rows(&txn, &rows)?;
+        // The instance index is derived: rebuilt for the partition's instances as imported.
+        Tables::open(&txn)?.rebuild_index(|k| how.of(k) == p)?;
         let checkpoints = txn.open_table(Some("checkpoint"))?;
         let key = how.checkpoint_key(p);
         if header.checkpoint == 0 {

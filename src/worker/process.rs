@@ -86,7 +86,7 @@ impl Scope {
 
 /// Why an input's outputs cannot all be published, when one is larger than the broker
 /// takes ([`Limits::max_record_bytes`]; 0 means no check).
-fn over_budget(work: &[saga::WorkItem], bodies: &[String], limits: &Limits) -> Option<String> {
+fn over_budget(work: &[&saga::WorkItem], bodies: &[String], limits: &Limits) -> Option<String> {
     let max = limits.max_record_bytes;
     if max == 0 {
         return None;
@@ -166,6 +166,11 @@ impl<'a> Processor<'a> {
             }
         };
         if routes.is_empty() {
+            if saga::is_terminal_event(&raw.subject, &input.body) {
+                // Runner's own announcement that an instance ended, read back from the
+                // stream it shares with results: nothing to do, nothing wrong.
+                return Ok(());
+            }
             // No saga wants it (a finished-with event type, a typo in a producer): counted
             // in runner_saga_unrouted_total and named here, at most once a minute.
             self.tally.unrouted += 1;
@@ -281,19 +286,25 @@ impl<'a> Processor<'a> {
         }));
         match result {
             Ok(Ok(applied)) => {
-                let bodies: Vec<String> = applied
-                    .work
+                // The manifest's outputs, then the terminal workflow event when the
+                // instance ended: all of them go through the outbox in this transaction.
+                let outputs: Vec<&saga::WorkItem> =
+                    applied.work.iter().chain(&applied.finished).collect();
+                let bodies: Vec<String> = outputs
                     .iter()
                     .map(|w| serde_json::to_string(&w.body).unwrap_or_default())
                     .collect();
-                if let Some(why) = over_budget(&applied.work, &bodies, self.limits) {
+                if let Some(why) = over_budget(&outputs, &bodies, self.limits) {
                     // Nothing of the transition is written: the broker could never take
                     // this output, and a record stuck in the outbox would hold every later
                     // one. The key is parked like any poison, so its order is kept.
                     return self.poison(tx, raw, tenant, kind::TOO_LARGE, why, route);
                 }
-                tx.put_instance(&applied.instance)?;
-                for (w, body) in applied.work.iter().zip(bodies) {
+                tx.put_instance(
+                    &applied.instance,
+                    instance.as_ref().map(|i| i.state.as_str()),
+                )?;
+                for (w, body) in outputs.iter().zip(bodies) {
                     let rec = OutboxRecord {
                         subject: format!("tenant.{tenant}.{}", w.subject),
                         msg_id: w.msg_id.clone(),

@@ -40,7 +40,7 @@ pub(crate) fn manifest_keys(schema: &Json) -> String {
          the others take the default shown (— when absent means not set).\n\n",
     );
     out.push_str("### The file\n\nThe top level of a manifest file.\n\n");
-    object_table(&mut out, schema);
+    object_table(&mut out, schema, defs);
     for (name, def) in defs {
         let _ = write!(out, "\n### {name}\n\n");
         if let Some(p) = paths.get(name) {
@@ -50,7 +50,7 @@ pub(crate) fn manifest_keys(schema: &Json) -> String {
             let _ = writeln!(out, "{}\n", cell(d));
         }
         if def.get("properties").is_some() {
-            object_table(&mut out, def);
+            object_table(&mut out, def, defs);
         } else if let Some(values) = consts(def) {
             out.push_str("| value | meaning |\n|---|---|\n");
             for (v, d) in values {
@@ -62,7 +62,7 @@ pub(crate) fn manifest_keys(schema: &Json) -> String {
                 if let Some(d) = v.get("description").and_then(Json::as_str) {
                     let _ = writeln!(out, "{}\n", cell(d));
                 }
-                object_table(&mut out, v);
+                object_table(&mut out, v, defs);
                 out.push('\n');
             }
         } else {
@@ -72,7 +72,7 @@ pub(crate) fn manifest_keys(schema: &Json) -> String {
     out
 }
 
-fn object_table(out: &mut String, obj: &Json) {
+fn object_table(out: &mut String, obj: &Json, defs: &serde_json::Map<String, Json>) {
     let required: BTreeSet<&str> = obj["required"]
         .as_array()
         .map(|a| a.iter().filter_map(Json::as_str).collect())
@@ -93,7 +93,7 @@ fn object_table(out: &mut String, obj: &Json) {
             } else {
                 "no"
             },
-            allowed(p),
+            allowed(p, defs),
             cell(p.get("description").and_then(Json::as_str).unwrap_or("")),
         );
     }
@@ -163,7 +163,7 @@ fn ty(p: &Json) -> String {
     }
 }
 
-fn allowed(p: &Json) -> String {
+fn allowed(p: &Json, defs: &serde_json::Map<String, Json>) -> String {
     if let Some(e) = p.get("enum").and_then(Json::as_array) {
         return e
             .iter()
@@ -176,13 +176,19 @@ fn allowed(p: &Json) -> String {
             .collect::<Vec<_>>()
             .join(", ");
     }
-    if let Some(r) = p.get("$ref").and_then(Json::as_str) {
-        let name = r.trim_start_matches("#/$defs/");
-        if name == "Outcome" {
-            return "`completed`, `failed`, `compensated`".to_owned();
-        }
-    }
-    String::new()
+    // A reference to a set of constants (`Outcome`, `ProviderName`): its values.
+    p.get("$ref")
+        .and_then(Json::as_str)
+        .and_then(|r| defs.get(r.trim_start_matches("#/$defs/")))
+        .and_then(consts)
+        .map(|values| {
+            values
+                .iter()
+                .map(|(v, _)| format!("`{v}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
 }
 
 /// The first YAML path at which each definition is used, e.g. `sagas[].triggers[]`.

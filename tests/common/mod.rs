@@ -10,6 +10,7 @@
 
 pub mod cluster;
 pub mod effects;
+pub mod grpc;
 pub mod metrics;
 pub mod postgres;
 pub mod scaleout;

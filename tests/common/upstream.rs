@@ -52,7 +52,8 @@ impl Latch {
     pub fn release(&self) {
         self.0.send_replace(true);
     }
-    async fn wait(&self) {
+    /// Waits until the latch is open.
+    pub async fn wait(&self) {
         let mut rx = self.0.subscribe();
         let _ = rx.wait_for(|open| *open).await;
     }

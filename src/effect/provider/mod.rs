@@ -13,6 +13,7 @@
 //! | `noop` | calls nothing: succeeds at once with `result` (default `{}`), or fails fatally when `fail_when` holds |
 //! | `log` | logs the command (payload size, never its content) and succeeds |
 //! | `http` | one HTTP request (rustls for TLS) |
+//! | `grpc` | one unary gRPC call, messages from a descriptor set or server reflection (see [`grpc`]) |
 //! | `nats_request` | NATS request/reply to a service subject |
 //! | `nats_publish` | publishes the payload on a subject and succeeds |
 //! | `smtp` | sends one plain-text mail (see [`smtp`]) |
@@ -30,12 +31,14 @@
 //! header value).
 //!
 //! Each provider's settings and its classification of failures (retryable or fatal) are
-//! described in its file: [`noop`], [`log`], [`http`], [`nats`], [`postgres`], [`smtp`].
+//! described in its file: [`noop`], [`log`], [`http`], [`grpc`], [`nats`], [`postgres`],
+//! [`smtp`].
 //!
 //! Guarantee: whatever the provider, an attempt's failure is an [`EffectError`] that says
 //! whether another attempt may help; the retry policy that acts on it is the manifest's.
 
 pub mod error;
+pub mod grpc;
 pub mod http;
 pub mod input;
 pub mod log;
@@ -64,6 +67,8 @@ pub enum Provider {
     Log,
     /// HTTP request.
     Http(Box<http::HttpSpec>),
+    /// Unary gRPC call.
+    Grpc(Box<grpc::GrpcSpec>),
     /// NATS request/reply.
     NatsRequest(nats::NatsSpec),
     /// NATS publish.
@@ -81,7 +86,7 @@ pub fn check_settings_on_load() {
     crate::manifest::set_settings_check(|effect| {
         Provider::compile(effect)
             .map(|_| ())
-            .map_err(|e| format!("setting `{}`: {}", e.setting, e.message))
+            .map_err(|e| (e.setting, e.message))
     });
 }
 
@@ -91,11 +96,13 @@ impl Provider {
         let s = settings::Settings {
             effect: &effect.name,
             settings: &effect.settings,
+            base: effect.declared.file.parent(),
         };
         Ok(match effect.provider.as_str() {
             "noop" => Provider::Noop(noop::NoopSpec::compile(&s)?),
             "log" => Provider::Log,
             "http" => Provider::Http(Box::new(http::HttpSpec::compile(&s)?)),
+            "grpc" => Provider::Grpc(Box::new(grpc::GrpcSpec::compile(&s)?)),
             "nats_request" => Provider::NatsRequest(nats::NatsSpec::compile(&s)?),
             "nats_publish" => Provider::NatsPublish(nats::NatsSpec::compile(&s)?),
             "postgres" => Provider::Postgres(Box::new(postgres::PostgresSpec::compile(&s)?)),
@@ -120,6 +127,7 @@ impl Provider {
                 spec.call(effect, command, command_id, env.http, env.timeout)
                     .await
             }
+            Provider::Grpc(spec) => spec.call(effect, command, command_id, env.timeout).await,
             Provider::NatsRequest(spec) => {
                 spec.request(command, command_id, env.nats, env.timeout)
                     .await

@@ -57,23 +57,14 @@ impl std::fmt::Debug for Tls {
 }
 
 /// The TLS set-up for `sslmode=require`: roots from `ca_file` (PEM), else the web roots.
-fn tls_config(ca_file: Option<&str>) -> Result<Tls, String> {
-    use rustls::pki_types::CertificateDer;
-    use rustls::pki_types::pem::PemObject;
+fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Tls, String> {
     let mut roots = rustls::RootCertStore::empty();
     match ca_file {
         Some(path) => {
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| format!("cannot read `{path}`: {e}"))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("`{path}` is not a PEM certificate bundle: {e}"))?;
-            if certs.is_empty() {
-                return Err(format!("`{path}` holds no certificate"));
-            }
-            for c in certs {
+            for c in super::settings::pem_certificates(path)? {
                 roots
                     .add(c)
-                    .map_err(|e| format!("`{path}`: unusable certificate: {e}"))?;
+                    .map_err(|e| format!("`{}`: unusable certificate: {e}", path.display()))?;
             }
         }
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -187,12 +178,8 @@ impl PostgresSpec {
             statement,
             params,
             secrets: c.secrets()?,
-            tls: match c.get("tls_ca_file") {
-                None => tls_config(None),
-                Some(Json::String(path)) => tls_config(Some(path)),
-                Some(_) => Err("must be a path (a string)".into()),
-            }
-            .map_err(|e| c.err("tls_ca_file", e))?,
+            tls: tls_config(c.path("tls_ca_file")?.as_deref())
+                .map_err(|e| c.err("tls_ca_file", e))?,
         })
     }
 

@@ -44,6 +44,9 @@ pub fn template_of(v: &Json) -> Result<Template, ExprError> {
 pub(super) struct Settings<'a> {
     pub(super) effect: &'a str,
     pub(super) settings: &'a BTreeMap<String, Json>,
+    /// The directory of the manifest file that declares the effect: relative paths in
+    /// settings are read from there, so a manifest and the files it names move together.
+    pub(super) base: Option<&'a std::path::Path>,
 }
 
 impl Settings<'_> {
@@ -58,6 +61,21 @@ impl Settings<'_> {
             effect: self.effect.to_string(),
             setting: setting.to_string(),
             message: message.into(),
+        }
+    }
+
+    /// An optional file path: a string, relative to the manifest's directory unless absolute.
+    pub(super) fn path(&self, key: &str) -> Result<Option<std::path::PathBuf>, SettingsError> {
+        match self.settings.get(key) {
+            None => Ok(None),
+            Some(Json::String(p)) if !p.is_empty() => {
+                let p = std::path::Path::new(p);
+                Ok(Some(match self.base {
+                    Some(base) if p.is_relative() => base.join(p),
+                    _ => p.to_path_buf(),
+                }))
+            }
+            Some(_) => Err(self.err(key, "must be a file path (a string)")),
         }
     }
 
@@ -119,4 +137,22 @@ impl Settings<'_> {
             })
             .collect()
     }
+}
+
+/// The certificates of a PEM bundle; an unreadable file, a malformed one or one holding no
+/// certificate is an error naming the file.
+pub(super) fn pem_certificates(
+    path: &std::path::Path,
+) -> Result<Vec<rustls::pki_types::CertificateDer<'static>>, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let shown = path.display();
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| format!("cannot read `{shown}`: {e}"))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("`{shown}` is not a PEM certificate bundle: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!("`{shown}` holds no certificate"));
+    }
+    Ok(certs)
 }

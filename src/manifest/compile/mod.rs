@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::catalog::{Declared, Effect, Migration, Saga, SagaKind, Trigger};
-use super::model::{ManifestFile, SagaDecl};
+use super::model::{ManifestFile, SagaDecl, Sp, SpannedMap, TemplateNode};
 use super::{Catalog, Diagnostic, FORMAT_VERSION, Severity};
 use crate::expr::Needs;
 
@@ -30,15 +30,48 @@ use parts::SagaCompiler;
 pub use orchestration::DEFAULT_STEP_TIMEOUT_MS;
 
 /// Providers the effect worker knows.
-pub const PROVIDERS: [&str; 7] = [
+pub const PROVIDERS: [&str; 8] = [
     "noop",
     "log",
     "http",
+    "grpc",
     "nats_request",
     "nats_publish",
     "smtp",
     "postgres",
 ];
+
+/// Where a setting is written: `path` is dotted (`request.payment.amount`, list items by
+/// index); the deepest part found is the answer, so a key the file lacks points at its
+/// parent.
+fn setting_location(
+    settings: &SpannedMap<Sp<TemplateNode>>,
+    path: &str,
+) -> Option<serde_saphyr::Location> {
+    let mut parts = path.split('.');
+    let first = parts.next()?;
+    let (key, node) = settings.0.iter().find(|(k, _)| k.value == first)?;
+    let mut node: &Sp<TemplateNode> = node;
+    let mut here = at(key);
+    for part in parts {
+        let next = match &node.value {
+            TemplateNode::Map(fields) => fields
+                .iter()
+                .find(|(k, _)| k.value == part)
+                .map(|(k, v)| (at(k), v)),
+            TemplateNode::List(items) => part
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| items.get(i))
+                .map(|v| (at(v), v)),
+            _ => None,
+        };
+        let Some((loc, child)) = next else { break };
+        here = loc;
+        node = child;
+    }
+    Some(here)
+}
 
 /// Parses one file's text; a YAML or shape error becomes a diagnostic with its location.
 pub(crate) fn parse(file: &Path, text: &str, out: &mut Vec<Diagnostic>) -> Option<ManifestFile> {
@@ -116,7 +149,7 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                         .settings
                         .0
                         .iter()
-                        .map(|(k, v)| (k.value.clone(), v.clone()))
+                        .map(|(k, v)| (k.value.clone(), v.value.to_json()))
                         .collect(),
                     timeout_ms: e.timeout_ms,
                     retry: e.retry,
@@ -133,8 +166,11 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                 && PROVIDERS.contains(&e.provider.value.as_str())
             {
                 let effect = &catalog.effects[&e.name.value];
-                if let Err(message) = check(effect) {
-                    d.error(at(&e.name), format!("effect `{}`: {message}", e.name.value));
+                if let Err((setting, message)) = check(effect) {
+                    d.error(
+                        setting_location(&e.settings, &setting).unwrap_or(at(&e.name)),
+                        format!("effect `{}`: setting `{setting}`: {message}", e.name.value),
+                    );
                 }
             }
         }

@@ -90,7 +90,7 @@ impl SagaCompiler<'_, '_> {
             TemplateNode::Map(fields) => {
                 let fields: Vec<(String, Template)> = fields
                     .iter()
-                    .map(|(k, v)| (k.clone(), self.template_inner(v, what, ok)))
+                    .map(|(k, v)| (k.value.clone(), self.template_inner(v, what, ok)))
                     .collect();
                 if fields.iter().all(|(_, t)| t.is_literal()) {
                     Template::Literal(serde_json::Value::Object(

@@ -2,8 +2,8 @@
 //!
 //! Guarantee: every `saga.secrets.<name>` an effect's settings read names a secret that
 //! effect declares under `settings.secrets`; a reference to any other name is a load error
-//! located at the setting that holds it (its key's line and column), naming the setting's
-//! path and the secrets declared. Without this check a misspelt secret would only surface
+//! located at the string that holds it (the line and column of its key, or of the list
+//! item), naming the setting's path and the secrets declared. Without this check a misspelt secret would only surface
 //! as a failed call at run time.
 //!
 //! Templates that do not compile are left to the provider's own settings check, which
@@ -12,14 +12,17 @@
 
 use std::collections::BTreeSet;
 
-use serde_json::Value as Json;
+use serde_saphyr::Location;
 
 use super::diags::{Diags, at};
 use crate::expr::{Expr, Needs, Template};
-use crate::manifest::model::EffectDecl;
+use crate::manifest::model::{EffectDecl, Sp, TemplateNode};
 
 /// Settings that are CEL conditions rather than templates.
 const CONDITIONS: [&str; 1] = ["success_when"];
+
+/// One read of a secret: the setting's path, the secret's name, where the setting is.
+type Read = (String, String, Location);
 
 /// Reports each undeclared secret an effect's settings read.
 pub(super) fn check_references(d: &mut Diags<'_>, e: &EffectDecl) {
@@ -28,72 +31,75 @@ pub(super) fn check_references(d: &mut Diags<'_>, e: &EffectDecl) {
         .0
         .iter()
         .find(|(k, _)| k.value == "secrets")
-        .and_then(|(_, v)| v.as_object())
-        .map(|m| m.keys().cloned().collect())
+        .map(|(_, v)| match &v.value {
+            TemplateNode::Map(fields) => fields.iter().map(|(k, _)| k.value.clone()).collect(),
+            _ => BTreeSet::new(),
+        })
         .unwrap_or_default();
+    let mut found: Vec<Read> = Vec::new();
     for (key, value) in &e.settings.0 {
         if key.value == "secrets" {
             continue;
         }
-        let mut found = Vec::new();
         if CONDITIONS.contains(&key.value.as_str()) {
-            if let Some(src) = value.as_str()
+            if let TemplateNode::Str(src) = &value.value
                 && let Ok(expr) = Expr::compile(src)
             {
-                secrets_read(expr.needs(), &key.value, &mut found);
+                secrets_read(expr.needs(), &key.value, at(key), &mut found);
             }
         } else {
-            walk(value, &key.value, &mut found);
+            walk(value, &key.value, at(key), &mut found);
         }
-        for (path, name) in found {
-            if declared.contains(&name) {
-                continue;
-            }
-            let known = if declared.is_empty() {
-                "none is declared".to_owned()
-            } else {
-                let names: Vec<&str> = declared.iter().map(String::as_str).collect();
-                format!("declared: {}", names.join(", "))
-            };
-            d.error(
-                at(key),
-                format!(
-                    "effect `{}`: setting `{path}` reads `saga.secrets.{name}`, which the \
-                     effect does not declare ({known}); declare it under `settings.secrets` \
-                     as `{name}: {{ env: VAR }}` or `{name}: {{ file: path }}`",
-                    e.name.value
-                ),
-            );
+    }
+    for (path, name, loc) in found {
+        if declared.contains(&name) {
+            continue;
         }
+        let known = if declared.is_empty() {
+            "none is declared".to_owned()
+        } else {
+            let names: Vec<&str> = declared.iter().map(String::as_str).collect();
+            format!("declared: {}", names.join(", "))
+        };
+        d.error(
+            loc,
+            format!(
+                "effect `{}`: setting `{path}` reads `saga.secrets.{name}`, which the effect \
+                 does not declare ({known}); declare it under `settings.secrets` as \
+                 `{name}: {{ env: VAR }}` or `{name}: {{ file: path }}`",
+                e.name.value
+            ),
+        );
     }
 }
 
-/// Collects `(setting path, secret name)` for every string template under `v`.
-fn walk(v: &Json, path: &str, out: &mut Vec<(String, String)>) {
-    match v {
-        Json::String(s) => {
+/// Collects every secret read by a string template under `node` (at `path`, written at
+/// `loc`: the key of a map entry, or the list item itself).
+fn walk(node: &Sp<TemplateNode>, path: &str, loc: Location, out: &mut Vec<Read>) {
+    match &node.value {
+        TemplateNode::Str(s) => {
             if let Ok(t) = Template::compile_str(s) {
                 let mut needs = Needs::default();
                 t.add_needs(&mut needs);
-                secrets_read(&needs, path, out);
+                secrets_read(&needs, path, loc, out);
             }
         }
-        Json::Array(items) => {
+        TemplateNode::List(items) => {
             for (i, item) in items.iter().enumerate() {
-                walk(item, &format!("{path}[{i}]"), out);
+                walk(item, &format!("{path}.{i}"), at(item), out);
             }
         }
-        Json::Object(m) => {
-            for (k, item) in m {
-                walk(item, &format!("{path}.{k}"), out);
+        TemplateNode::Map(fields) => {
+            for (k, item) in fields {
+                walk(item, &format!("{path}.{}", k.value), at(k), out);
             }
         }
-        _ => {}
+        TemplateNode::Scalar(_) => {}
     }
 }
 
-fn secrets_read(needs: &Needs, path: &str, out: &mut Vec<(String, String)>) {
+fn secrets_read(needs: &Needs, path: &str, loc: Location, out: &mut Vec<Read>) {
     for name in needs.fields_read("saga", &["secrets"]).unwrap_or_default() {
-        out.push((path.to_owned(), name));
+        out.push((path.to_owned(), name, loc));
     }
 }

@@ -55,21 +55,25 @@ fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
     let p = by_last_digit("acme", "order", corr, 4) as u16;
     store
         .write_blocking(|t| {
-            t.put_instance(&Instance {
-                tenant: "acme".into(),
-                saga: "order".into(),
-                version: 1,
-                correlation_id: corr.into(),
-                state: state.into(),
-                status: Status::Running,
-                data: serde_json::json!({ "corr": corr }),
-                timers: BTreeMap::new(),
-                progress: None,
-                started_ms: 1,
-                updated_ms: 2,
-                applied: 3,
-                awaiting: None,
-            })?;
+            let before = t.instance("acme", "order", corr)?.map(|i| i.state);
+            t.put_instance(
+                &Instance {
+                    tenant: "acme".into(),
+                    saga: "order".into(),
+                    version: 1,
+                    correlation_id: corr.into(),
+                    state: state.into(),
+                    status: Status::Running,
+                    data: serde_json::json!({ "corr": corr }),
+                    timers: BTreeMap::new(),
+                    progress: None,
+                    started_ms: 1,
+                    updated_ms: 2,
+                    applied: 3,
+                    awaiting: None,
+                },
+                before.as_deref(),
+            )?;
             for n in 1..=3 {
                 let e = HistoryEntry {
                     n,
@@ -221,6 +225,31 @@ fn import_replaces_a_stale_copy_and_leaves_other_partitions_alone() {
             Some("paid")
         );
         assert_eq!(t.timers_of("acme", "order", "o-1")?[0].name, "paid-timeout");
+        // The instance index follows the import: p1 as imported, the other partitions as
+        // they were.
+        let list = |state: Option<&str>| -> crate::storage::error::Result<Vec<String>> {
+            let q = crate::storage::tables::InstanceQuery {
+                tenant: "acme".into(),
+                saga: "order".into(),
+                state: state.map(str::to_string),
+                started_before_ms: None,
+                after: None,
+                limit: 100,
+            };
+            Ok(t.list_instances(&q)?
+                .items
+                .into_iter()
+                .map(|i| i.correlation_id)
+                .collect())
+        };
+        assert_eq!(
+            list(Some("new"))?,
+            Vec::<String>::new(),
+            "stale p1 states are gone"
+        );
+        assert_eq!(list(Some("paid"))?, ["o-1", "o-5"]);
+        assert_eq!(list(Some("other"))?, ["o-2", "o-3"]);
+        assert_eq!(list(None)?.len(), 4);
         // Markers stay where they were: this store's own, not the snapshot's.
         assert!(t.is_applied("acme", "order", "o-9-e1")?);
         Ok(())

@@ -14,6 +14,7 @@
 //! | `schedule` | `due_ms:u64 t 0 saga 0 correlation_id 0 timer` | [`TimerEntry`] as JSON | [`timers`] |
 //! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON | [`deadletter`] |
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` | [`deadletter`] |
+//! | `index` | `s t 0 saga 0 state 0 started_ms:u64 correlation_id` and `a t 0 saga 0 started_ms:u64 correlation_id` | empty: instances by state and by age | [`index`] |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` | [`outbox`], [`deadletter`] |
 //! | `history` | as the ring keys above | history written by earlier versions (read, no longer written) | [`history`] |
 //!
@@ -28,6 +29,7 @@ pub mod checkpoint;
 pub mod deadletter;
 pub mod dedupe;
 pub mod history;
+pub mod index;
 pub mod keys;
 pub mod outbox;
 pub mod saga;
@@ -37,6 +39,7 @@ pub mod txn;
 pub use deadletter::{DeadLetter, DeadLetterStatus};
 pub use dedupe::dedupe_key;
 pub use history::{HISTORY_KEEP, HistoryEntry};
+pub use index::{InstancePage, InstanceQuery, MAX_PAGE, is_continuation};
 pub use keys::instance_key;
 pub use outbox::{DEFAULT_PARTITION, OutboxRecord};
 pub use timers::TimerEntry;

@@ -94,6 +94,9 @@ impl Tables<'_, RW> {
             }
         }
         for k in &doomed {
+            if let Some(v) = self.txn.get::<Vec<u8>>(&self.saga, k)? {
+                self.unindex_stored(&v)?;
+            }
             self.txn.del(&self.saga, k, None)?;
             let mut prefix = k.clone();
             prefix.push(0);
@@ -112,11 +115,12 @@ impl Tables<'_, RW> {
         Ok((doomed.len(), next))
     }
 
-    /// Stores an instance.
-    pub fn put_instance(&self, inst: &Instance) -> Result<()> {
+    /// Stores an instance and its index entries; `before` is the state it had when read
+    /// (`None` for a new instance).
+    pub fn put_instance(&self, inst: &Instance, before: Option<&str>) -> Result<()> {
         let key = instance_key(&inst.tenant, &inst.saga, &inst.correlation_id);
-        Ok(self
-            .txn
-            .put(&self.saga, key, to_json(inst)?, WriteFlags::UPSERT)?)
+        self.txn
+            .put(&self.saga, key, to_json(inst)?, WriteFlags::UPSERT)?;
+        self.index_instance(inst, before)
     }
 }

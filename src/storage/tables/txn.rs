@@ -24,6 +24,7 @@ pub struct Tables<'t, K: TransactionKind> {
     pub(super) parked: Table<'t>,
     pub(super) meta: Table<'t>,
     pub(super) history: Table<'t>,
+    pub(super) index: Table<'t>,
     /// The outbox sequence last assigned in this transaction (read once, then counted here).
     pub(super) outbox_seq: Cell<Option<u64>>,
 }
@@ -42,6 +43,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             parked: txn.open_table(Some("parked"))?,
             meta: txn.open_table(Some("meta"))?,
             history: txn.open_table(Some("history"))?,
+            index: txn.open_table(Some("index"))?,
             outbox_seq: Cell::new(None),
         })
     }
