@@ -89,6 +89,27 @@ pub enum Command {
         #[command(subcommand)]
         action: InstancesAction,
     },
+    /// Migrate a tenant's instances of a saga from version N to N+1, as N+1's `migration`
+    /// declares (both versions loaded from the manifests). Committed in batches; running it
+    /// again after a crash finishes the job. Prints the report (JSON) with a sample before
+    /// and after. Exits 1 when some instance could not be migrated.
+    Migrate {
+        /// Where the store and the manifests are.
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+        /// Saga name.
+        #[arg(long)]
+        saga: String,
+        /// The version to migrate from.
+        #[arg(long)]
+        from: u32,
+        /// Show what would change; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Dead letters: list them, show one, or redrive one.
     Dlq {
         /// Where the store is.

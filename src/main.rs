@@ -26,6 +26,13 @@ fn main() -> ExitCode {
         } => report(ops_inspect(&store, &tenant, &saga, &id)),
         Command::Dlq { store, action } => report(ops_dlq(&store, action)),
         Command::Instances { store, action } => report(ops_instances(&store, action)),
+        Command::Migrate {
+            store,
+            tenant,
+            saga,
+            from,
+            dry_run,
+        } => report(ops_migrate(&store, &tenant, &saga, from, dry_run)),
         Command::Run(args) => {
             runner::telemetry::init_logging(cli.log_format);
             match run(args) {
@@ -106,6 +113,49 @@ fn ops_inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::
     let (_, store) = open_store_read_only(args)?;
     let view = runner::ops::inspect(&store, tenant, saga, id)?;
     println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+fn ops_migrate(
+    args: &StoreArgs,
+    tenant: &str,
+    saga: &str,
+    from: u32,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let (config, store) = if dry_run {
+        open_store_read_only(args)?
+    } else {
+        open_store(args)?
+    };
+    if config.partitions.enabled {
+        // This store may hold stale copies of partitions other replicas own; only the node
+        // knows which it holds.
+        anyhow::bail!(
+            "in partitioned mode, migrate through each node's admin API (POST /admin/migrate),              which migrates the instances of the partitions that node owns"
+        );
+    }
+    let report = runner::manifest::load(&config.runner.manifests);
+    let Some(catalog) = report.catalog else {
+        let errs: Vec<String> = report.errors().map(|d| d.to_string()).collect();
+        anyhow::bail!("manifests are invalid:\n{}", errs.join("\n"));
+    };
+    let r = runner::ops::migrate::migrate_instances(
+        &store,
+        &catalog,
+        tenant,
+        saga,
+        from,
+        dry_run,
+        &|_| true,
+    )?;
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    if !r.failed.is_empty() {
+        anyhow::bail!(
+            "{} instance(s) could not be migrated and stay on version {from}",
+            r.failed.len()
+        );
+    }
     Ok(())
 }
 

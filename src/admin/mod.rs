@@ -9,6 +9,7 @@
 //! | `POST /admin/drain` | begins the drain (202); the process exits when drained |
 //! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
 //! | `GET /admin/instances` | one page of a tenant's instances of a saga by state and age (see `instances.rs`) |
+//! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
 //! When `admin.token` (or `admin.token_file`) is set, `/admin/*` requires
@@ -36,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 mod guard;
 mod instances;
+mod migrate;
 
 use crate::broker::stream_specs;
 use crate::config::redact_url;
@@ -49,6 +51,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route("/admin/reload", post(reload))
         .route("/admin/node-mode", post(node_mode))
         .route("/admin/instances", get(instances::list))
+        .route("/admin/migrate", post(migrate::migrate))
         .layer(middleware::from_fn_with_state(token.clone(), require_token));
     Router::new()
         .route("/health", get(health))

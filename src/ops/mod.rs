@@ -1,5 +1,5 @@
 //! Operator tools on the local store: `runner inspect`, `runner instances list` (also served
-//! by the admin API), and the saga worker's side of
+//! by the admin API), `runner migrate` ([`migrate`]), and the saga worker's side of
 //! `runner dlq redrive` (listing, showing and the redrive protocol are
 //! [`crate::deadletter`]'s).
 //!
@@ -7,6 +7,8 @@
 //! processes), so they work on a live node. A redrive writes its outputs to the outbox: the
 //! running node's relay publishes them within `saga.relay_poll`, a stopped node at its next
 //! start.
+
+pub mod migrate;
 
 use serde::Serialize;
 
