@@ -350,9 +350,9 @@ fn validate(paths: &[std::path::PathBuf], data_dir: Option<&std::path::Path>) ->
 
 /// `runner test`: load the manifests, run every `*.tests.yaml` found under the paths.
 fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
-    use runner::manifest::{collect_files, is_test_file};
+    use runner::manifest::{collect_files, is_test_file, with_manifests_beside};
     use runner::saga::scenario;
-    let report = runner::manifest::load(paths);
+    let report = runner::manifest::load(&with_manifests_beside(paths));
     for d in &report.diagnostics {
         eprintln!("{d}");
     }
@@ -360,6 +360,16 @@ fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
         eprintln!("manifests have errors; no test was run");
         return ExitCode::FAILURE;
     };
+    if catalog.summary().sagas.is_empty() {
+        let given: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        eprintln!(
+            "no manifest was loaded: no saga is declared under {} (give the manifest too, or \
+             the directory holding it and its tests, e.g. `runner test manifests/`; a tests \
+             file finds `<name>.yaml` beside it by itself); no test was run",
+            given.join(", ")
+        );
+        return ExitCode::FAILURE;
+    }
     let files = match collect_files(paths) {
         Ok(f) => f,
         Err(d) => {

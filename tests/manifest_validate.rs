@@ -19,7 +19,10 @@ fn shipped_manifests_are_valid_without_warnings() {
     let catalog = report.catalog.expect("catalog");
     let summary = catalog.summary();
     let names: Vec<&str> = summary.sagas.iter().map(|s| s.name.as_str()).collect();
-    assert_eq!(names, ["order", "subscription_renewal", "travel_booking"]);
+    assert_eq!(
+        names,
+        ["loan", "order", "subscription_renewal", "travel_booking"]
+    );
     assert!(summary.effects.contains(&"charge_card".to_string()));
 }
 

@@ -131,6 +131,33 @@ impl Needs {
         ]
     }
 
+    /// The fields read directly under `root.path` (for `saga` and `["secrets"]`: the names
+    /// of the secrets read), or `None` when the expression may read any of them (it uses
+    /// the object, or one of its parents, whole).
+    pub fn fields_read(&self, root: &str, path: &[&str]) -> Option<Vec<String>> {
+        let mut need = match root {
+            "event" => &self.event,
+            "state" => &self.state,
+            "saga" => &self.saga,
+            _ => return Some(Vec::new()),
+        };
+        for field in path {
+            need = match need {
+                Need::Whole => return None,
+                Need::Nothing => return Some(Vec::new()),
+                Need::Fields(f) => match f.get(*field) {
+                    Some(n) => n,
+                    None => return Some(Vec::new()),
+                },
+            };
+        }
+        match need {
+            Need::Whole => None,
+            Need::Nothing => Some(Vec::new()),
+            Need::Fields(f) => Some(f.keys().cloned().collect()),
+        }
+    }
+
     fn mark(&mut self, root: &str, path: &[String]) {
         match root {
             "event" => self.event.mark(path),
@@ -246,6 +273,21 @@ mod tests {
 
     use super::*;
     use crate::expr::{Expr, Vars};
+
+    #[test]
+    fn fields_read_names_what_is_selected_and_admits_a_whole_use() {
+        let e = Expr::compile("saga.secrets.a + saga.secrets['b'] + saga.secrets.c.d").unwrap();
+        // `['b']` is an index, not a selection: the chain stops at `secrets`, read whole.
+        assert_eq!(e.needs().fields_read("saga", &["secrets"]), None);
+        let e = Expr::compile("saga.secrets.a + saga.secrets.c.d + event.payload.x").unwrap();
+        assert_eq!(
+            e.needs().fields_read("saga", &["secrets"]),
+            Some(vec!["a".to_owned(), "c".to_owned()])
+        );
+        assert_eq!(e.needs().fields_read("state", &[]), Some(vec![]));
+        assert_eq!(e.needs().fields_read("event", &["payload", "x", "y"]), None);
+        assert_eq!(e.needs().fields_read("nope", &[]), Some(vec![]));
+    }
 
     #[test]
     fn pruned_variables_give_the_same_results() {

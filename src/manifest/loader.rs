@@ -66,6 +66,32 @@ pub fn is_test_file(p: &Path) -> bool {
         .is_some_and(|n| n.ends_with(".tests.yaml") || n.ends_with(".tests.yml"))
 }
 
+/// The paths `runner test` loads manifests from: `paths` as given, plus, for each test-case
+/// file named directly (`order.tests.yaml`), the manifest beside it with the same stem
+/// (`order.yaml` or `order.yml`) when one exists. So `runner test manifests/order.tests.yaml`
+/// runs against `manifests/order.yaml` without naming it.
+pub fn with_manifests_beside(paths: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = paths.to_vec();
+    for p in paths.iter().filter(|p| is_test_file(p)) {
+        let Some(name) = p.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let stem = name
+            .trim_end_matches(".tests.yaml")
+            .trim_end_matches(".tests.yml");
+        let beside = ["yaml", "yml"]
+            .iter()
+            .map(|ext| p.with_file_name(format!("{stem}.{ext}")))
+            .find(|m| m.is_file());
+        if let Some(m) = beside
+            && !out.contains(&m)
+        {
+            out.push(m);
+        }
+    }
+    out
+}
+
 /// Loads and validates every manifest under `paths` (test-case files are skipped).
 pub fn load(paths: &[PathBuf]) -> LoadReport {
     let files = match collect_files(paths) {

@@ -33,7 +33,7 @@ mod loader;
 pub mod model;
 
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};
-pub use loader::{collect_files, is_test_file, load, load_str};
+pub use loader::{collect_files, is_test_file, load, load_str, with_manifests_beside};
 
 /// A check of one effect's provider settings: `Err((setting, message))` names the setting
 /// (a dotted path such as `request.amount`, located in the file when it is reported) and

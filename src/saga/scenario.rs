@@ -8,35 +8,47 @@
 //! format: 1
 //! tenant: acme                      # default `_`
 //! tests:
-//!   - name: card declined cancels the order
+//!   - name: a payment timer cancelled by the charge is ignored when it fires
 //!     saga: order                   # whose instance the expectations look at
 //!     steps:
 //!       - event:                    # any input: subject + envelope fields
 //!           subject: aggregate.Order.o-1
 //!           event_type: OrderPlaced
-//!           payload: { amount: 40 }
+//!           payload: { customer_id: c-1, amount_cents: 40, items: [{ sku: a, qty: 1 }] }
 //!         expect:
 //!           state: awaiting_payment
+//!           timers_set: [payment_timeout]
 //!           work: [ { kind: effect_command, subject: "effect.charge_card.*" } ]
-//!       - effect_result: { effect: charge_card, result: Failed }   # answers the last command
-//!         expect: { state: cancelled, status: failed }
-//!       - fire_timer: payment_timeout                          # at the timer's due time
-//!         expect: { outcome: stale_timer }
+//!       - effect_result:          # answers the last command of that effect
+//!           { effect: charge_card, result: Succeeded, payload: { payment_id: p-1 } }
+//!         expect: { state: reserving_stock, timers_cancelled: [payment_timeout] }
+//!       - fire_timer: payment_timeout   # pending, or the last one set (here: cancelled)
+//!         expect: { outcome: stale_timer, state: reserving_stock }
 //! ```
+//!
+//! `fire_timer` fires the instance's pending timer of that name at its due time; when none
+//! is pending it fires the last timer of that name the test set (cancelled by a transition
+//! or by the end of the instance), as a late firing would arrive in the service, so a test
+//! can show that it is ignored (`stale_timer`, or `finished` once the instance has ended).
+//! A timer name the test never set is an error of the test.
 //!
 //! Envelope defaults: `v: 1`, `tenant_id`, a deterministic `event_id`, and `timestamp_ms`
 //! one second after the previous input (the first at 1 700 000 000 000) unless `at_ms` is given.
 //! Expectations are partial: `data` and work `body` match when every field given is equal
 //! (objects may have more fields; lists must have the same length); a work `subject` may end
-//! in `*`; `work` (when given) must list every item emitted, in order.
+//! in `*`; `work` (when given) must list every item emitted, in order. The comparisons
+//! live in `check.rs`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 use serde_saphyr::Spanned;
+
+mod check;
+
+use check::{check_expect, check_outcome};
 
 use super::engine::{apply, route};
 use super::ids;
@@ -82,7 +94,8 @@ pub struct ScenarioStep {
     /// A result for the last effect command of that effect.
     #[serde(default)]
     pub effect_result: Option<EffectReply>,
-    /// Fire the instance's pending timer of that name, at its due time.
+    /// Fire the instance's timer of that name at its due time: the pending one, else the
+    /// last one set (since cancelled), which the engine ignores.
     #[serde(default)]
     pub fire_timer: Option<String>,
     /// Input time (ms), instead of the default.
@@ -233,6 +246,7 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
     let mut sent: Vec<(String, Json)> = Vec::new(); // (effect, command body) emitted so far
     let mut now = DEFAULT_START_MS;
     let mut target: Option<(String, String)> = None;
+    let mut timers_seen = TimersSeen::new();
     for (i, step) in t.steps.iter().enumerate() {
         let label = format!("step {}", i + 1);
         let event_id = ids::derive(
@@ -247,7 +261,16 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
         )
         .to_string();
         now = step.at_ms.unwrap_or(if i == 0 { now } else { now + 1_000 });
-        let input = match build_input(step, tenant, &event_id, now, &sent, &instances, &target, t) {
+        let ctx = InputCtx {
+            tenant,
+            event_id: &event_id,
+            now,
+            sent: &sent,
+            instances: &instances,
+            target: &target,
+            timers_seen: &timers_seen,
+        };
+        let input = match build_input(step, &ctx, t) {
             Ok(input) => input,
             Err(e) => {
                 failures.push(format!("{label}: {e}"));
@@ -281,6 +304,12 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
                 &input,
             );
             if let Ok(a) = &res {
+                for ts in &a.timers_set {
+                    timers_seen.insert(
+                        (key.0.clone(), key.1.clone(), ts.name.clone()),
+                        (ts.timer_id.clone(), ts.due_ms),
+                    );
+                }
                 for w in &a.work {
                     if w.kind == WorkKind::EffectCommand {
                         let effect = w
@@ -326,17 +355,31 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
     failures
 }
 
-#[allow(clippy::too_many_arguments)]
-fn build_input(
-    step: &ScenarioStep,
-    tenant: &str,
-    event_id: &str,
+/// The last timer of each name a test set: (saga, correlation id, name) → (id, due ms).
+type TimersSeen = BTreeMap<(String, String, String), (String, u64)>;
+
+/// What a step's input is built from.
+#[derive(Clone, Copy)]
+struct InputCtx<'a> {
+    tenant: &'a str,
+    event_id: &'a str,
     now: u64,
-    sent: &[(String, Json)],
-    instances: &BTreeMap<(String, String), Instance>,
-    target: &Option<(String, String)>,
-    t: &Scenario,
-) -> Result<Input, String> {
+    sent: &'a [(String, Json)],
+    instances: &'a BTreeMap<(String, String), Instance>,
+    target: &'a Option<(String, String)>,
+    timers_seen: &'a TimersSeen,
+}
+
+fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<Input, String> {
+    let InputCtx {
+        tenant,
+        event_id,
+        now,
+        sent,
+        instances,
+        target,
+        timers_seen,
+    } = *ctx;
     let given = usize::from(step.event.is_some())
         + usize::from(step.effect_result.is_some())
         + usize::from(step.fire_timer.is_some());
@@ -403,161 +446,27 @@ fn build_input(
     let inst = instances
         .get(&key)
         .ok_or("no instance to fire a timer on")?;
-    let timer = inst.timers.get(name).ok_or_else(|| {
-        format!(
-            "timer `{name}` is not pending (pending: {:?})",
-            inst.timers.keys().collect::<Vec<_>>()
-        )
-    })?;
-    let due = step.at_ms.unwrap_or(timer.due_ms);
+    // The pending timer of that name; else the last one the test set (since cancelled),
+    // fired late as the service would see it.
+    let (timer_id, due_ms) = match inst.timers.get(name) {
+        Some(timer) => (timer.timer_id.clone(), timer.due_ms),
+        None => timers_seen
+            .get(&(key.0.clone(), key.1.clone(), name.to_owned()))
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "timer `{name}` was never set on this instance (pending: {:?})",
+                    inst.timers.keys().collect::<Vec<_>>()
+                )
+            })?,
+    };
+    let due = step.at_ms.unwrap_or(due_ms);
     Ok(Input::timer(
         &inst.tenant,
         &key.0,
         &key.1,
         name,
-        &timer.timer_id,
+        &timer_id,
         due,
     ))
-}
-
-fn check_outcome(failures: &mut Vec<String>, label: &str, e: &Expect, got: &str, detail: &str) {
-    let want = e.outcome.as_deref().unwrap_or("applied");
-    if want != got {
-        let detail = if detail.is_empty() {
-            String::new()
-        } else {
-            format!(" ({detail})")
-        };
-        failures.push(format!(
-            "{label}: outcome: expected `{want}`, got `{got}`{detail}"
-        ));
-    }
-}
-
-fn check_expect(
-    failures: &mut Vec<String>,
-    label: &str,
-    e: &Expect,
-    inst: Option<&Instance>,
-    applied: Option<&Applied>,
-) {
-    if let Some(want) = &e.state {
-        let got = inst.map(|i| i.state.as_str()).unwrap_or("<no instance>");
-        if want != got {
-            failures.push(format!("{label}: state: expected `{want}`, got `{got}`"));
-        }
-    }
-    if let Some(want) = e.status {
-        match inst {
-            Some(i) if i.status == want => {}
-            Some(i) => failures.push(format!(
-                "{label}: status: expected {want:?}, got {:?}",
-                i.status
-            )),
-            None => failures.push(format!(
-                "{label}: status: expected {want:?}, got no instance"
-            )),
-        }
-    }
-    if let Some(want) = &e.data {
-        let got = inst.map(|i| i.data.clone()).unwrap_or(Json::Null);
-        diff_json(failures, &format!("{label}: data"), want, &got);
-    }
-    let empty = Vec::new();
-    let work = applied.map(|a| &a.work).unwrap_or(&empty);
-    if let Some(want) = &e.work {
-        if want.len() != work.len() {
-            let mut msg = format!(
-                "{label}: work: expected {} item(s), got {}:",
-                want.len(),
-                work.len()
-            );
-            for w in work {
-                let _ = write!(msg, "\n      {} {}", w.subject, w.body);
-            }
-            failures.push(msg);
-        } else {
-            for (n, (w, got)) in want.iter().zip(work).enumerate() {
-                match_work(failures, &format!("{label}: work[{n}]"), w, got);
-            }
-        }
-    }
-    if let Some(want) = &e.finished_event {
-        let got = applied.and_then(|a| a.finished.as_ref());
-        let at = format!("{label}: finished_event");
-        match (want, got) {
-            (Some(w), Some(got)) => match_work(failures, &at, w, got),
-            (None, None) => {}
-            (Some(_), None) => failures.push(format!("{at}: expected one, got none")),
-            (None, Some(got)) => failures.push(format!(
-                "{at}: expected none, got {}",
-                got.body["event_type"]
-            )),
-        }
-    }
-    let names = |v: Option<Vec<String>>| v.unwrap_or_default();
-    if let Some(want) = &e.timers_set {
-        let got = names(applied.map(|a| a.timers_set.iter().map(|t| t.name.clone()).collect()));
-        if *want != got {
-            failures.push(format!(
-                "{label}: timers_set: expected {want:?}, got {got:?}"
-            ));
-        }
-    }
-    if let Some(want) = &e.timers_cancelled {
-        let got =
-            names(applied.map(|a| a.timers_cancelled.iter().map(|t| t.name.clone()).collect()));
-        if *want != got {
-            failures.push(format!(
-                "{label}: timers_cancelled: expected {want:?}, got {got:?}"
-            ));
-        }
-    }
-}
-
-/// Compares one output with its expectation (kind, subject with an optional trailing `*`,
-/// partial body).
-fn match_work(failures: &mut Vec<String>, at: &str, w: &ExpectWork, got: &super::WorkItem) {
-    if let Some(k) = w.kind
-        && k != got.kind
-    {
-        failures.push(format!("{at}.kind: expected {k:?}, got {:?}", got.kind));
-    }
-    if let Some(s) = &w.subject {
-        let ok = match s.strip_suffix('*') {
-            Some(prefix) => got.subject.starts_with(prefix),
-            None => *s == got.subject,
-        };
-        if !ok {
-            failures.push(format!(
-                "{at}.subject: expected `{s}`, got `{}`",
-                got.subject
-            ));
-        }
-    }
-    if let Some(b) = &w.body {
-        diff_json(failures, &format!("{at}.body"), b, &got.body);
-    }
-}
-
-/// Partial JSON comparison: every field of `want` must be in `got` and equal.
-fn diff_json(failures: &mut Vec<String>, path: &str, want: &Json, got: &Json) {
-    match (want, got) {
-        (Json::Object(w), Json::Object(g)) => {
-            for (k, wv) in w {
-                match g.get(k) {
-                    Some(gv) => diff_json(failures, &format!("{path}.{k}"), wv, gv),
-                    None => failures.push(format!("{path}.{k}: expected {wv}, missing")),
-                }
-            }
-        }
-        (Json::Array(w), Json::Array(g)) if w.len() == g.len() => {
-            for (n, (wv, gv)) in w.iter().zip(g).enumerate() {
-                diff_json(failures, &format!("{path}[{n}]"), wv, gv);
-            }
-        }
-        (Json::Number(a), Json::Number(b)) if a.as_f64() == b.as_f64() => {}
-        _ if want == got => {}
-        _ => failures.push(format!("{path}: expected {want}, got {got}")),
-    }
 }

@@ -22,6 +22,7 @@ mod diags;
 mod machine;
 mod orchestration;
 mod parts;
+mod secrets;
 
 use diags::{Diags, at};
 use parts::SagaCompiler;
@@ -120,6 +121,15 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                 );
                 continue;
             }
+            if e.name.value.is_empty() || e.name.value.contains(['.', '*', '>', ' ']) {
+                d.error(
+                    at(&e.name),
+                    format!(
+                        "effect name `{}` is not a valid subject token",
+                        e.name.value
+                    ),
+                );
+            }
             if !PROVIDERS.contains(&e.provider.value.as_str()) {
                 d.error(
                     at(&e.provider),
@@ -151,6 +161,7 @@ pub(crate) fn compile(files: Vec<(PathBuf, ManifestFile)>, out: &mut Vec<Diagnos
                     },
                 }),
             );
+            secrets::check_references(&mut d, e);
             if let Some(check) = super::settings_check()
                 && PROVIDERS.contains(&e.provider.value.as_str())
             {
