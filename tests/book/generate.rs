@@ -363,8 +363,13 @@ pub(crate) fn config_keys() -> String {
 /// `(name, kind, labels, help)` of every metric defined in the source.
 pub(crate) fn metrics() -> Vec<(String, String, Vec<String>, String)> {
     let mut out = Vec::new();
-    for file in ["src/telemetry/mod.rs", "src/broker/liveness.rs"] {
+    // (where the names are defined, where the collectors are made)
+    for (file, made_in) in [
+        ("src/telemetry/names.rs", "src/telemetry/mod.rs"),
+        ("src/broker/liveness.rs", "src/broker/liveness.rs"),
+    ] {
         let text = std::fs::read_to_string(root().join(file)).expect("source");
+        let made = std::fs::read_to_string(root().join(made_in)).expect("source");
         let mut doc: Vec<String> = Vec::new();
         for line in text.lines() {
             let t = line.trim();
@@ -377,7 +382,7 @@ pub(crate) fn metrics() -> Vec<(String, String, Vec<String>, String)> {
                 && value.starts_with("runner_")
             {
                 let name = value.trim_end_matches("\";").to_owned();
-                let (kind, labels, help) = shape(&text, cname);
+                let (kind, labels, help) = shape(&made, cname);
                 // The doc of the name, unless it only says what the constant is.
                 let doc = doc.join(" ");
                 let meaning = if doc.starts_with("Name of") {
