@@ -133,6 +133,14 @@ pub struct StoreArgs {
     /// Manifest file or directory (for redrive); repeat for several.
     #[arg(long = "manifest", global = true)]
     pub manifests: Vec<PathBuf>,
+    /// Ask a running node's admin API (`http://host:port`) instead of opening a data
+    /// directory: inspect, instances list, dlq list/show/redrive and migrate. The token
+    /// comes from `--admin-token-file` or the `RUNNER_ADMIN_TOKEN` environment variable.
+    #[arg(long, global = true)]
+    pub admin: Option<String>,
+    /// File holding the admin token (for `--admin`).
+    #[arg(long, global = true)]
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// `runner instances` actions.
@@ -176,7 +184,7 @@ pub enum OutputFormat {
 /// `runner dlq` actions.
 #[derive(Debug, Subcommand)]
 pub enum DlqAction {
-    /// List pending dead letters (one line each).
+    /// List pending dead letters (one line each, or JSON).
     List {
         /// Only this tenant.
         #[arg(long)]
@@ -184,6 +192,9 @@ pub enum DlqAction {
         /// Include redriven ones.
         #[arg(long)]
         all: bool,
+        /// `text` (a line per letter, then a count) or `json`.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
     },
     /// Show one dead letter in full (JSON).
     Show {

@@ -109,7 +109,35 @@ fn open_store_as(
     Ok((config, store))
 }
 
+/// The admin API client when `--admin` is given.
+fn remote(args: &StoreArgs) -> anyhow::Result<Option<runner::admin::client::AdminClient>> {
+    let Some(base) = &args.admin else {
+        return Ok(None);
+    };
+    let token = match &args.admin_token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the admin token file {}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("RUNNER_ADMIN_TOKEN").ok(),
+    };
+    Ok(Some(runner::admin::client::AdminClient::new(base, token)))
+}
+
 fn ops_inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::Result<()> {
+    if let Some(api) = remote(args)? {
+        use runner::admin::client::enc;
+        let v = api.get(&format!(
+            "/admin/instance?tenant={}&saga={}&id={}",
+            enc(tenant),
+            enc(saga),
+            enc(id)
+        ))?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
     let (_, store) = open_store_read_only(args)?;
     let view = runner::ops::inspect(&store, tenant, saga, id)?;
     println!("{}", serde_json::to_string_pretty(&view)?);
@@ -123,6 +151,18 @@ fn ops_migrate(
     from: u32,
     dry_run: bool,
 ) -> anyhow::Result<()> {
+    if let Some(api) = remote(args)? {
+        let r = api.post(
+            "/admin/migrate",
+            &serde_json::json!({ "tenant": tenant, "saga": saga, "from": from, "dry_run": dry_run }),
+        )?;
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        let failed = r["failed"].as_array().map_or(0, Vec::len);
+        if failed > 0 {
+            anyhow::bail!("{failed} instance(s) could not be migrated and stay on version {from}");
+        }
+        return Ok(());
+    }
     let (config, store) = if dry_run {
         open_store_read_only(args)?
     } else {
@@ -169,65 +209,148 @@ fn ops_instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()
         after,
         output,
     } = action;
-    let (_, store) = open_store_read_only(args)?;
     let older_than_ms = older_than.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-    let page = runner::ops::list_instances(
-        &store,
-        &tenant,
-        &saga,
-        state.as_deref(),
-        older_than_ms,
-        after.as_deref(),
-        limit,
-    )?;
+    let page: serde_json::Value = match remote(args)? {
+        Some(api) => {
+            use runner::admin::client::enc;
+            let mut q = format!("tenant={}&saga={}&limit={limit}", enc(&tenant), enc(&saga));
+            if let Some(s) = &state {
+                q += &format!("&state={}", enc(s));
+            }
+            if let Some(ms) = older_than_ms {
+                q += &format!("&older_than={ms}ms");
+            }
+            if let Some(a) = &after {
+                q += &format!("&after={}", enc(a));
+            }
+            api.get(&format!("/admin/instances?{q}"))?
+        }
+        None => {
+            let (_, store) = open_store_read_only(args)?;
+            serde_json::to_value(runner::ops::list_instances(
+                &store,
+                &tenant,
+                &saga,
+                state.as_deref(),
+                older_than_ms,
+                after.as_deref(),
+                limit,
+            )?)?
+        }
+    };
     if output == OutputFormat::Json {
         println!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(());
     }
-    let e = runner::telemetry::escape_controls;
-    for i in &page.items {
+    let e = |v: &serde_json::Value| -> String {
+        let text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        runner::telemetry::escape_controls(&text).into_owned()
+    };
+    for i in page["items"].as_array().into_iter().flatten() {
         println!(
-            "{}\t{}\t{:?}\tv{}\tstarted {}\tupdated {}\t{} inputs",
-            e(&i.correlation_id),
-            e(&i.state),
-            i.status,
-            i.version,
-            i.started_ms,
-            i.updated_ms,
-            i.inputs_applied
+            "{}\t{}\t{}\tv{}\tstarted {}\tupdated {}\t{} inputs",
+            e(&i["correlation_id"]),
+            e(&i["state"]),
+            e(&i["status"]),
+            i["version"],
+            i["started_ms"],
+            i["updated_ms"],
+            i["inputs_applied"]
         );
     }
-    if let Some(next) = &page.next {
+    if let Some(next) = page["next"].as_str() {
         println!("next: {next}");
     }
     Ok(())
 }
 
+/// `runner dlq` against a running node's admin API.
+fn ops_dlq_remote(
+    api: &runner::admin::client::AdminClient,
+    action: DlqAction,
+) -> anyhow::Result<()> {
+    use runner::admin::client::enc;
+    match action {
+        DlqAction::List {
+            tenant,
+            all,
+            output,
+        } => {
+            let mut q = format!("limit=1000&all={all}");
+            if let Some(t) = &tenant {
+                q += &format!("&tenant={}", enc(t));
+            }
+            let v = api.get(&format!("/admin/dlq?{q}"))?;
+            let items: Vec<runner::storage::tables::DeadLetter> =
+                serde_json::from_value(v["items"].clone())?;
+            print_letters(&items, output)?;
+        }
+        DlqAction::Show { tenant, id } => {
+            let v = api.get(&format!("/admin/dlq/{}/{id}", enc(&tenant)))?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        DlqAction::Redrive { tenant, id } => {
+            let v = api.post(
+                &format!("/admin/dlq/{}/{id}/redrive", enc(&tenant)),
+                &serde_json::json!({}),
+            )?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        DlqAction::Purge { .. } => {
+            anyhow::bail!("dlq purge works on a data directory (--data-dir), not through --admin")
+        }
+    }
+    Ok(())
+}
+
+/// Prints dead letters one line each (values escaped: they may come from inputs), or as
+/// one JSON document.
+fn print_letters(
+    items: &[runner::storage::tables::DeadLetter],
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(items)?);
+        return Ok(());
+    }
+    let e = runner::telemetry::escape_controls;
+    for d in items {
+        println!(
+            "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
+            d.id,
+            e(&d.tenant),
+            d.kind,
+            d.status,
+            e(&d.source),
+            e(d.saga.as_deref().unwrap_or("-")),
+            e(d.correlation_id.as_deref().unwrap_or("-")),
+            e(&d.reason)
+        );
+    }
+    println!("{} dead letter(s)", items.len());
+    Ok(())
+}
+
 fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
+    if let Some(api) = remote(args)? {
+        return ops_dlq_remote(&api, action);
+    }
     let (config, store) = if matches!(action, DlqAction::Redrive { .. } | DlqAction::Purge { .. }) {
         open_store(args)?
     } else {
         open_store_read_only(args)?
     };
     match action {
-        DlqAction::List { tenant, all } => {
+        DlqAction::List {
+            tenant,
+            all,
+            output,
+        } => {
             let items = runner::deadletter::list(&store, tenant.as_deref(), all)?;
-            // Values from inputs may hold control characters: escaped, one line per entry.
-            let e = runner::telemetry::escape_controls;
-            for d in &items {
-                println!(
-                    "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
-                    d.id,
-                    e(&d.tenant),
-                    d.kind,
-                    d.status,
-                    e(&d.source),
-                    e(d.saga.as_deref().unwrap_or("-")),
-                    e(d.correlation_id.as_deref().unwrap_or("-")),
-                    e(&d.reason)
-                );
-            }
-            println!("{} dead letter(s)", items.len());
+            print_letters(&items, output)?;
         }
         DlqAction::Show { tenant, id } => {
             println!(

@@ -185,7 +185,7 @@ async fn instances_are_listed_by_state_and_age_per_tenant_and_ended_sagas_announ
         Duration::from_secs(30),
     );
     assert_eq!(code, Some(0), "{text}");
-    assert!(text.starts_with("o-0\tcancelled\tFailed\tv1\t"), "{text}");
+    assert!(text.starts_with("o-0\tcancelled\tfailed\tv1\t"), "{text}");
     assert!(text.lines().last().unwrap().starts_with("next: "), "{text}");
     // A bad continuation is refused, not read as a position.
     let (code, text) = run_to_exit(
@@ -208,6 +208,61 @@ async fn instances_are_listed_by_state_and_age_per_tenant_and_ended_sagas_announ
     assert!(
         text.contains("`after` is not the `next` of an earlier page"),
         "{text}"
+    );
+
+    // The same commands against the running node's admin API (--admin): the same answers.
+    let remote = |args: &[&str], token: &str| {
+        let mut argv: Vec<&str> = args.to_vec();
+        argv.extend_from_slice(&["--admin", runner.admin.as_str()]);
+        run_to_exit(
+            &argv,
+            &[("RUNNER_ADMIN_TOKEN", token)],
+            Duration::from_secs(30),
+        )
+    };
+    let listing = [
+        "instances",
+        "list",
+        "--tenant",
+        "acme",
+        "--saga",
+        "order",
+        "--output",
+        "json",
+        "--limit",
+        "1000",
+    ];
+    let (code, over_api) = remote(&listing, TOKEN);
+    assert_eq!(code, Some(0), "{over_api}");
+    let (code, local) = run_to_exit(
+        &[&listing[..], &["--data-dir", &dir]].concat(),
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{local}");
+    let (a, b): (Json, Json) = (
+        serde_json::from_str(&over_api).unwrap(),
+        serde_json::from_str(&local).unwrap(),
+    );
+    assert_eq!(a, b, "the API and the data directory list the same");
+    let (code, out) = remote(
+        &[
+            "inspect", "--tenant", "acme", "--saga", "order", "--id", "o-1",
+        ],
+        TOKEN,
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let view: Json = serde_json::from_str(&out).unwrap();
+    assert_eq!(view["instance"]["state"], "awaiting_payment");
+    let (code, out) = remote(&["dlq", "list", "--output", "json"], TOKEN);
+    assert_eq!(code, Some(0), "{out}");
+    assert_eq!(serde_json::from_str::<Json>(&out).unwrap(), json!([]));
+    let (code, out) = remote(&["dlq", "list"], "wrong-token");
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("the node answered 401"), "{out}");
+    assert!(
+        !out.contains("wrong-token"),
+        "the token is never printed: {out}"
     );
 
     // The admin API: the same listing, behind the token, one tenant at a time.

@@ -37,6 +37,7 @@ use serde_json::json;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub mod client;
 mod guard;
 mod instances;
 mod migrate;
