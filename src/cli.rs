@@ -192,6 +192,10 @@ pub enum DlqAction {
         /// Include redriven ones.
         #[arg(long)]
         all: bool,
+        /// List the dead-letter stream instead (what effect workers refused, among others),
+        /// newest first; read through a node, so it needs `--admin`.
+        #[arg(long)]
+        stream: bool,
         /// `text` (a line per letter, then a count) or `json`.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,

@@ -276,8 +276,41 @@ fn ops_dlq_remote(
     match action {
         DlqAction::List {
             tenant,
+            stream: true,
+            output,
+            ..
+        } => {
+            let mut q = "limit=1000".to_string();
+            if let Some(t) = &tenant {
+                q += &format!("&tenant={}", enc(t));
+            }
+            let v = api.get(&format!("/admin/dlq/stream?{q}"))?;
+            if output == OutputFormat::Json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let e = |v: &serde_json::Value| {
+                runner::telemetry::escape_controls(v.as_str().unwrap_or("-")).into_owned()
+            };
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            for i in &items {
+                let l = &i["letter"];
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    i["seq"],
+                    e(&l["tenant_id"]),
+                    e(&l["kind"]),
+                    e(&l["subject"]),
+                    e(&l["reason"])
+                );
+            }
+            println!("{} dead letter(s) on stream {}", items.len(), v["stream"]);
+        }
+        DlqAction::List {
+            tenant,
             all,
             output,
+            ..
         } => {
             let mut q = format!("limit=1000&all={all}");
             if let Some(t) = &tenant {
@@ -338,16 +371,23 @@ fn ops_dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
     if let Some(api) = remote(args)? {
         return ops_dlq_remote(&api, action);
     }
+    if matches!(action, DlqAction::List { stream: true, .. }) {
+        anyhow::bail!("the dead-letter stream is read through a running node: add --admin URL");
+    }
     let (config, store) = if matches!(action, DlqAction::Redrive { .. } | DlqAction::Purge { .. }) {
         open_store(args)?
     } else {
         open_store_read_only(args)?
     };
     match action {
+        DlqAction::List { stream: true, .. } => {
+            anyhow::bail!("the dead-letter stream is read through a running node: add --admin URL");
+        }
         DlqAction::List {
             tenant,
             all,
             output,
+            ..
         } => {
             let items = runner::deadletter::list(&store, tenant.as_deref(), all)?;
             print_letters(&items, output)?;

@@ -283,6 +283,42 @@ async fn refused_commands_are_dead_lettered_and_never_run() {
         Duration::from_secs(20),
     )
     .await;
+    // Operators see them through the node: `runner dlq list --stream`, newest first, and a
+    // tenant's listing only that tenant's.
+    let list = |extra: &[&str]| {
+        let mut argv = vec![
+            "dlq",
+            "list",
+            "--stream",
+            "--output",
+            "json",
+            "--admin",
+            w.admin.as_str(),
+        ];
+        argv.extend_from_slice(extra);
+        let (code, out) = common::run_to_exit(&argv, &[], Duration::from_secs(30));
+        assert_eq!(code, Some(0), "{out}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let all = list(&[]);
+    let items = all["items"].as_array().unwrap();
+    let mut kinds: Vec<&str> = items
+        .iter()
+        .map(|i| i["letter"]["kind"].as_str().unwrap())
+        .collect();
+    kinds.sort_unstable();
+    assert_eq!(kinds, ["tenant_mismatch", "undecodable"], "{all}");
+    assert!(items[0]["seq"].as_u64() > items[1]["seq"].as_u64(), "newest first: {all}");
+    let acme = list(&["--tenant", "acme"]);
+    assert_eq!(acme["items"].as_array().unwrap().len(), 1, "{acme}");
+    assert_eq!(
+        acme["items"][0]["letter"]["subject"],
+        format!("tenant.acme.effect.limited.{id}")
+    );
+    let (code, out) =
+        common::run_to_exit(&["dlq", "list", "--stream"], &[], Duration::from_secs(30));
+    assert_eq!(code, Some(1));
+    assert!(out.contains("add --admin URL"), "{out}");
     // Both were terminated: the consumer holds nothing that could still run.
     wait_quiescent(js, Duration::from_secs(20)).await;
     assert!(

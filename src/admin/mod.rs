@@ -58,6 +58,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route("/admin/migrate", post(migrate::migrate))
         .route("/admin/instance", get(operate::instance))
         .route("/admin/dlq", get(operate::dlq_list))
+        .route("/admin/dlq/stream", get(operate::dlq_stream))
         .route("/admin/dlq/{tenant}/{id}", get(operate::dlq_show))
         .route(
             "/admin/dlq/{tenant}/{id}/redrive",

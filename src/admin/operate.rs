@@ -7,6 +7,7 @@
 //! | `GET /admin/instance?tenant=T&saga=S&id=C` | the `runner inspect` view; 404 when there is none |
 //! | `GET /admin/dlq?[tenant=T][&all=true][&limit=N]` | dead letters, newest first (pending only unless `all`), at most `limit` (100; ≤ 1000) |
 //! | `GET /admin/dlq/{tenant}/{id}` | one dead letter in full |
+//! | `GET /admin/dlq/stream?[tenant=T][&limit=N]` | the newest letters of the dead-letter stream (effect commands refused by effect workers among them), newest first, at most `limit` (100; ≤ 1000) |
 //! | `POST /admin/dlq/{tenant}/{id}/redrive` | applies it again with the manifests in force, then what was held behind it; the redrive report |
 //!
 //! Guarantees: a redrive is applied once — the store marks the letter redriven in the same
@@ -182,5 +183,35 @@ pub(super) async fn dlq_redrive(
         }
         Ok(Err(e)) => error(StatusCode::CONFLICT, e.to_string()),
         Err(e) => internal(e),
+    }
+}
+
+/// `GET /admin/dlq/stream` query.
+#[derive(Debug, Deserialize)]
+pub(super) struct StreamParams {
+    tenant: Option<String>,
+    limit: Option<usize>,
+}
+
+pub(super) async fn dlq_stream(
+    State(state): State<Arc<AppState>>,
+    Query(p): Query<StreamParams>,
+) -> Response {
+    let limit = p.limit.unwrap_or(100);
+    if limit == 0 || limit > 1000 {
+        return error(StatusCode::BAD_REQUEST, "`limit` must be 1 to 1000");
+    }
+    if p.tenant
+        .as_deref()
+        .is_some_and(|t| !crate::config::is_subject_token(t))
+    {
+        return error(StatusCode::BAD_REQUEST, "`tenant` must be a name");
+    }
+    let stream = &state.config.streams.dead_letter;
+    match crate::broker::dlq::recent(state.broker.jetstream(), stream, p.tenant.as_deref(), limit)
+        .await
+    {
+        Ok(items) => Json(json!({ "stream": stream, "items": items })).into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

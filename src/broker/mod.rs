@@ -36,6 +36,7 @@ fn connect_reason(cfg: &NatsConfig, raw: &str) -> String {
 /// tenant, `traceparent`, routing, atomic batch and fence headers: a few hundred bytes).
 pub const HEADER_ALLOWANCE: usize = 2048;
 pub mod batch;
+pub mod dlq;
 pub mod fence;
 pub mod fenced_batch;
 pub mod liveness;
