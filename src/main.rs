@@ -226,15 +226,24 @@ fn ops_instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()
             api.get(&format!("/admin/instances?{q}"))?
         }
         None => {
-            let (_, store) = open_store_read_only(args)?;
+            let (config, store) = open_store_read_only(args)?;
+            if config.partitions.enabled {
+                eprintln!(
+                    "runner: partitioned mode: this store may keep stale copies of partitions \
+                     other nodes own; --admin URL lists what that node owns"
+                );
+            }
             serde_json::to_value(runner::ops::list_instances(
                 &store,
-                &tenant,
-                &saga,
-                state.as_deref(),
-                older_than_ms,
-                after.as_deref(),
-                limit,
+                &runner::ops::Listing {
+                    tenant: &tenant,
+                    saga: &saga,
+                    state: state.as_deref(),
+                    older_than_ms,
+                    after: after.as_deref(),
+                    limit,
+                },
+                &|_| true,
             )?)?
         }
     };

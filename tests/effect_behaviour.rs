@@ -308,7 +308,10 @@ async fn refused_commands_are_dead_lettered_and_never_run() {
         .collect();
     kinds.sort_unstable();
     assert_eq!(kinds, ["tenant_mismatch", "undecodable"], "{all}");
-    assert!(items[0]["seq"].as_u64() > items[1]["seq"].as_u64(), "newest first: {all}");
+    assert!(
+        items[0]["seq"].as_u64() > items[1]["seq"].as_u64(),
+        "newest first: {all}"
+    );
     let acme = list(&["--tenant", "acme"]);
     assert_eq!(acme["items"].as_array().unwrap().len(), 1, "{acme}");
     assert_eq!(

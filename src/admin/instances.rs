@@ -6,8 +6,10 @@
 //! Answers 200 with `{tenant, saga, items: [...], next?}`, oldest first; 400 naming the
 //! parameter that is wrong. Behind the admin token like every `/admin/*` route.
 //!
-//! Guarantee: a listing names one tenant and reads only that tenant's index entries, so a
-//! query for tenant A never returns B's instances, whatever `after` says.
+//! Guarantees: a listing names one tenant and reads only that tenant's index entries, so a
+//! query for tenant A never returns B's instances, whatever `after` says; in partitioned
+//! mode it returns only instances of partitions this node owns (a stale copy of a
+//! partition it gave up is counted in `elsewhere`, not shown).
 
 use std::sync::Arc;
 
@@ -49,16 +51,29 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, Query(p): Query<Par
         Some(Ok(d)) => Some(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         Some(Err(_)) => return bad("`older_than` is not a duration (e.g. `15m`, `2h`, `7d`)"),
     };
-    let store = state.store.clone();
+    let st = state.clone();
     let result = tokio::task::spawn_blocking(move || {
+        let parts = &st.config.partitions;
+        let here = |i: &crate::saga::Instance| {
+            !parts.enabled
+                || st.placement.owns(crate::worker::partition::partition(
+                    &i.tenant,
+                    &i.saga,
+                    &i.correlation_id,
+                    parts.count,
+                ))
+        };
         ops::list_instances(
-            &store,
-            &tenant,
-            &saga,
-            p.state.as_deref(),
-            older_than_ms,
-            p.after.as_deref(),
-            p.limit.unwrap_or(100),
+            &st.store,
+            &ops::Listing {
+                tenant: &tenant,
+                saga: &saga,
+                state: p.state.as_deref(),
+                older_than_ms,
+                after: p.after.as_deref(),
+                limit: p.limit.unwrap_or(100),
+            },
+            &here,
         )
     })
     .await;

@@ -109,24 +109,56 @@ pub struct InstanceListing {
     pub saga: String,
     /// The instances, oldest first.
     pub items: Vec<InstanceSummary>,
+    /// Entries of this page left out because their partition belongs to another node (in
+    /// partitioned mode a node's store may keep a stale copy of a partition it gave up).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub elsewhere: usize,
     /// Pass as `after` for the next page; absent on the last one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next: Option<String>,
 }
 
+/// What to list: one tenant's instances of one saga, optionally in one state and started at
+/// least `older_than_ms` ago, `limit` of them after `after`.
+#[derive(Debug, Clone, Copy)]
+pub struct Listing<'a> {
+    /// Tenant.
+    pub tenant: &'a str,
+    /// Saga.
+    pub saga: &'a str,
+    /// Only this state.
+    pub state: Option<&'a str>,
+    /// Only instances started at least this long ago (ms).
+    pub older_than_ms: Option<u64>,
+    /// The previous page's `next`.
+    pub after: Option<&'a str>,
+    /// Page size.
+    pub limit: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// Lists one page of a tenant's instances of a saga, optionally in one state and older
 /// than `older_than_ms` (started that long ago or more), from the index: the cost is the
 /// page, not the number of instances. The tenant and saga are required, so a listing
-/// never reaches another tenant's instances.
+/// never reaches another tenant's instances. Only instances `here` accepts are returned
+/// (the admin API passes the partitions the node owns); the page's continuation is the
+/// same either way.
 pub fn list_instances(
     store: &Store,
-    tenant: &str,
-    saga: &str,
-    state: Option<&str>,
-    older_than_ms: Option<u64>,
-    after: Option<&str>,
-    limit: usize,
+    l: &Listing<'_>,
+    here: &dyn Fn(&crate::saga::Instance) -> bool,
 ) -> Result<InstanceListing, OpsError> {
+    let Listing {
+        tenant,
+        saga,
+        state,
+        older_than_ms,
+        after,
+        limit,
+    } = *l;
     use crate::storage::tables::{InstanceQuery, MAX_PAGE, is_continuation};
     for (what, v) in [("tenant", tenant), ("saga", saga)] {
         if v.is_empty() || v.contains(['\0', '.', '*', '>']) {
@@ -155,11 +187,13 @@ pub fn list_instances(
         limit,
     };
     let page = store.read_blocking(|t| t.list_instances(&q))?;
+    let read = page.items.len();
+    let items: Vec<_> = page.items.into_iter().filter(|i| here(i)).collect();
     Ok(InstanceListing {
         tenant: tenant.to_string(),
         saga: saga.to_string(),
-        items: page
-            .items
+        elsewhere: read - items.len(),
+        items: items
             .into_iter()
             .map(|i| InstanceSummary {
                 correlation_id: i.correlation_id,
