@@ -29,7 +29,8 @@
 //!
 //! Classification (see [`classify`]): `UNAVAILABLE`, `RESOURCE_EXHAUSTED` and `ABORTED` are
 //! retryable, honouring the server's `grpc-retry-pushback-ms` like HTTP's `Retry-After` (a
-//! negative pushback means the server asks for no retry: fatal); `DEADLINE_EXCEEDED` is a
+//! negative pushback means the server asks for no retry: fatal); `DEADLINE_EXCEEDED` (and the
+//! channel cancelling the call at its deadline) is a
 //! timeout; every other status is fatal unless listed in `retryable_codes`. A failure's
 //! payload carries `code` (number), `status` (name) and `message`.
 //!
@@ -197,6 +198,7 @@ impl GrpcSpec {
             retry_after: None,
             details: json!({}),
         })?;
+        let started = std::time::Instant::now();
         let reply = grpc
             .unary(
                 request,
@@ -204,7 +206,16 @@ impl GrpcSpec {
                 DynamicCodec::new(method.output.clone()),
             )
             .await
-            .map_err(|status| classify(effect, &status, &self.also_retry, timeout))?;
+            .map_err(|status| {
+                // The channel enforces the deadline it sends: when it expires first, tonic
+                // answers CANCELLED ("Timeout expired"). At the deadline that is a timeout.
+                let at_deadline = started.elapsed() + DEADLINE_SLACK >= timeout;
+                if at_deadline && status.code() == Code::Cancelled {
+                    EffectError::TimedOut(timeout)
+                } else {
+                    classify(effect, &status, &self.also_retry, timeout)
+                }
+            })?;
         let body = reply
             .into_inner()
             .serialize_with_options(
@@ -413,6 +424,9 @@ fn retryable_codes(c: &Settings<'_>) -> Result<Vec<Code>, SettingsError> {
         })
         .collect()
 }
+
+/// How close to the deadline a cancellation counts as the deadline's.
+const DEADLINE_SLACK: Duration = Duration::from_millis(20);
 
 /// The status codes retried whatever the settings.
 const RETRYABLE: [Code; 3] = [Code::Unavailable, Code::ResourceExhausted, Code::Aborted];
