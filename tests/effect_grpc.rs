@@ -143,6 +143,11 @@ async fn a_reply_becomes_the_result_and_the_request_follows_the_template() {
     );
     assert_eq!(c.metadata["authorization"], "Bearer grpc-s3cret");
     assert_eq!(c.metadata["x-tenant"], "_");
+    assert_eq!(
+        c.metadata.get("traceparent").map(String::as_str),
+        Some(common::effects::TRACEPARENT),
+        "the command's trace context goes on to the upstream"
+    );
     assert!(
         c.metadata.contains_key("grpc-timeout"),
         "the attempt's deadline is sent: {:?}",

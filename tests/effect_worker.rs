@@ -111,6 +111,11 @@ async fn three_workers_execute_each_command_once() {
     }
     let hit = bed.upstream.hits().into_iter().next().unwrap();
     assert!(hit.path.starts_with("/charge/"));
+    assert_eq!(
+        hit.traceparent.as_deref(),
+        Some(common::effects::TRACEPARENT),
+        "the command's trace context goes on to the upstream"
+    );
     assert!(hit.body["order"].as_str().unwrap().starts_with("c-"));
     // Work was shared.
     let admins: Vec<&str> = workers.iter().map(|w| w.admin.as_str()).collect();

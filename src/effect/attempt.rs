@@ -125,6 +125,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
         http: &ctx.http,
         nats: ctx.state.broker.client(),
         timeout,
+        traceparent: cmd.traceparent.as_deref(),
     };
     let breaker = effect.circuit_breaker.as_ref();
     let metrics = &ctx.state.metrics;

@@ -99,6 +99,8 @@ pub struct Hit {
     pub path: String,
     /// `Idempotency-Key` header.
     pub key: Option<String>,
+    /// `traceparent` header.
+    pub traceparent: Option<String>,
     /// Request body.
     pub body: Json,
     /// Arrival.
@@ -174,6 +176,10 @@ impl Upstream {
             hits.push(Hit {
                 path: path.clone(),
                 key: key.clone(),
+                traceparent: headers
+                    .get("traceparent")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned),
                 body: serde_json::from_slice(&body).unwrap_or(Json::Null),
                 at: Instant::now(),
                 nth,

@@ -8,7 +8,8 @@
 //! and 5xx are retryable; any other non-success answer, a request that cannot be built, and
 //! a false `success_when` are fatal.
 //!
-//! Guarantees: every request carries `Idempotency-Key: <command_id>`, on every attempt; an
+//! Guarantees: every request carries `Idempotency-Key: <command_id>`, on every attempt, and
+//! the command's `traceparent` when it has a well-formed one; an
 //! error never carries the URL or a header value (either may hold a secret), only the
 //! effect, the status and the response body.
 
@@ -95,9 +96,9 @@ impl HttpSpec {
         effect: &str,
         command: &Json,
         command_id: &str,
-        http: &reqwest::Client,
-        timeout: Duration,
+        env: &super::CallEnv<'_>,
     ) -> Result<Json, EffectError> {
+        let (http, timeout) = (env.http, env.timeout);
         let secrets = load_secrets(&self.secrets)?;
         let saga = saga_vars(command, secrets);
         let empty = json!({});
@@ -107,6 +108,9 @@ impl HttpSpec {
             .request(self.method.clone(), &url)
             .timeout(timeout)
             .header(IDEMPOTENCY_KEY_HEADER, command_id);
+        if let Some(tp) = super::forwarded_traceparent(env.traceparent) {
+            req = req.header("traceparent", tp);
+        }
         for (name, t) in &self.headers {
             req = req.header(name.as_str(), as_text(render(t, &vars, "headers")?));
         }

@@ -123,11 +123,8 @@ impl Provider {
         match self {
             Provider::Noop(spec) => spec.call(effect, command),
             Provider::Log => log::call(effect, command, command_id),
-            Provider::Http(spec) => {
-                spec.call(effect, command, command_id, env.http, env.timeout)
-                    .await
-            }
-            Provider::Grpc(spec) => spec.call(effect, command, command_id, env.timeout).await,
+            Provider::Http(spec) => spec.call(effect, command, command_id, env).await,
+            Provider::Grpc(spec) => spec.call(effect, command, command_id, env).await,
             Provider::NatsRequest(spec) => {
                 spec.request(command, command_id, env.nats, env.timeout)
                     .await
@@ -147,4 +144,41 @@ pub struct CallEnv<'a> {
     pub nats: &'a async_nats::Client,
     /// Per-attempt timeout.
     pub timeout: Duration,
+    /// The command's W3C trace context, sent on to the upstream (`traceparent` header or
+    /// metadata) when it is well formed, so the upstream's spans join the same trace.
+    pub traceparent: Option<&'a str>,
+}
+
+/// `tp` when it is a well-formed W3C `traceparent` (`vv-<32 hex>-<16 hex>-<2 hex>`);
+/// anything else is not forwarded (it came from a producer, and goes into a header).
+pub fn forwarded_traceparent(tp: Option<&str>) -> Option<&str> {
+    let tp = tp?;
+    let parts: Vec<&str> = tp.split('-').collect();
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
+    (parts.len() == 4
+        && hex(parts[0], 2)
+        && hex(parts[1], 32)
+        && hex(parts[2], 16)
+        && hex(parts[3], 2))
+    .then_some(tp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forwarded_traceparent as fwd;
+
+    #[test]
+    fn only_well_formed_trace_contexts_are_forwarded() {
+        let ok = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        assert_eq!(fwd(Some(ok)), Some(ok));
+        assert_eq!(fwd(None), None);
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\nX-Evil: 1",
+            "00-zzf7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert_eq!(fwd(Some(bad)), None, "{bad:?}");
+        }
+    }
 }

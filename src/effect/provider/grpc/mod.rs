@@ -34,7 +34,8 @@
 //! timeout; every other status is fatal unless listed in `retryable_codes`. A failure's
 //! payload carries `code` (number), `status` (name) and `message`.
 //!
-//! Guarantees: every attempt carries `idempotency-key: <command_id>`; errors never carry the
+//! Guarantees: every attempt carries `idempotency-key: <command_id>` (and the command's
+//! `traceparent` when well formed); errors never carry the
 //! endpoint or a metadata value, only the effect, the status and the server's message.
 
 mod codec;
@@ -157,8 +158,9 @@ impl GrpcSpec {
         effect: &str,
         command: &Json,
         command_id: &str,
-        timeout: Duration,
+        env: &super::CallEnv<'_>,
     ) -> Result<Json, EffectError> {
+        let timeout = env.timeout;
         let secrets = load_secrets(&self.secrets)?;
         let saga = saga_vars(command, secrets);
         let empty = json!({});
@@ -184,6 +186,11 @@ impl GrpcSpec {
         })?;
         let md = request.metadata_mut();
         md.insert(IDEMPOTENCY_KEY_METADATA, key);
+        if let Some(tp) = super::forwarded_traceparent(env.traceparent)
+            .and_then(|t| AsciiMetadataValue::try_from(t).ok())
+        {
+            md.insert("traceparent", tp);
+        }
         for (name, t) in &self.metadata {
             let value = as_text(render(t, &vars, "metadata")?);
             let value = AsciiMetadataValue::try_from(value).map_err(|_| EffectError::Fatal {
@@ -385,7 +392,11 @@ fn metadata(c: &Settings<'_>) -> Result<Vec<(AsciiMetadataKey, Template)>, Setti
                 Some("binary (`-bin`) metadata is not supported")
             } else if k.starts_with("grpc-") {
                 Some("`grpc-` names are reserved by gRPC")
-            } else if k == IDEMPOTENCY_KEY_METADATA || k == "content-type" || k == "te" {
+            } else if k == IDEMPOTENCY_KEY_METADATA
+                || k == "traceparent"
+                || k == "content-type"
+                || k == "te"
+            {
                 Some("this name is set by the runner")
             } else if *k != k.to_ascii_lowercase() {
                 Some("metadata names are lowercase")
