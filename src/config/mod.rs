@@ -66,6 +66,40 @@ pub struct Config {
     pub effect: EffectConfig,
     /// Saga partitions and their ownership (scale-out).
     pub partitions: PartitionsConfig,
+    /// Distributed tracing: OTLP export of one span per hop.
+    pub tracing: TracingConfig,
+}
+
+/// `[tracing]`: span export over OTLP/HTTP (see `telemetry::otel` for the hops).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// Base URL of an OTLP/HTTP receiver (an OpenTelemetry Collector, Jaeger, Tempo…), for
+    /// example `http://otel-collector:4318`; spans are posted as protobuf to
+    /// `<otlp_endpoint>/v1/traces`. Unset (the default): no spans are made, and the
+    /// `traceparent` of each input is passed on unchanged.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    pub service_name: String,
+    /// Share (0.0–1.0) of the traces that start here (inputs without a `traceparent`) that
+    /// are recorded. Inputs that carry one follow its sampled flag.
+    pub sample_ratio: f64,
+    /// How often queued spans are sent.
+    pub export_interval: HumanDuration,
+    /// How long one export may take before it is given up (its spans are dropped).
+    pub export_timeout: HumanDuration,
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        Self {
+            otlp_endpoint: None,
+            service_name: "runner".into(),
+            sample_ratio: 1.0,
+            export_interval: HumanDuration::secs(5),
+            export_timeout: HumanDuration::secs(10),
+        }
+    }
 }
 
 /// `[partitions]`: saga partitions, owned one replica at a time through leases.

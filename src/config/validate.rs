@@ -18,6 +18,23 @@ pub fn is_subject_token(s: &str) -> bool {
             .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace())
 }
 
+/// `v` within `lo..=hi`, else an error naming `key`.
+fn range(
+    key: &str,
+    v: HumanDuration,
+    lo: HumanDuration,
+    hi: HumanDuration,
+) -> Result<(), ConfigError> {
+    if v < lo || v > hi {
+        Err(ConfigError::Invalid {
+            key: key.to_string(),
+            message: format!("{v} is out of range; allowed {lo} to {hi}"),
+        })
+    } else {
+        Ok(())
+    }
+}
+
 /// A JetStream stream or consumer name.
 fn is_js_name(s: &str) -> bool {
     is_subject_token(s) && !s.contains(['/', '\\'])
@@ -84,13 +101,6 @@ impl Config {
                 ),
             );
         }
-        let range = |key: &str, v: HumanDuration, lo: HumanDuration, hi: HumanDuration| {
-            if v < lo || v > hi {
-                invalid(key, format!("{v} is out of range; allowed {lo} to {hi}"))
-            } else {
-                Ok(())
-            }
-        };
         range(
             "nats.connect_timeout",
             self.nats.connect_timeout,
@@ -394,7 +404,68 @@ impl Config {
             HumanDuration::millis(100),
             self.nats.request_timeout,
         )?;
-        Ok(())
+        self.validate_tracing()
+    }
+
+    /// `[tracing]`: an http(s) endpoint without credentials, a ratio, sane intervals.
+    fn validate_tracing(&self) -> Result<(), ConfigError> {
+        let t = &self.tracing;
+        let invalid = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                key: key.to_string(),
+                message,
+            })
+        };
+        if let Some(url) = &t.otlp_endpoint {
+            let rest = url
+                .strip_prefix("http://")
+                .or_else(|| url.strip_prefix("https://"));
+            match rest {
+                None => {
+                    return invalid(
+                        "tracing.otlp_endpoint",
+                        format!(
+                            "{:?} is not an http:// or https:// URL (OTLP/HTTP, usually port 4318)",
+                            crate::config::redact_url(url)
+                        ),
+                    );
+                }
+                Some(r) if r.is_empty() || r.starts_with('/') => {
+                    return invalid("tracing.otlp_endpoint", format!("{url:?} names no host"));
+                }
+                Some(r) if r.split('/').next().is_some_and(|host| host.contains('@')) => {
+                    return invalid(
+                        "tracing.otlp_endpoint",
+                        format!(
+                            "{:?} carries credentials, which would be logged",
+                            crate::config::redact_url(url)
+                        ),
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+        if t.service_name.trim().is_empty() {
+            return invalid("tracing.service_name", "must not be empty".into());
+        }
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return invalid(
+                "tracing.sample_ratio",
+                format!("{} is out of range; allowed 0.0 to 1.0", t.sample_ratio),
+            );
+        }
+        range(
+            "tracing.export_interval",
+            t.export_interval,
+            HumanDuration::millis(50),
+            HumanDuration::secs(300),
+        )?;
+        range(
+            "tracing.export_timeout",
+            t.export_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(300),
+        )
     }
 }
 

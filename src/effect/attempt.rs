@@ -24,6 +24,7 @@ use super::provider::{CallEnv, EffectError};
 use crate::clock::now_ms;
 use crate::manifest::model::RetryPolicy;
 use crate::saga::retry::{JitterKey, delay_ms};
+use crate::telemetry::otel;
 
 /// How a guarded execution ended.
 pub(super) enum Guarded {
@@ -121,17 +122,31 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
         .or(effect.timeout_ms)
         .map(Duration::from_millis)
         .unwrap_or(ctx.state.config.effect.default_timeout.get());
-    let env = CallEnv {
-        http: &ctx.http,
-        nats: ctx.state.broker.client(),
-        timeout,
-        traceparent: cmd.traceparent.as_deref(),
-    };
     let breaker = effect.circuit_breaker.as_ref();
     let metrics = &ctx.state.metrics;
     let mut attempts = 0u32;
     loop {
         attempts += 1;
+        // Each attempt is an `effect.call` span (child of `effect.execute`); the upstream
+        // is sent its trace context, so the upstream's own spans join the trace.
+        let mut call = otel::hop(
+            "effect.call",
+            otel::Kind::Client,
+            cmd.traceparent.as_deref(),
+            || {
+                vec![
+                    otel::attr("runner.effect", effect.name.as_str()),
+                    otel::attr("runner.command_id", cmd.command_id.as_str()),
+                    otel::KeyValue::new("runner.attempt", i64::from(attempts)),
+                ]
+            },
+        );
+        let env = CallEnv {
+            http: &ctx.http,
+            nats: ctx.state.broker.client(),
+            timeout,
+            traceparent: otel::onward(call.as_ref(), cmd.traceparent.as_deref()),
+        };
         let result = if ctx.breakers.allow(&effect.name, breaker) {
             let r = match tokio::time::timeout(
                 timeout,
@@ -162,6 +177,13 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
             .effect_attempts
             .with_label_values(&[effect.name.as_str(), outcome])
             .inc();
+        if let Some(call) = call.as_mut() {
+            call.set("runner.outcome", outcome);
+            if let Err(e) = &result {
+                call.fail(e.to_string());
+            }
+        }
+        drop(call);
         let err = match result {
             Ok(payload) => return Some((ResultType::Succeeded, payload, attempts)),
             Err(e) => e,

@@ -28,6 +28,7 @@ use super::context::{Ctx, event, outcome};
 use crate::backoff::Backoff;
 use crate::clock::now_ms;
 use crate::deadletter;
+use crate::telemetry::otel;
 
 /// Handles one delivery inside its own `effect_command` span. The span's fields are
 /// recorded once the command is accepted (a refused command has none: its dead letter is
@@ -74,13 +75,30 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 )),
             }
         });
-    let (cmd, key) = match decoded {
+    let (mut cmd, key) = match decoded {
         Ok(v) => v,
         Err((kind, reason)) => {
             refuse(ctx, &msg, traceparent, kind, &reason).await;
             return;
         }
     };
+    // With span export on, this delivery is an `effect.execute` span: its attempts and its
+    // result are its children, so the command's trace context becomes the span's.
+    let mut exec = otel::hop(
+        "effect.execute",
+        otel::Kind::Consumer,
+        cmd.traceparent.as_deref(),
+        || {
+            vec![
+                otel::attr("runner.tenant", cmd.tenant.as_str()),
+                otel::attr("runner.effect", cmd.effect.as_str()),
+                otel::attr("runner.command_id", cmd.command_id.as_str()),
+            ]
+        },
+    );
+    if let Some(h) = &exec {
+        cmd.traceparent = Some(h.traceparent().to_string());
+    }
     span.record("tenant", cmd.tenant.as_str());
     span.record("effect", cmd.effect.as_str());
     span.record("command_id", cmd.command_id.as_str());
@@ -181,6 +199,13 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     } else {
         rt
     };
+    if let Some(h) = exec.as_mut() {
+        h.set("runner.result_type", rt.as_str());
+        h.set("runner.attempts", i64::from(attempts));
+        if rt != ResultType::Succeeded {
+            h.fail(format!("the effect ended {}", rt.as_str()));
+        }
+    }
     // Recording is retried while the lease lasts: the call's outcome is in hand, and giving
     // up here would make another executor call the upstream again.
     let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
@@ -307,12 +332,26 @@ async fn refuse(
     let _ = msg.ack_with(AckKind::Term).await;
 }
 
+/// Publishes a result event; with span export on, as an `effect.result` span (child of the
+/// execution that produced it) which the event names.
 async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
+    let hop = otel::hop(
+        "effect.result",
+        otel::Kind::Producer,
+        r.traceparent.as_deref(),
+        || {
+            vec![
+                otel::attr("messaging.destination.name", r.subject.as_str()),
+                otel::attr("messaging.message.id", r.msg_id.as_str()),
+            ]
+        },
+    );
     let h = crate::broker::headers::outgoing(
         &r.msg_id,
         r.body.get("tenant_id").and_then(Json::as_str),
-        r.traceparent.as_deref(),
+        otel::onward(hop.as_ref(), r.traceparent.as_deref()),
     );
+    drop(hop);
     let body = serde_json::to_vec(&r.body)?;
     ctx.state
         .broker

@@ -25,11 +25,11 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use async_nats::Client;
 use async_nats::jetstream::Context;
-use async_nats::{Client, HeaderMap};
 use tokio_util::sync::CancellationToken;
 
-use super::RelayHandle;
+use super::{RelayHandle, headers};
 use crate::backoff::Backoff;
 use crate::broker::batch::{BatchMessage, MAX_MESSAGES};
 use crate::broker::fence::{Fence, Position};
@@ -278,10 +278,6 @@ fn cause(r: &OutboxRecord) -> Position {
         seq: r.cause.0,
         ord: r.cause.1,
     }
-}
-
-fn headers(rec: &OutboxRecord) -> HeaderMap {
-    crate::broker::headers::outgoing(&rec.msg_id, Some(&rec.tenant), rec.traceparent.as_deref())
 }
 
 #[cfg(test)]

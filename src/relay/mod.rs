@@ -141,8 +141,21 @@ pub struct Relay {
     pub poll: Duration,
 }
 
+/// The headers a record is published with. With span export on, the publication is an
+/// `outbox.publish` span, child of the transition that wrote the record, and the message
+/// names that span; otherwise it carries the record's trace context unchanged.
 fn headers(rec: &OutboxRecord) -> HeaderMap {
-    crate::broker::headers::outgoing(&rec.msg_id, Some(&rec.tenant), rec.traceparent.as_deref())
+    use crate::telemetry::otel;
+    let parent = rec.traceparent.as_deref();
+    let hop = otel::hop("outbox.publish", otel::Kind::Producer, parent, || {
+        vec![
+            otel::attr("runner.tenant", rec.tenant.as_str()),
+            otel::attr("messaging.destination.name", rec.subject.as_str()),
+            otel::attr("messaging.message.id", rec.msg_id.as_str()),
+        ]
+    });
+    let tp = otel::onward(hop.as_ref(), parent);
+    crate::broker::headers::outgoing(&rec.msg_id, Some(&rec.tenant), tp)
 }
 
 /// A window whose publications went out and whose acknowledgements are awaited.

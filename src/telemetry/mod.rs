@@ -24,6 +24,7 @@ mod logging;
 pub use logging::{DEFAULT_FILTER, Every, escape_controls, init_logging};
 
 pub mod names;
+pub mod otel;
 
 /// The application's registry and the collectors the core owns.
 #[derive(Clone)]

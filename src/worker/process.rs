@@ -34,6 +34,7 @@ use crate::saga::{self, Input, Route, StepError};
 use crate::storage::tables::dedupe::{Applied, instance_fingerprint};
 use crate::storage::tables::{DEFAULT_PARTITION, HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
+use crate::telemetry::otel;
 
 pub use super::admission::{Limits, MAX_ID_BYTES, MAX_TENANT_BYTES, RawInput, split_subject};
 pub use super::tally::Tally;
@@ -286,6 +287,27 @@ impl<'a> Processor<'a> {
         }));
         match result {
             Ok(Ok(applied)) => {
+                // This transition's span: the outputs below carry its trace context.
+                let hop = otel::hop(
+                    "saga.transition",
+                    otel::Kind::Consumer,
+                    raw.traceparent.as_deref(),
+                    || {
+                        vec![
+                            otel::attr("runner.tenant", tenant),
+                            otel::attr("runner.saga", saga),
+                            otel::attr("runner.correlation_id", corr),
+                            otel::attr(
+                                "runner.state.from",
+                                instance.as_ref().map(|i| i.state.as_str()).unwrap_or(""),
+                            ),
+                            otel::attr("runner.state.to", applied.instance.state.as_str()),
+                            otel::attr("runner.source", raw.source.as_str()),
+                            otel::attr("messaging.destination.name", raw.subject.as_str()),
+                        ]
+                    },
+                );
+                let traceparent = otel::onward(hop.as_ref(), raw.traceparent.as_deref());
                 // The manifest's outputs, then the terminal workflow event when the
                 // instance ended: all of them go through the outbox in this transaction.
                 let outputs: Vec<&saga::WorkItem> =
@@ -309,7 +331,7 @@ impl<'a> Processor<'a> {
                         subject: format!("tenant.{tenant}.{}", w.subject),
                         msg_id: w.msg_id.clone(),
                         tenant: tenant.to_string(),
-                        traceparent: raw.traceparent.clone(),
+                        traceparent: traceparent.map(str::to_string),
                         body,
                         cause: (0, 0),
                     };

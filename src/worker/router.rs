@@ -50,6 +50,7 @@ use crate::broker::headers;
 use crate::broker::liveness::{Liveness, Probe};
 use crate::manifest::Catalog;
 use crate::runtime::AppState;
+use crate::telemetry::otel;
 
 /// Most source inputs in one batch (each may add a few copies; the batch limit is 1000).
 const INPUTS_PER_BATCH: usize = 200;
@@ -288,6 +289,19 @@ async fn send(
             traceparent: traceparent.clone(),
             source: format!("{}:{seq}", source.stream),
         };
+        // The routing is a span of its own (when spans are exported); the copies name it.
+        let hop = otel::hop(
+            "saga.route",
+            otel::Kind::Producer,
+            traceparent.as_deref(),
+            || {
+                vec![
+                    otel::attr("messaging.destination.name", raw.subject.as_str()),
+                    otel::attr("runner.source", raw.source.as_str()),
+                ]
+            },
+        );
+        let onward = otel::onward(hop.as_ref(), traceparent.as_deref());
         for p in destinations(&catalog, &limits, &raw, seq, count) {
             let mut h = HeaderMap::new();
             h.insert(
@@ -296,8 +310,8 @@ async fn send(
             );
             h.insert(headers::ROUTED_SUBJECT, raw.subject.as_str());
             h.insert(headers::ROUTED_SOURCE, raw.source.as_str());
-            if let Some(tp) = &traceparent {
-                h.insert(headers::TRACEPARENT_HEADER, tp.as_str());
+            if let Some(tp) = onward {
+                h.insert(headers::TRACEPARENT_HEADER, tp);
             }
             copies.push(BatchMessage {
                 subject: format!("runner.inbox.{p}.{}", source.stream),

@@ -13,6 +13,7 @@ pub mod cluster;
 pub mod effects;
 pub mod grpc;
 pub mod metrics;
+pub mod otlp;
 pub mod postgres;
 pub mod scaleout;
 pub mod upstream;
