@@ -209,12 +209,18 @@ pub enum DlqAction {
         id: u64,
     },
     /// Process a dead letter again, then the inputs of its key held behind it, in order.
+    /// With `--stream`: put the effect command kept in that letter of the dead-letter
+    /// stream back on its subject, once (through a node: needs `--admin`).
     Redrive {
         /// Tenant.
         #[arg(long)]
         tenant: String,
-        /// Dead-letter id.
+        /// Dead-letter id (with `--stream`, its sequence in the dead-letter stream, as
+        /// `dlq list --stream` shows it).
         id: u64,
+        /// Redrive a letter of the dead-letter stream (an effect command) instead.
+        #[arg(long)]
+        stream: bool,
     },
     /// Remove dead letters from the store (all that match the filters). A pending entry
     /// its key is parked behind is kept unless --force, which also unparks the key.

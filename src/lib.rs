@@ -65,6 +65,7 @@ pub mod effect;
 pub mod expr;
 pub mod fuzz;
 pub mod manifest;
+pub mod operator;
 pub mod ops;
 pub mod placement;
 pub mod relay;

@@ -59,6 +59,10 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route("/admin/instance", get(operate::instance))
         .route("/admin/dlq", get(operate::dlq_list))
         .route("/admin/dlq/stream", get(operate::dlq_stream))
+        .route(
+            "/admin/dlq/stream/{tenant}/{seq}/redrive",
+            post(operate::dlq_stream_redrive),
+        )
         .route("/admin/dlq/{tenant}/{id}", get(operate::dlq_show))
         .route(
             "/admin/dlq/{tenant}/{id}/redrive",

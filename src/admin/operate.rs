@@ -9,9 +9,11 @@
 //! | `GET /admin/dlq/{tenant}/{id}` | one dead letter in full |
 //! | `GET /admin/dlq/stream?[tenant=T][&limit=N]` | the newest letters of the dead-letter stream (effect commands refused by effect workers among them), newest first, at most `limit` (100; ≤ 1000) |
 //! | `POST /admin/dlq/{tenant}/{id}/redrive` | applies it again with the manifests in force, then what was held behind it; the redrive report |
+//! | `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | puts the effect command kept in letter `seq` of the dead-letter stream back on its subject and deletes the letter (see `broker::dlq::redrive`) |
 //!
 //! Guarantees: a redrive is applied once — the store marks the letter redriven in the same
-//! transaction, so a second request for it is refused — and redrives are rate-limited per
+//! transaction, so a second request for it is refused; a stream letter is republished under
+//! a message id of its own and deleted — and redrives of both kinds share one rate limit per
 //! node ([`REDRIVES_PER_SECOND`], 429 with `Retry-After` beyond it), so a script cannot turn
 //! a dead-letter backlog into a burst against the saga worker. In partitioned mode a redrive
 //! is refused (as by the CLI): it would write outside the partition's log and fences.
@@ -27,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::broker::dlq::RedriveError;
 use crate::deadletter::{self, DeadLetterError};
 use crate::ops::{self, OpsError};
 use crate::runtime::AppState;
@@ -111,6 +114,17 @@ pub(super) async fn dlq_show(
     }
 }
 
+/// 429 with `Retry-After`: the redrive rate is used up.
+fn too_many(wait: Duration) -> Response {
+    let secs = wait.as_secs().max(1).to_string();
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, secs)],
+        Json(json!({ "error": format!("at most {REDRIVES_PER_SECOND} redrives a second") })),
+    )
+        .into_response()
+}
+
 /// A token bucket: `REDRIVES_PER_SECOND` tokens, refilled continuously.
 #[derive(Debug)]
 pub(super) struct RedriveLimit(Mutex<(f64, Instant)>);
@@ -153,13 +167,7 @@ pub(super) async fn dlq_redrive(
         );
     }
     if let Err(wait) = limit.take() {
-        let secs = wait.as_secs().max(1).to_string();
-        return (
-            StatusCode::TOO_MANY_REQUESTS,
-            [(header::RETRY_AFTER, secs)],
-            Json(json!({ "error": format!("at most {REDRIVES_PER_SECOND} redrives a second") })),
-        )
-            .into_response();
+        return too_many(wait);
     }
     let catalog = state.catalog();
     let st = state.clone();
@@ -213,5 +221,28 @@ pub(super) async fn dlq_stream(
     {
         Ok(items) => Json(json!({ "stream": stream, "items": items })).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+pub(super) async fn dlq_stream_redrive(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(limit): axum::Extension<Arc<RedriveLimit>>,
+    Path((tenant, seq)): Path<(String, u64)>,
+) -> Response {
+    if !crate::config::is_subject_token(&tenant) {
+        return error(StatusCode::BAD_REQUEST, "`tenant` must be a name");
+    }
+    if let Err(wait) = limit.take() {
+        return too_many(wait);
+    }
+    let stream = &state.config.streams.dead_letter;
+    match crate::broker::dlq::redrive(state.broker.jetstream(), stream, &tenant, seq).await {
+        Ok(done) => {
+            tracing::info!(message = "Effect command redriven from the dead-letter stream.", tenant = %tenant, seq, subject = %done.subject, duplicate = done.duplicate);
+            Json(done).into_response()
+        }
+        Err(e @ RedriveError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
+        Err(e @ RedriveError::Broker(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => error(StatusCode::CONFLICT, e.to_string()),
     }
 }

@@ -1,0 +1,413 @@
+//! The CLI's operator commands — `inspect`, `instances list`, `dlq`, `migrate`, `tenants` —
+//! against a data directory or, with `--admin URL`, a running node's admin API; what they
+//! print (a line per item, or JSON with `--output json`).
+//!
+//! Guarantee: the data directory is opened read-only for every read command, so they work
+//! beside a live node; only redrive, purge and migrate open it for writing.
+
+use anyhow::Context;
+
+use crate::cli::{DlqAction, InstancesAction, OutputFormat, StoreArgs};
+use crate::config::{self, Overrides};
+
+/// Opens the store the way `runner run` would, for commands that write to it.
+fn open_store(args: &StoreArgs) -> anyhow::Result<(crate::config::Config, crate::storage::Store)> {
+    open_store_as(args, crate::storage::Store::open)
+}
+
+/// Opens an existing store for reading: works beside a live node in any durability mode.
+fn open_store_read_only(
+    args: &StoreArgs,
+) -> anyhow::Result<(crate::config::Config, crate::storage::Store)> {
+    open_store_as(args, crate::storage::Store::open_read_only)
+}
+
+fn open_store_as(
+    args: &StoreArgs,
+    open: fn(&crate::config::StorageConfig) -> crate::storage::Result<crate::storage::Store>,
+) -> anyhow::Result<(crate::config::Config, crate::storage::Store)> {
+    let overrides = Overrides {
+        manifests: args.manifests.clone(),
+        data_dir: args.data_dir.clone(),
+        ..Overrides::default()
+    };
+    let config = config::load(args.config.as_deref(), std::env::vars(), &overrides)?;
+    let store = open(&config.storage)
+        .with_context(|| format!("opening the store in {}", config.storage.data_dir.display()))?;
+    Ok((config, store))
+}
+
+/// The admin API client when `--admin` is given.
+fn remote(args: &StoreArgs) -> anyhow::Result<Option<crate::admin::client::AdminClient>> {
+    let Some(base) = &args.admin else {
+        return Ok(None);
+    };
+    let token = match &args.admin_token_file {
+        Some(p) => Some(
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading the admin token file {}", p.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => std::env::var("RUNNER_ADMIN_TOKEN").ok(),
+    };
+    Ok(Some(crate::admin::client::AdminClient::new(base, token)))
+}
+
+/// `runner inspect`: one instance with its timers and recent transitions, as JSON.
+pub fn inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::Result<()> {
+    if let Some(api) = remote(args)? {
+        use crate::admin::client::enc;
+        let v = api.get(&format!(
+            "/admin/instance?tenant={}&saga={}&id={}",
+            enc(tenant),
+            enc(saga),
+            enc(id)
+        ))?;
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let (_, store) = open_store_read_only(args)?;
+    let view = crate::ops::inspect(&store, tenant, saga, id)?;
+    println!("{}", serde_json::to_string_pretty(&view)?);
+    Ok(())
+}
+
+/// `runner migrate`: moves a saga's instances from version `from` to the next.
+pub fn migrate(
+    args: &StoreArgs,
+    tenant: &str,
+    saga: &str,
+    from: u32,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    if let Some(api) = remote(args)? {
+        let r = api.post(
+            "/admin/migrate",
+            &serde_json::json!({ "tenant": tenant, "saga": saga, "from": from, "dry_run": dry_run }),
+        )?;
+        println!("{}", serde_json::to_string_pretty(&r)?);
+        let failed = r["failed"].as_array().map_or(0, Vec::len);
+        if failed > 0 {
+            anyhow::bail!("{failed} instance(s) could not be migrated and stay on version {from}");
+        }
+        return Ok(());
+    }
+    let (config, store) = if dry_run {
+        open_store_read_only(args)?
+    } else {
+        open_store(args)?
+    };
+    if config.partitions.enabled {
+        // This store may hold stale copies of partitions other replicas own; only the node
+        // knows which it holds.
+        anyhow::bail!(
+            "in partitioned mode, migrate through each node's admin API (POST /admin/migrate), \
+             which migrates the instances of the partitions that node owns"
+        );
+    }
+    let report = crate::manifest::load(&config.runner.manifests);
+    let Some(catalog) = report.catalog else {
+        let errs: Vec<String> = report.errors().map(|d| d.to_string()).collect();
+        anyhow::bail!("manifests are invalid:\n{}", errs.join("\n"));
+    };
+    let r = crate::ops::migrate::migrate_instances(
+        &store,
+        &catalog,
+        tenant,
+        saga,
+        from,
+        dry_run,
+        &|_| true,
+    )?;
+    println!("{}", serde_json::to_string_pretty(&r)?);
+    if !r.failed.is_empty() {
+        anyhow::bail!(
+            "{} instance(s) could not be migrated and stay on version {from}",
+            r.failed.len()
+        );
+    }
+    Ok(())
+}
+
+/// `runner instances list`: one page of a tenant's instances of a saga.
+pub fn instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()> {
+    let InstancesAction::List {
+        tenant,
+        saga,
+        state,
+        older_than,
+        limit,
+        after,
+        output,
+    } = action;
+    let older_than_ms = older_than.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let page: serde_json::Value = match remote(args)? {
+        Some(api) => {
+            use crate::admin::client::enc;
+            let mut q = format!("tenant={}&saga={}&limit={limit}", enc(&tenant), enc(&saga));
+            if let Some(s) = &state {
+                q += &format!("&state={}", enc(s));
+            }
+            if let Some(ms) = older_than_ms {
+                q += &format!("&older_than={ms}ms");
+            }
+            if let Some(a) = &after {
+                q += &format!("&after={}", enc(a));
+            }
+            api.get(&format!("/admin/instances?{q}"))?
+        }
+        None => {
+            let (config, store) = open_store_read_only(args)?;
+            if config.partitions.enabled {
+                eprintln!(
+                    "runner: partitioned mode: this store may keep stale copies of partitions \
+                     other nodes own; --admin URL lists what that node owns"
+                );
+            }
+            serde_json::to_value(crate::ops::list_instances(
+                &store,
+                &crate::ops::Listing {
+                    tenant: &tenant,
+                    saga: &saga,
+                    state: state.as_deref(),
+                    older_than_ms,
+                    after: after.as_deref(),
+                    limit,
+                },
+                &|_| true,
+            )?)?
+        }
+    };
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(&page)?);
+        return Ok(());
+    }
+    let e = |v: &serde_json::Value| -> String {
+        let text = match v {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        crate::telemetry::escape_controls(&text).into_owned()
+    };
+    for i in page["items"].as_array().into_iter().flatten() {
+        println!(
+            "{}\t{}\t{}\tv{}\tstarted {}\tupdated {}\t{} inputs",
+            e(&i["correlation_id"]),
+            e(&i["state"]),
+            e(&i["status"]),
+            i["version"],
+            i["started_ms"],
+            i["updated_ms"],
+            i["inputs_applied"]
+        );
+    }
+    if let Some(next) = page["next"].as_str() {
+        println!("next: {next}");
+    }
+    Ok(())
+}
+
+/// `runner dlq` against a running node's admin API.
+fn ops_dlq_remote(
+    api: &crate::admin::client::AdminClient,
+    action: DlqAction,
+) -> anyhow::Result<()> {
+    use crate::admin::client::enc;
+    match action {
+        DlqAction::List {
+            tenant,
+            stream: true,
+            output,
+            ..
+        } => {
+            let mut q = "limit=1000".to_string();
+            if let Some(t) = &tenant {
+                q += &format!("&tenant={}", enc(t));
+            }
+            let v = api.get(&format!("/admin/dlq/stream?{q}"))?;
+            if output == OutputFormat::Json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            let e = |v: &serde_json::Value| {
+                crate::telemetry::escape_controls(v.as_str().unwrap_or("-")).into_owned()
+            };
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            for i in &items {
+                let l = &i["letter"];
+                println!(
+                    "{}\t{}\t{}\t{}\t{}",
+                    i["seq"],
+                    e(&l["tenant_id"]),
+                    e(&l["kind"]),
+                    e(&l["subject"]),
+                    e(&l["reason"])
+                );
+            }
+            println!("{} dead letter(s) on stream {}", items.len(), v["stream"]);
+        }
+        DlqAction::List {
+            tenant,
+            all,
+            output,
+            ..
+        } => {
+            let mut q = format!("limit=1000&all={all}");
+            if let Some(t) = &tenant {
+                q += &format!("&tenant={}", enc(t));
+            }
+            let v = api.get(&format!("/admin/dlq?{q}"))?;
+            let items: Vec<crate::storage::tables::DeadLetter> =
+                serde_json::from_value(v["items"].clone())?;
+            print_letters(&items, output)?;
+        }
+        DlqAction::Show { tenant, id } => {
+            let v = api.get(&format!("/admin/dlq/{}/{id}", enc(&tenant)))?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        DlqAction::Redrive { tenant, id, stream } => {
+            let path = if stream {
+                format!("/admin/dlq/stream/{}/{id}/redrive", enc(&tenant))
+            } else {
+                format!("/admin/dlq/{}/{id}/redrive", enc(&tenant))
+            };
+            let v = api.post(&path, &serde_json::json!({}))?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        DlqAction::Purge { .. } => {
+            anyhow::bail!("dlq purge works on a data directory (--data-dir), not through --admin")
+        }
+    }
+    Ok(())
+}
+
+/// Prints dead letters one line each (values escaped: they may come from inputs), or as
+/// one JSON document.
+fn print_letters(
+    items: &[crate::storage::tables::DeadLetter],
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(items)?);
+        return Ok(());
+    }
+    let e = crate::telemetry::escape_controls;
+    for d in items {
+        println!(
+            "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
+            d.id,
+            e(&d.tenant),
+            d.kind,
+            d.status,
+            e(&d.source),
+            e(d.saga.as_deref().unwrap_or("-")),
+            e(d.correlation_id.as_deref().unwrap_or("-")),
+            e(&d.reason)
+        );
+    }
+    println!("{} dead letter(s)", items.len());
+    Ok(())
+}
+
+/// `runner dlq`: dead letters listed, shown, redriven, purged.
+pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
+    if let Some(api) = remote(args)? {
+        return ops_dlq_remote(&api, action);
+    }
+    if matches!(
+        action,
+        DlqAction::List { stream: true, .. } | DlqAction::Redrive { stream: true, .. }
+    ) {
+        anyhow::bail!("the dead-letter stream is read through a running node: add --admin URL");
+    }
+    let (config, store) = if matches!(action, DlqAction::Redrive { .. } | DlqAction::Purge { .. }) {
+        open_store(args)?
+    } else {
+        open_store_read_only(args)?
+    };
+    match action {
+        DlqAction::List { stream: true, .. } => {
+            anyhow::bail!("the dead-letter stream is read through a running node: add --admin URL");
+        }
+        DlqAction::List {
+            tenant,
+            all,
+            output,
+            ..
+        } => {
+            let items = crate::deadletter::list(&store, tenant.as_deref(), all)?;
+            print_letters(&items, output)?;
+        }
+        DlqAction::Show { tenant, id } => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&crate::deadletter::show(&store, &tenant, id)?)?
+            );
+        }
+        DlqAction::Purge {
+            tenant,
+            older_than,
+            kind,
+            force,
+            dry_run,
+        } => {
+            let older_than = older_than
+                .map(|d| {
+                    d.parse::<crate::config::HumanDuration>()
+                        .map_err(|e| anyhow::anyhow!("--older-than {d:?}: {e}"))
+                })
+                .transpose()?;
+            let p = crate::deadletter::Purge {
+                tenant,
+                before_ms: older_than
+                    .map(|d| crate::clock::now_ms().saturating_sub(d.get().as_millis() as u64)),
+                kind,
+                force,
+                dry_run,
+            };
+            let gone = crate::deadletter::purge(&store, &p)?;
+            let e = crate::telemetry::escape_controls;
+            for d in &gone {
+                println!(
+                    "{}\t{}\t{}\t{:?}\t{}",
+                    d.id,
+                    e(&d.tenant),
+                    d.kind,
+                    d.status,
+                    e(&d.source)
+                );
+            }
+            let verb = if dry_run {
+                "would be removed"
+            } else {
+                "removed"
+            };
+            println!("{} dead letter(s) {verb}", gone.len());
+        }
+        DlqAction::Redrive { stream: true, .. } => {
+            anyhow::bail!(
+                "the dead-letter stream is redriven through a running node: add --admin URL"
+            );
+        }
+        DlqAction::Redrive { tenant, id, .. } => {
+            if config.partitions.enabled {
+                // A redrive writes state and outputs into this store's copy of a partition
+                // that another replica may own, outside its log and its fences.
+                anyhow::bail!(
+                    "dlq redrive is not available in partitioned mode (partitions.enabled) yet: \
+                     the dead letter stays pending; list and show still work"
+                );
+            }
+            let report = crate::manifest::load(&config.runner.manifests);
+            let Some(catalog) = report.catalog else {
+                let errs: Vec<String> = report.errors().map(|d| d.to_string()).collect();
+                anyhow::bail!("manifests are invalid:\n{}", errs.join("\n"));
+            };
+            let limits = crate::worker::process::Limits::from_config(&config);
+            let r = crate::ops::redrive(&store, &catalog, &limits, &tenant, id)?;
+            println!("{}", serde_json::to_string_pretty(&r)?);
+        }
+    }
+    Ok(())
+}
