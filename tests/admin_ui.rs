@@ -155,6 +155,23 @@ async fn the_admin_page_finds_an_instance_and_redrives_a_dead_letter_in_a_real_b
         steps[1].contains("Closed") && steps[1].contains("shut"),
         "{steps:?}"
     );
+    // The README's picture of the page is this moment: node, partitions, effects, dead
+    // letters and one instance's timeline. It always lands in the target directory;
+    // `UPDATE_SCREENSHOTS=1` also replaces docs/images/admin-ui.png.
+    let png = browser.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "not a PNG");
+    assert!(
+        png.len() > 10_000,
+        "a {}-byte screenshot shows nothing",
+        png.len()
+    );
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("admin-ui.png");
+    std::fs::write(&target, &png).unwrap();
+    if std::env::var_os("UPDATE_SCREENSHOTS").is_some() {
+        let docs = common::repo_root().join("docs/images");
+        std::fs::create_dir_all(&docs).unwrap();
+        std::fs::write(docs.join("admin-ui.png"), &png).unwrap();
+    }
     // The list of instances in a state.
     browser.fill("#q-state", "shut").await;
     browser.click("#list").await;

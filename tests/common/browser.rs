@@ -189,6 +189,12 @@ impl Browser {
             })
             .unwrap_or_default()
     }
+    /// A PNG of the page as it is now (WebDriver's screenshot of the window).
+    pub async fn screenshot(&self) -> Vec<u8> {
+        let v = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        let text = v.as_str().unwrap_or_else(|| panic!("no screenshot: {v}"));
+        base64_decode(text)
+    }
 
     /// Waits until `check` holds for the texts of `css`; returns them.
     pub async fn wait_for(
@@ -207,4 +213,32 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
+}
+
+/// Standard base64 (WebDriver's screenshot encoding) to bytes.
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| -> u32 {
+        match c {
+            b'A'..=b'Z' => u32::from(c - b'A'),
+            b'a'..=b'z' => u32::from(c - b'a') + 26,
+            b'0'..=b'9' => u32::from(c - b'0') + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => panic!("not base64: {c:?}"),
+        }
+    };
+    let clean: Vec<u8> = text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .collect();
+    let mut out = Vec::with_capacity(clean.len() * 3 / 4);
+    for chunk in clean.chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= value(*c) << (18 - 6 * i);
+        }
+        let bytes = n.to_be_bytes();
+        out.extend_from_slice(&bytes[1..chunk.len()]);
+    }
+    out
 }
