@@ -227,6 +227,21 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         config, node_id, broker, store, metrics, lifecycle, catalog,
     ));
 
+    // Paused tenants are known before the saga worker reads its first input.
+    let pause_watch = if mode.runs_sagas() {
+        match broker::with_setup_retry("control bucket", setup, &interrupt, || {
+            crate::worker::pause::load(&state)
+        })
+        .await
+        {
+            Ok(w) => Some(w),
+            Err(_) if state.lifecycle.is_draining() => return Ok(Exit::Drained),
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+
     // The admin server outlives the drain so `/ready` can report it; it stops last.
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(crate::admin::serve(
@@ -240,6 +255,13 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     // relay runs beside them and is stopped only after they finish, so it flushes what
     // their last commits wrote.
     let workers = TaskTracker::new();
+    if let Some(w) = pause_watch {
+        workers.spawn(crate::worker::pause::watch(
+            state.clone(),
+            w,
+            state.lifecycle.work_token(),
+        ));
+    }
     let relay_stop = CancellationToken::new();
     let mut relay_task = None;
     if let Some((leases, snapshots)) = leases_kv {

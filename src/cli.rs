@@ -80,6 +80,16 @@ pub enum Command {
         #[arg(long)]
         id: String,
     },
+    /// Pause or resume a tenant's sagas, through a running saga node (`--admin URL`):
+    /// while paused, its inputs are held whole; resuming applies them in order.
+    Tenants {
+        /// The node to ask (`--admin`, `--admin-token-file`).
+        #[command(flatten)]
+        store: StoreArgs,
+        /// What to do.
+        #[command(subcommand)]
+        action: TenantsAction,
+    },
     /// Saga instances from the local store's index (works while the node runs).
     Instances {
         /// Where the store is.
@@ -167,6 +177,29 @@ pub enum InstancesAction {
         #[arg(long)]
         after: Option<String>,
         /// `text` (a line per instance, then `next: …`) or `json`.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
+}
+
+/// `runner tenants` actions.
+#[derive(Debug, Subcommand)]
+pub enum TenantsAction {
+    /// Hold every input of the tenant (events, effect results, timers) from now on.
+    Pause {
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+    },
+    /// Apply what was held for the tenant, key by key in arrival order, and let it flow.
+    Resume {
+        /// Tenant.
+        #[arg(long)]
+        tenant: String,
+    },
+    /// The tenants paused now.
+    List {
+        /// `text` (a line per tenant) or `json`.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },

@@ -60,7 +60,13 @@ pub mod kind {
     /// producer reused it): not a redelivery, so not dropped as one. Its key is not parked.
     pub const DUPLICATE_EVENT_ID: &str = "duplicate_event_id";
 
-    /// Every kind, so their metric series exist (at 0) from the start.
+    /// An input of a paused tenant, held whole until the tenant is resumed
+    /// (`worker/pause.rs`). Not a failure: it is neither announced on the dead-letter
+    /// stream nor counted as a dead letter.
+    pub const TENANT_PAUSED: &str = "tenant_paused";
+
+    /// Every kind counted as a dead letter, so their metric series exist (at 0) from the
+    /// start.
     pub const ALL: [&str; 12] = [
         UNDECODABLE,
         TENANT_MISMATCH,
@@ -352,7 +358,14 @@ pub fn purge(store: &Store, p: &Purge) -> Result<Vec<DeadLetter>, DeadLetterErro
                 continue;
             }
             let parks = t.parks_its_key(&d)?;
-            if parks && !p.force {
+            // A pending input held behind its key's first letter (parked, or held while its
+            // tenant is paused) is as needed as the first: it is applied when that is.
+            let held = d.status == DeadLetterStatus::Pending
+                && match (&d.saga, &d.correlation_id) {
+                    (Some(saga), Some(corr)) => t.parked_by(&d.tenant, saga, corr)?.is_some(),
+                    _ => false,
+                };
+            if (parks || held) && !p.force {
                 continue;
             }
             if !p.dry_run {
@@ -439,35 +452,54 @@ pub fn redrive(
             entries.extend(t.dead_letters()?.into_iter().filter(|d| {
                 d.tenant == tenant
                     && d.id > id
-                    && d.status == DeadLetterStatus::Pending
-                    && d.kind == kind::PARKED
+                    && held_behind(d)
                     && d.saga.as_deref() == Some(saga)
                     && d.correlation_id.as_deref() == Some(corr)
             }));
         }
-        // Only whole inputs are applied again: an excerpt would be a different input.
-        if let Some(e) = entries.iter().find(|e| e.body_bytes.is_some()) {
-            return Ok(Err(DeadLetterError::ExcerptOnly {
-                id: e.id,
-                from: e.source.clone(),
-                bytes: e.body_bytes.unwrap_or_default(),
-            }));
-        }
-        if let (Some(saga), Some(corr)) = (&dl.saga, &dl.correlation_id) {
-            t.unpark(tenant, saga, corr)?;
-        }
-        let mut processed = Vec::with_capacity(entries.len());
-        let mut failed = false;
-        for mut e in entries {
-            // After a failure in this redrive, later held inputs are held again.
-            failed |= worker.reapply(t, &e, failed)?;
-            e.status = DeadLetterStatus::Redriven;
-            e.attempts += 1;
-            t.put_dead_letter(&e)?;
-            processed.push(e.id);
-        }
-        Ok(Ok(processed))
+        replay_key(t, entries, worker)
     })?
+}
+
+/// Whether `d` is a pending input held behind its key's first letter (rather than a
+/// failure of its own).
+pub fn held_behind(d: &DeadLetter) -> bool {
+    d.status == DeadLetterStatus::Pending
+        && (d.kind == kind::PARKED || d.kind == kind::TENANT_PAUSED)
+}
+
+/// Applies again, in order, the letters of one key — its first letter, then the inputs
+/// held behind it — unparking the key first and marking each redriven in `t`. Refused,
+/// with nothing done, when any of them keeps only an excerpt. Returns the ids processed.
+pub fn replay_key(
+    t: &Tables<'_, RW>,
+    entries: Vec<DeadLetter>,
+    worker: &mut impl Reapply,
+) -> Result<Result<Vec<u64>, DeadLetterError>, StorageError> {
+    // Only whole inputs are applied again: an excerpt would be a different input.
+    if let Some(e) = entries.iter().find(|e| e.body_bytes.is_some()) {
+        return Ok(Err(DeadLetterError::ExcerptOnly {
+            id: e.id,
+            from: e.source.clone(),
+            bytes: e.body_bytes.unwrap_or_default(),
+        }));
+    }
+    if let Some(first) = entries.first()
+        && let (Some(saga), Some(corr)) = (&first.saga, &first.correlation_id)
+    {
+        t.unpark(&first.tenant, saga, corr)?;
+    }
+    let mut processed = Vec::with_capacity(entries.len());
+    let mut failed = false;
+    for mut e in entries {
+        // After a failure in this replay, later held inputs are held again.
+        failed |= worker.reapply(t, &e, failed)?;
+        e.status = DeadLetterStatus::Redriven;
+        e.attempts += 1;
+        t.put_dead_letter(&e)?;
+        processed.push(e.id);
+    }
+    Ok(Ok(processed))
 }
 
 #[cfg(test)]

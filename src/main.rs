@@ -25,6 +25,7 @@ fn main() -> ExitCode {
             id,
         } => report(runner::operator::inspect(&store, &tenant, &saga, &id)),
         Command::Dlq { store, action } => report(runner::operator::dlq(&store, action)),
+        Command::Tenants { store, action } => report(runner::operator::tenants(&store, action)),
         Command::Instances { store, action } => report(runner::operator::instances(&store, action)),
         Command::Migrate {
             store,

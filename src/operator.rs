@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 
-use crate::cli::{DlqAction, InstancesAction, OutputFormat, StoreArgs};
+use crate::cli::{DlqAction, InstancesAction, OutputFormat, StoreArgs, TenantsAction};
 use crate::config::{self, Overrides};
 
 /// Opens the store the way `runner run` would, for commands that write to it.
@@ -407,6 +407,49 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             let limits = crate::worker::process::Limits::from_config(&config);
             let r = crate::ops::redrive(&store, &catalog, &limits, &tenant, id)?;
             println!("{}", serde_json::to_string_pretty(&r)?);
+        }
+    }
+    Ok(())
+}
+
+/// `runner tenants`: pause, resume, list — through a running saga node only (the pause is
+/// shared by every node through NATS, and a resume releases inside the node's commits).
+pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
+    use crate::admin::client::enc;
+    let Some(api) = remote(args)? else {
+        anyhow::bail!(
+            "tenants are paused and resumed through a running saga node: add --admin URL"
+        );
+    };
+    match action {
+        TenantsAction::Pause { tenant } => {
+            let v = api.post(
+                &format!("/admin/tenants/{}/pause", enc(&tenant)),
+                &serde_json::json!({}),
+            )?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        TenantsAction::Resume { tenant } => {
+            let v = api.post(
+                &format!("/admin/tenants/{}/resume", enc(&tenant)),
+                &serde_json::json!({}),
+            )?;
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        TenantsAction::List { output } => {
+            let v = api.get("/admin/tenants/paused")?;
+            if output == OutputFormat::Json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let paused = v["paused"].as_array().cloned().unwrap_or_default();
+                for t in &paused {
+                    println!(
+                        "{}",
+                        crate::telemetry::escape_controls(t.as_str().unwrap_or("-"))
+                    );
+                }
+                println!("{} tenant(s) paused", paused.len());
+            }
         }
     }
     Ok(())

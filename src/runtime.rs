@@ -97,6 +97,8 @@ pub struct AppState {
     pub started_at: SystemTime,
     /// Node mode, and what this replica holds in partitioned mode.
     pub placement: Placement,
+    /// Tenants paused now (`worker/pause.rs`).
+    pub paused: crate::worker::pause::Paused,
 }
 
 /// Result of a manifest reload.
@@ -137,6 +139,7 @@ impl AppState {
             catalog: RwLock::new(Arc::new(catalog)),
             started_at: SystemTime::now(),
             placement: Placement::default(),
+            paused: Default::default(),
         }
     }
 

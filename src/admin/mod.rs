@@ -11,6 +11,8 @@
 //! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
 //! | `GET /admin/instances` | one page of a tenant's instances of a saga by state and age (see `instances.rs`) |
 //! | `GET /admin/instance`, `GET /admin/dlq`, `GET /admin/dlq/{tenant}/{id}`, `POST /admin/dlq/{tenant}/{id}/redrive` | one instance; dead letters listed, shown, redriven, rate-limited (see `operate.rs`) |
+//! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed and redriven once (see `operate.rs`) |
+//! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
@@ -42,6 +44,7 @@ mod guard;
 mod instances;
 mod migrate;
 mod operate;
+mod tenants;
 
 use crate::broker::stream_specs;
 use crate::config::redact_url;
@@ -62,6 +65,12 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route(
             "/admin/dlq/stream/{tenant}/{seq}/redrive",
             post(operate::dlq_stream_redrive),
+        )
+        .route("/admin/tenants/paused", get(tenants::paused))
+        .route("/admin/tenants/{tenant}/pause", post(tenants::pause_tenant))
+        .route(
+            "/admin/tenants/{tenant}/resume",
+            post(tenants::resume_tenant),
         )
         .route("/admin/dlq/{tenant}/{id}", get(operate::dlq_show))
         .route(

@@ -211,6 +211,9 @@ pub struct SagaConfig {
     /// removed with their history; their dedupe markers stay for `dedupe_retention`, so a
     /// late duplicate is still recognised. Instances waiting for an operator are kept.
     pub finished_retention: HumanDuration,
+    /// JetStream KV bucket of operator controls shared by every saga node (created when
+    /// missing): which tenants are paused (`runner tenants pause`).
+    pub control_bucket: String,
 }
 
 impl Default for SagaConfig {
@@ -225,6 +228,7 @@ impl Default for SagaConfig {
             dedupe_retention: HumanDuration::secs(7 * 24 * 3600),
             dead_letter_retention: HumanDuration::secs(30 * 24 * 3600),
             finished_retention: HumanDuration::secs(7 * 24 * 3600),
+            control_bucket: "RUNNER_CONTROL".into(),
         }
     }
 }

@@ -187,6 +187,7 @@ impl Config {
             ("consumers.saga", &self.consumers.saga),
             ("consumers.effect", &self.consumers.effect),
             ("effect.claims_bucket", &self.effect.claims_bucket),
+            ("saga.control_bucket", &self.saga.control_bucket),
         ] {
             if !is_js_name(name) {
                 return invalid(

@@ -18,6 +18,7 @@
 //! - The commit task ends when every [`Committer`] handle is dropped (every consumer loop
 //!   has returned), after answering what it holds.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -25,6 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Limits, RawInput};
+use super::pause::CONTROL_SUBJECT;
 use super::process::{Processor, Scope, TIMER_SUBJECT};
 use super::tally::Tally;
 use crate::clock::now_ms;
@@ -161,17 +163,21 @@ impl CommitTask {
         let limits = Limits::from_config(&self.state.config)
             .with_max_record_bytes(self.state.broker.max_record_bytes());
         let doomed: Vec<(u16, u64)> = published.iter().map(|(p, _, u)| (*p, *u)).collect();
+        let state = self.state.clone();
         let out = self
             .state
             .store
             .run(move |s| {
                 s.write_blocking(|t| {
+                    // Read under the write lock: a resume's release is a write transaction
+                    // too, so this batch sees the pause as it is after any earlier release.
+                    let paused = state.paused.get();
                     for (p, upto) in &doomed {
                         t.delete_outbox_through(*p, *upto)?;
                     }
                     work.iter()
                         .map(|(key, batch, scope)| {
-                            apply_in(t, &catalog, &limits, key, batch, *scope)
+                            apply_in(t, &catalog, &limits, key, batch, *scope, &paused)
                         })
                         .collect::<Result<Vec<_>>>()
                 })
@@ -179,6 +185,11 @@ impl CommitTask {
             .await;
         match out {
             Ok(results) => {
+                for (_, tally) in &results {
+                    for tenant in &tally.resumed {
+                        self.state.paused.remove(tenant);
+                    }
+                }
                 for (_, handle, upto) in &published {
                     handle.note_deleted(*upto);
                 }
@@ -210,7 +221,17 @@ pub fn apply_inputs(
     checkpoint_key: &str,
     batch: &[(u64, RawInput)],
 ) -> Result<(u64, Tally)> {
-    store.write_blocking(|t| apply_in(t, catalog, limits, checkpoint_key, batch, None))
+    store.write_blocking(|t| {
+        apply_in(
+            t,
+            catalog,
+            limits,
+            checkpoint_key,
+            batch,
+            None,
+            &Arc::default(),
+        )
+    })
 }
 
 /// [`apply_inputs`] inside the caller's transaction.
@@ -221,9 +242,11 @@ fn apply_in(
     checkpoint_key: &str,
     batch: &[(u64, RawInput)],
     scope: Option<(u32, u32)>,
+    paused: &Arc<BTreeSet<String>>,
 ) -> Result<(u64, Tally)> {
     let cp = t.checkpoint(checkpoint_key)?;
     let mut p = Processor::new(catalog, limits, now_ms());
+    p.paused = paused.clone();
     p.scope = scope.map(|(partition, count)| Scope {
         partition,
         count,
@@ -238,6 +261,8 @@ fn apply_in(
         p.cause(*seq);
         if raw.subject == TIMER_SUBJECT {
             p.fired_timer(t, raw)?;
+        } else if raw.subject == CONTROL_SUBJECT {
+            p.control(t, raw)?;
         } else {
             p.input(t, raw)?;
         }

@@ -24,6 +24,7 @@
 //! | [`tally`] | what a batch did, turned into metrics after its commit |
 //! | `timers.rs` | the timer loop |
 //! | `sweep.rs` | expiry of dedupe markers |
+//! | [`pause`] | paused tenants: their inputs held whole, released in order on resume |
 //!
 //! **Partitioned mode** (`partitions.enabled`, DESIGN §8) runs the same consuming loop,
 //! group commit and processor per owned partition of the saga inbox:
@@ -93,6 +94,7 @@ mod consume;
 pub mod lease;
 pub mod ownership;
 pub mod partition;
+pub mod pause;
 pub mod process;
 pub mod router;
 pub mod snapshot;

@@ -22,12 +22,16 @@
 //! span the filter leaves out costs nothing measurable, while an enabled one has its fields
 //! formatted by the log layer as it opens, several percent of an input's apply time.
 
+use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
 
 use libmdbx::RW;
 use serde_json::Value as Json;
 
 use super::admission::{self, envelope_malformed};
+use super::partition::partition;
+use super::pause;
 use crate::deadletter::{self, DeadLetter, Poison, Reapply, Refused, kind};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
@@ -58,6 +62,8 @@ pub struct Processor<'a> {
     pub tally: Tally,
     /// In partitioned mode, the partition being applied and the current cause.
     pub scope: Option<Scope>,
+    /// Paused tenants, whose inputs are held (`pause.rs`); read inside the transaction.
+    pub paused: Arc<BTreeSet<String>>,
 }
 
 /// The partition a [`Processor`] applies inputs of (partitioned mode): only routes whose key
@@ -110,7 +116,37 @@ impl<'a> Processor<'a> {
             now_ms,
             tally: Tally::default(),
             scope: None,
+            paused: Arc::default(),
         }
+    }
+
+    /// Applies a control input from a partition's inbox: `{"resume": tenant}` releases
+    /// what this partition holds for the tenant, at this point of its log.
+    pub fn control(&mut self, tx: &Tables<'_, RW>, raw: &RawInput) -> Result<()> {
+        let body: Json = serde_json::from_slice(&raw.body).unwrap_or(Json::Null);
+        let Some(tenant) = body.get("resume").and_then(Json::as_str) else {
+            tracing::warn!(message = "Unknown control input ignored.", source = %raw.source);
+            return Ok(());
+        };
+        Arc::make_mut(&mut self.paused).remove(tenant);
+        self.tally.resumed.push(tenant.to_string());
+        let scope = self.scope;
+        let released = pause::release(
+            tx,
+            tenant,
+            |saga, corr| {
+                scope.is_none_or(|s| partition(tenant, saga, corr, s.count) == s.partition)
+            },
+            self,
+        )?;
+        tracing::info!(
+            message = "Held inputs released.",
+            tenant,
+            keys = released.keys,
+            inputs = released.inputs,
+            kept = released.kept
+        );
+        Ok(())
     }
 
     /// Sets the cause of the records written from now on (partitioned mode).
@@ -277,9 +313,20 @@ impl<'a> Processor<'a> {
             self.tally.note(saga, "duplicate");
             return Ok(());
         }
-        if !redrive && let Some(first) = tx.parked_by(tenant, saga, corr)? {
-            let why = format!("key is parked behind dead letter {first}");
-            return self.dead_letter(tx, raw, tenant, kind::PARKED, why, Some(route));
+        if !redrive {
+            // A paused tenant's inputs, and every later input of a key a pause parks, are
+            // held whole until the resume releases them (`pause.rs`).
+            let first = tx.parked_by(tenant, saga, corr)?;
+            if self.paused.contains(tenant)
+                || first.map_or(Ok(false), |f| pause::parked_by_pause(tx, tenant, f))?
+            {
+                self.tally.note(saga, "held");
+                return pause::hold(tx, raw, tenant, route, self.now_ms);
+            }
+            if let Some(first) = first {
+                let why = format!("key is parked behind dead letter {first}");
+                return self.dead_letter(tx, raw, tenant, kind::PARKED, why, Some(route));
+            }
         }
         let instance = tx.instance(tenant, saga, corr)?;
         let result = catch_unwind(AssertUnwindSafe(|| {
@@ -496,7 +543,17 @@ impl Reapply for Processor<'_> {
                     saga: saga.clone(),
                     correlation_id: corr.clone(),
                 };
-                self.route(tx, &raw, &dl.tenant, &input, &route, !hold)?;
+                if hold && dl.kind == kind::TENANT_PAUSED {
+                    // Held again behind an input of its key that failed: still whole.
+                    let kept = RawInput {
+                        source: dl.source.clone(),
+                        ..raw
+                    };
+                    self.tally.note(saga, "held");
+                    pause::hold(tx, &kept, &dl.tenant, &route, self.now_ms)?;
+                } else {
+                    self.route(tx, &raw, &dl.tenant, &input, &route, !hold)?;
+                }
             }
             _ => self.input(tx, &raw)?,
         }

@@ -20,6 +20,9 @@ pub struct Tally {
     pub outbox: u64,
     /// Highest outbox sequence written (0 when none).
     pub last_outbox: u64,
+    /// Tenants a control input resumed (partitioned mode): the node forgets their pause
+    /// once this commits, even before its watch of the control bucket says so.
+    pub resumed: Vec<String>,
 }
 
 impl Tally {

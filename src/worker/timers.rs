@@ -53,11 +53,14 @@ pub(crate) async fn run(state: Arc<AppState>, relay: RelayHandle, cancel: Cancel
             let catalog = state.catalog();
             let limits = Limits::from_config(&state.config)
                 .with_max_record_bytes(state.broker.max_record_bytes());
+            let st = state.clone();
             let fired = state
                 .store
                 .write(move |t| {
                     let due: Vec<TimerEntry> = t.due_timers(now, TIMER_BATCH)?;
                     let mut p = Processor::new(&catalog, &limits, now);
+                    // A paused tenant's timers are held like its other inputs.
+                    p.paused = st.paused.get();
                     let mut lags = Vec::with_capacity(due.len());
                     for e in &due {
                         p.timer(t, e)?;

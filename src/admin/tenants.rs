@@ -1,0 +1,74 @@
+//! Pausing and resuming a tenant through the admin API (the node's side of
+//! `runner tenants`; the mechanism and its guarantees are `worker/pause.rs`).
+//!
+//! | route | answer |
+//! |---|---|
+//! | `POST /admin/tenants/{tenant}/pause` | pauses the tenant on every saga node: `{tenant, paused: true}` |
+//! | `POST /admin/tenants/{tenant}/resume` | resumes it and releases what was held: what was released (single-active), or the partitions the resume was sent to |
+//! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
+//!
+//! Only a node that runs the saga worker answers the writes (409 otherwise): a
+//! single-active resume releases in that node's store. Behind the admin token.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::runtime::AppState;
+use crate::worker::pause::{self, PauseError};
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({ "error": message.into() }))).into_response()
+}
+
+fn refused(e: PauseError) -> Response {
+    match e {
+        PauseError::BadTenant(_) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        PauseError::Broker(_) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        PauseError::Storage(_) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+fn runs_sagas(state: &AppState) -> Option<Response> {
+    (!state.config.runner.mode.runs_sagas()).then(|| {
+        error(
+            StatusCode::CONFLICT,
+            "this node runs no saga worker; ask a saga or combined node",
+        )
+    })
+}
+
+pub(super) async fn pause_tenant(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+) -> Response {
+    if let Some(r) = runs_sagas(&state) {
+        return r;
+    }
+    match pause::pause(&state, &tenant).await {
+        Ok(()) => Json(json!({ "tenant": tenant, "paused": true })).into_response(),
+        Err(e) => refused(e),
+    }
+}
+
+pub(super) async fn resume_tenant(
+    State(state): State<Arc<AppState>>,
+    Path(tenant): Path<String>,
+) -> Response {
+    if let Some(r) = runs_sagas(&state) {
+        return r;
+    }
+    match pause::resume(&state, &tenant).await {
+        Ok(done) => Json(done).into_response(),
+        Err(e) => refused(e),
+    }
+}
+
+pub(super) async fn paused(State(state): State<Arc<AppState>>) -> Response {
+    let paused: Vec<String> = state.paused.get().iter().cloned().collect();
+    Json(json!({ "paused": paused })).into_response()
+}
