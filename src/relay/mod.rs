@@ -176,6 +176,11 @@ impl Relay {
     /// [`RelayHandle::deletable_through`] only ever covers a gap-free prefix; when a window is
     /// not fully acknowledged, the newer window is forgotten too and publishing resumes
     /// after the acknowledged prefix (repeats are dropped by JetStream's de-duplication).
+    /// After such a refusal the windows stop overlapping until one is acknowledged whole,
+    /// so a window cannot be taken while the one before it is still being refused. (At the
+    /// very onset of a refusal, a newer window may already be on its way; a publish that
+    /// fails while a later one succeeds — a stream leader lost mid-window — can still land
+    /// out of order. The partitioned relay's fenced atomic batches do not have this gap.)
     pub async fn run(self, stop: CancellationToken) {
         // Waits after a window that was not fully acknowledged, and after a failed read of
         // the outbox (a storage fault: waits grow longer).
@@ -183,6 +188,8 @@ impl Relay {
         let mut read_backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
         let mut next_from = self.handle.acked.load(Ordering::SeqCst) + 1;
         let mut inflight: Option<InFlight> = None;
+        // Set by a refused window, cleared by the next window acknowledged whole.
+        let mut careful = false;
         loop {
             // Read whether the drain had begun *before* reading the outbox: the workers'
             // last commits happen before it begins, so an empty read after it is final.
@@ -223,6 +230,7 @@ impl Relay {
                     && !self.settle(w).await
                 {
                     next_from = self.retry_point(&mut backoff).await;
+                    careful = true;
                     continue;
                 }
                 if let Err(e) =
@@ -237,6 +245,7 @@ impl Relay {
                 if let Some(w) = inflight.take() {
                     if !self.settle(w).await {
                         next_from = self.retry_point(&mut backoff).await;
+                        careful = true;
                     }
                     continue;
                 }
@@ -273,9 +282,22 @@ impl Relay {
             if !settled_ok {
                 // The newer window's acks cannot count past a hole; drop it and resume.
                 next_from = self.retry_point(&mut backoff).await;
+                careful = true;
                 continue;
             }
             inflight = newer;
+            if careful && complete {
+                // After a refusal, windows do not overlap until one is acknowledged whole:
+                // a window sent while the one before it is still being refused could be
+                // taken first and land ahead of it.
+                if let Some(w) = inflight.take()
+                    && !self.settle(w).await
+                {
+                    next_from = self.retry_point(&mut backoff).await;
+                    continue;
+                }
+                careful = false;
+            }
             if complete {
                 backoff.reset();
             } else {
@@ -284,6 +306,7 @@ impl Relay {
                     self.settle(w).await;
                 }
                 next_from = self.retry_point(&mut backoff).await;
+                careful = true;
             }
         }
     }
