@@ -90,6 +90,15 @@ pub enum Command {
         #[command(subcommand)]
         action: TenantsAction,
     },
+    /// Partition operations on the node that owns the partition (`--admin URL`).
+    Partitions {
+        /// The node to ask (`--admin`, `--admin-token-file`).
+        #[command(flatten)]
+        store: StoreArgs,
+        /// What to do.
+        #[command(subcommand)]
+        action: PartitionsAction,
+    },
     /// Saga instances from the local store's index (works while the node runs).
     Instances {
         /// Where the store is.
@@ -179,6 +188,26 @@ pub enum InstancesAction {
         /// `text` (a line per instance, then `next: …`) or `json`.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
+    },
+}
+
+/// `runner partitions` actions.
+#[derive(Debug, Subcommand)]
+pub enum PartitionsAction {
+    /// Read a partition's inbox again from a sequence: inputs already applied (by event
+    /// id), answered results and fired timers are skipped, published outputs are not sent
+    /// again, but an input without an event id is applied again. Without --confirm it only
+    /// says what it would do.
+    Replay {
+        /// The partition.
+        #[arg(long)]
+        partition: u32,
+        /// The first inbox sequence to read again.
+        #[arg(long)]
+        from: u64,
+        /// Do it.
+        #[arg(long)]
+        confirm: bool,
     },
 }
 

@@ -25,6 +25,9 @@ fn main() -> ExitCode {
             id,
         } => report(runner::operator::inspect(&store, &tenant, &saga, &id)),
         Command::Dlq { store, action } => report(runner::operator::dlq(&store, action)),
+        Command::Partitions { store, action } => {
+            report(runner::operator::partitions(&store, action))
+        }
         Command::Tenants { store, action } => report(runner::operator::tenants(&store, action)),
         Command::Instances { store, action } => report(runner::operator::instances(&store, action)),
         Command::Migrate {

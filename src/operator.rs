@@ -7,7 +7,9 @@
 
 use anyhow::Context;
 
-use crate::cli::{DlqAction, InstancesAction, OutputFormat, StoreArgs, TenantsAction};
+use crate::cli::{
+    DlqAction, InstancesAction, OutputFormat, PartitionsAction, StoreArgs, TenantsAction,
+};
 use crate::config::{self, Overrides};
 
 /// Opens the store the way `runner run` would, for commands that write to it.
@@ -449,6 +451,34 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
                     );
                 }
                 println!("{} tenant(s) paused", paused.len());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `runner partitions replay`: asks the owner of a partition to read its inbox again.
+pub fn partitions(args: &StoreArgs, action: PartitionsAction) -> anyhow::Result<()> {
+    let Some(api) = remote(args)? else {
+        anyhow::bail!("a partition is replayed by the node that owns it: add --admin URL");
+    };
+    match action {
+        PartitionsAction::Replay {
+            partition,
+            from,
+            confirm,
+        } => {
+            let body = serde_json::json!({ "from": from, "confirm": confirm });
+            match api.post(&format!("/admin/partitions/{partition}/replay"), &body) {
+                Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
+                Err(crate::admin::client::ClientError::Refused {
+                    status: 400,
+                    message,
+                }) if !confirm => {
+                    println!("{message}");
+                    anyhow::bail!("nothing done: add --confirm to replay");
+                }
+                Err(e) => return Err(e.into()),
             }
         }
     }

@@ -99,6 +99,8 @@ pub struct AppState {
     pub placement: Placement,
     /// Tenants paused now (`worker/pause.rs`).
     pub paused: crate::worker::pause::Paused,
+    /// Partition replays asked for by an operator (`worker/replay.rs`).
+    pub replays: crate::worker::replay::Replays,
 }
 
 /// Result of a manifest reload.
@@ -140,6 +142,7 @@ impl AppState {
             started_at: SystemTime::now(),
             placement: Placement::default(),
             paused: Default::default(),
+            replays: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@
 //! | `GET /admin/instance`, `GET /admin/dlq`, `GET /admin/dlq/{tenant}/{id}`, `POST /admin/dlq/{tenant}/{id}/redrive` | one instance; dead letters listed, shown, redriven, rate-limited (see `operate.rs`) |
 //! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed and redriven once (see `operate.rs`) |
 //! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
+//! | `POST /admin/partitions/{p}/replay` | `{"from", "confirm"}`: the owner reads partition `p`'s inbox again from `from` (see `partitions.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
@@ -44,6 +45,7 @@ mod guard;
 mod instances;
 mod migrate;
 mod operate;
+mod partitions;
 mod tenants;
 
 use crate::broker::stream_specs;
@@ -66,6 +68,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
             "/admin/dlq/stream/{tenant}/{seq}/redrive",
             post(operate::dlq_stream_redrive),
         )
+        .route("/admin/partitions/{p}/replay", post(partitions::replay))
         .route("/admin/tenants/paused", get(tenants::paused))
         .route("/admin/tenants/{tenant}/pause", post(tenants::pause_tenant))
         .route(

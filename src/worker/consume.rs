@@ -79,7 +79,7 @@ const BACKPRESSURE_POLL: Duration = Duration::from_millis(20);
 /// Reads `input` into the committer until `cancel` fires.
 pub(crate) async fn run(
     state: Arc<AppState>,
-    input: Input,
+    mut input: Input,
     relay: RelayHandle,
     committer: Committer,
     cancel: CancellationToken,
@@ -148,8 +148,41 @@ pub(crate) async fn run(
         // The last stream sequence read from this consumer (the probe asks what lies past it).
         let mut position = cp;
         loop {
+            if let Some(s) = input.scope.as_mut()
+                && let Some(from) = state.replays.take(s.partition)
+            {
+                // An operator's replay (`replay.rs`): back to `from - 1`, then reopen.
+                let key = input.checkpoint.clone();
+                let back = from.saturating_sub(1);
+                match state
+                    .store
+                    .write(move |t| {
+                        let cp = t.checkpoint(&key)?;
+                        if back < cp {
+                            t.set_checkpoint(&key, back)?;
+                        }
+                        Ok(cp)
+                    })
+                    .await
+                {
+                    Ok(was) => {
+                        s.replay_until = s.replay_until.max(was);
+                        tracing::warn!(
+                            message = "Replaying the partition from an operator's request.",
+                            partition = s.partition,
+                            from_sequence = from,
+                            checkpoint_was = was
+                        );
+                    }
+                    Err(e) => {
+                        tracing::error!(message = "Cannot move the checkpoint back for a replay; not replaying.", partition = s.partition, error = %e);
+                    }
+                }
+                continue 'connect;
+            }
             wait_for_relay(&state, &relay, &cancel).await;
             let next = tokio::select! {
+                _ = state.replays.asked() => continue,
                 _ = cancel.cancelled() => {
                     tracing::info!(message = "Consumer stopped for the drain.", stream = %input.stream);
                     return;

@@ -25,6 +25,7 @@
 //! | `timers.rs` | the timer loop |
 //! | `sweep.rs` | expiry of dedupe markers |
 //! | [`pause`] | paused tenants: their inputs held whole, released in order on resume |
+//! | [`replay`] | an operator's replay of a partition from an inbox sequence |
 //!
 //! **Partitioned mode** (`partitions.enabled`, DESIGN §8) runs the same consuming loop,
 //! group commit and processor per owned partition of the saga inbox:
@@ -96,6 +97,7 @@ pub mod ownership;
 pub mod partition;
 pub mod pause;
 pub mod process;
+pub mod replay;
 pub mod router;
 pub mod snapshot;
 mod sweep;
