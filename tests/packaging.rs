@@ -174,7 +174,7 @@ fn each_nats_node_config_is_accepted_by_nats_server() {
 }
 
 #[test]
-fn kustomization_lists_every_object_file() {
+fn kustomization_readme_and_volumes_cover_every_object() {
     let text = files::read("deploy/k8s/kustomization.yaml");
     let k = files::yaml_docs("kustomization.yaml", &text).remove(0);
     let listed: BTreeSet<String> = files::strings(&k["resources"]).into_iter().collect();
@@ -184,6 +184,48 @@ fn kustomization_lists_every_object_file() {
         .filter(|n| n != "kustomization.yaml")
         .collect();
     assert_eq!(listed, present);
+
+    // The Secret the pods read is the one the README has you create.
+    let k8s = K8s::load();
+    let readme = files::read("deploy/k8s/README.md");
+    for (kind, name) in [
+        ("StatefulSet", "runner-saga"),
+        ("Deployment", "runner-effect"),
+    ] {
+        let w = k8s.get(kind, name);
+        for e in runner_container(w)["env"].as_array().unwrap() {
+            let secret = &e["valueFrom"]["secretKeyRef"];
+            if secret.is_object() {
+                let create = format!(
+                    "create secret generic {} --from-literal={}=",
+                    secret["name"].as_str().unwrap(),
+                    secret["key"].as_str().unwrap()
+                );
+                assert!(readme.contains(&create), "README lacks `{create}`");
+            }
+        }
+        // Every manifest of the ConfigMap is mounted (items pick keys: one left out would
+        // silently not load).
+        let keys: BTreeSet<String> = k8s.get("ConfigMap", "runner-manifests")["data"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        let volume = pod_spec(w)["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["configMap"]["name"] == "runner-manifests")
+            .expect("the manifests volume");
+        let mounted: BTreeSet<String> = volume["configMap"]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["key"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(mounted, keys, "{name}: manifests mounted");
+    }
 }
 
 /// Loads the shipped config through the real loader with a container's environment.

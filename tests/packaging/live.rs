@@ -82,8 +82,11 @@ fn start_pod(
     assert_eq!(args[0], "run");
     let mut extra = map.args(&args[1..]);
     // The config's manifest paths are container paths too: give the same folders on this host.
-    let config = map.args(&[args[args.iter().position(|a| a == "--config").unwrap() + 1].clone()]);
-    let toml: toml::Table = toml::from_str(&std::fs::read_to_string(&config[0]).unwrap()).unwrap();
+    let conf_at = args.iter().position(|a| a == "--config").unwrap() + 1;
+    let config = map
+        .host(&args[conf_at])
+        .expect("the config file is on a mounted volume");
+    let toml: toml::Table = toml::from_str(&std::fs::read_to_string(config).unwrap()).unwrap();
     for m in files::strings(&serde_json::to_value(&toml["runner"]["manifests"]).unwrap()) {
         let host = map
             .host(&m)
