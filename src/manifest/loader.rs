@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use super::{Diagnostic, LoadReport, Severity, compile};
 
 /// Lists the manifest files under `paths`: files as given, directories searched recursively
-/// for `*.yaml` / `*.yml`, sorted so that loading is deterministic.
+/// for `*.yaml` / `*.yml` (hidden entries skipped), sorted so that loading is deterministic.
 pub fn collect_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostic> {
     let mut out = Vec::new();
     for p in paths {
@@ -27,6 +27,12 @@ fn collect_into(p: &Path, out: &mut Vec<PathBuf>) -> Result<(), Diagnostic> {
         let entries = std::fs::read_dir(p).map_err(|e| io_diag(p, &e))?;
         for entry in entries {
             let entry = entry.map_err(|e| io_diag(p, &e))?;
+            // Hidden entries are not manifests: a Kubernetes ConfigMap volume keeps a
+            // second copy of every file under `..data` and `..<timestamp>`, and editors
+            // leave `.name.yaml` files; a path named explicitly is still read.
+            if entry.file_name().to_string_lossy().starts_with('.') {
+                continue;
+            }
             let path = entry.path();
             if path.is_dir() {
                 collect_into(&path, out)?;
@@ -140,5 +146,32 @@ pub fn load_str(sources: &[(&str, &str)]) -> LoadReport {
     LoadReport {
         catalog: ok.then_some(catalog),
         diagnostics,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configmap_volume_is_read_once() {
+        // The layout the kubelet writes: the real files under `..<timestamp>`, `..data`
+        // pointing at it, and a symlink per key at the top.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let stamp = dir.path().join("..2026_11_25_12_00_00.1");
+        std::fs::create_dir(&stamp).expect("mkdir");
+        std::fs::write(stamp.join("order.yaml"), "format: 1\n").expect("write");
+        std::os::unix::fs::symlink(&stamp, dir.path().join("..data")).expect("symlink");
+        std::os::unix::fs::symlink(
+            dir.path().join("..data/order.yaml"),
+            dir.path().join("order.yaml"),
+        )
+        .expect("symlink");
+        std::fs::write(dir.path().join(".draft.yaml"), "not: loaded\n").expect("write");
+        let files = collect_files(&[dir.path().to_path_buf()]).expect("listed");
+        assert_eq!(files, vec![dir.path().join("order.yaml")]);
+        // Named explicitly, a hidden file is read.
+        let named = collect_files(&[dir.path().join(".draft.yaml")]).expect("listed");
+        assert_eq!(named.len(), 1);
     }
 }
