@@ -427,7 +427,17 @@ pub fn redrive(
     id: u64,
     worker: &mut impl Reapply,
 ) -> Result<Vec<u64>, DeadLetterError> {
-    store.write_blocking(|t| {
+    store.write_blocking(|t| redrive_in(t, tenant, id, worker))?
+}
+
+/// [`redrive`] inside the caller's write transaction (a partition owner's commit).
+pub fn redrive_in(
+    t: &Tables<'_, RW>,
+    tenant: &str,
+    id: u64,
+    worker: &mut impl Reapply,
+) -> Result<Result<Vec<u64>, DeadLetterError>, StorageError> {
+    {
         let Some(dl) = t.dead_letter(tenant, id)? else {
             return Ok(Err(DeadLetterError::NotFound {
                 tenant: tenant.into(),
@@ -458,7 +468,7 @@ pub fn redrive(
             }));
         }
         replay_key(t, entries, worker)
-    })?
+    }
 }
 
 /// Whether `d` is a pending input held behind its key's first letter (rather than a

@@ -397,8 +397,8 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
                 // A redrive writes state and outputs into this store's copy of a partition
                 // that another replica may own, outside its log and its fences.
                 anyhow::bail!(
-                    "dlq redrive is not available in partitioned mode (partitions.enabled) yet: \
-                     the dead letter stays pending; list and show still work"
+                    "in partitioned mode a dead letter is redriven by its partition's owner: \
+                     run this with --admin URL of that node (the letter stays pending)"
                 );
             }
             let report = crate::manifest::load(&config.runner.manifests);

@@ -15,8 +15,9 @@
 //! transaction, so a second request for it is refused; a stream letter is republished under
 //! a message id of its own and deleted — and redrives of both kinds share one rate limit per
 //! node ([`REDRIVES_PER_SECOND`], 429 with `Retry-After` beyond it), so a script cannot turn
-//! a dead-letter backlog into a burst against the saga worker. In partitioned mode a redrive
-//! is refused (as by the CLI): it would write outside the partition's log and fences.
+//! a dead-letter backlog into a burst against the saga worker. In partitioned mode the
+//! partition's owner redrives the letter's key through a control input in its inbox (202;
+//! `worker/control.rs`), so the redrive stays inside the partition's log and fences.
 //! Behind the admin token like every `/admin/*` route.
 
 use std::sync::{Arc, Mutex};
@@ -160,14 +161,11 @@ pub(super) async fn dlq_redrive(
     axum::Extension(limit): axum::Extension<Arc<RedriveLimit>>,
     Path((tenant, id)): Path<(String, u64)>,
 ) -> Response {
-    if state.config.partitions.enabled {
-        return error(
-            StatusCode::CONFLICT,
-            "redrive is not available in partitioned mode yet: the dead letter stays pending",
-        );
-    }
     if let Err(wait) = limit.take() {
         return too_many(wait);
+    }
+    if state.config.partitions.enabled {
+        return redrive_partitioned(&state, tenant, id).await;
     }
     let catalog = state.catalog();
     let st = state.clone();
@@ -244,5 +242,75 @@ pub(super) async fn dlq_stream_redrive(
         Err(e @ RedriveError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
         Err(e @ RedriveError::Broker(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),
+    }
+}
+
+/// Partitioned mode: the letter's key is redriven by its partition's owner, through a
+/// control input in the partition's inbox (`worker/control.rs`), so the redrive happens in
+/// log order inside the owner's commit. This node must own the partition: its copy of the
+/// letter is the one in force.
+async fn redrive_partitioned(state: &Arc<AppState>, tenant: String, id: u64) -> Response {
+    let store = state.store.clone();
+    let (t, i) = (tenant.clone(), id);
+    let found = tokio::task::spawn_blocking(move || {
+        store.read_blocking(|tx| {
+            let Some(d) = tx.dead_letter(&t, i)? else {
+                return Ok(None);
+            };
+            let parks = tx.parks_its_key(&d)?;
+            Ok(Some((d, parks)))
+        })
+    })
+    .await;
+    let (letter, parks) = match found {
+        Ok(Ok(Some(v))) => v,
+        Ok(Ok(None)) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("no dead letter {id} for tenant `{tenant}`"),
+            );
+        }
+        Ok(Err(e)) => return internal(e),
+        Err(e) => return internal(e),
+    };
+    let (Some(saga), Some(corr)) = (letter.saga.clone(), letter.correlation_id.clone()) else {
+        return error(
+            StatusCode::CONFLICT,
+            format!(
+                "dead letter {id} names no saga instance, so it belongs to no partition; in \
+                 partitioned mode republish its input from {} instead",
+                letter.source
+            ),
+        );
+    };
+    if letter.status != crate::storage::tables::DeadLetterStatus::Pending || !parks {
+        return error(
+            StatusCode::CONFLICT,
+            format!("dead letter {id} is not the pending letter its key is parked behind"),
+        );
+    }
+    let p =
+        crate::worker::partition::partition(&tenant, &saga, &corr, state.config.partitions.count);
+    if !state.placement.owns(p) {
+        return error(
+            StatusCode::CONFLICT,
+            format!("this node does not own partition {p} of dead letter {id}; ask its owner"),
+        );
+    }
+    let body = json!({ "redrive": { "tenant": tenant, "saga": saga, "correlation_id": corr } });
+    match crate::worker::control::send(state, &tenant, &body, [p]).await {
+        Ok(()) => {
+            tracing::info!(
+                message = "Dead letter redrive sent to its partition.",
+                id,
+                partition = p
+            );
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({ "id": id, "partition": p, "sent": true })),
+            )
+                .into_response()
+        }
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

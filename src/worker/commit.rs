@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::task::TaskTracker;
 
 use super::admission::{Limits, RawInput};
-use super::pause::CONTROL_SUBJECT;
+use super::control::CONTROL_SUBJECT;
 use super::process::{Processor, Scope, TIMER_SUBJECT};
 use super::tally::Tally;
 use crate::clock::now_ms;

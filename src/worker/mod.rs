@@ -25,6 +25,7 @@
 //! | `timers.rs` | the timer loop |
 //! | `sweep.rs` | expiry of dedupe markers |
 //! | [`pause`] | paused tenants: their inputs held whole, released in order on resume |
+//! | [`control`] | operator actions sent through a partition's inbox (resume, redrive) |
 //! | [`replay`] | an operator's replay of a partition from an inbox sequence |
 //!
 //! **Partitioned mode** (`partitions.enabled`, DESIGN §8) runs the same consuming loop,
@@ -91,6 +92,7 @@ pub mod admission;
 pub mod assign;
 mod commit;
 mod consume;
+pub mod control;
 
 pub mod lease;
 pub mod ownership;

@@ -38,15 +38,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
 use crate::backoff::Backoff;
-use crate::broker::{BrokerError, headers};
+use crate::broker::BrokerError;
 use crate::deadletter::{self, DeadLetterError, Reapply, kind};
 use crate::runtime::AppState;
 use crate::saga::Route;
 use crate::storage::tables::{DeadLetter, DeadLetterStatus};
 use crate::storage::{StorageError, Tables};
-
-/// The subject of a control input in a partition's inbox (never a tenant's subject).
-pub const CONTROL_SUBJECT: &str = "runner.control";
 
 /// The bucket key of a paused tenant.
 fn key(tenant: &str) -> String {
@@ -357,28 +354,8 @@ pub async fn resume(state: &Arc<AppState>, tenant: &str) -> Result<Resumed, Paus
     tracing::info!(message = "Tenant resumed; releasing what was held.", tenant = %tenant);
     if state.config.partitions.enabled {
         let count = state.config.partitions.count;
-        let js = state.broker.jetstream();
-        let id = uuid::Uuid::now_v7();
-        let body = serde_json::json!({ "resume": tenant }).to_string();
-        for p in 0..count {
-            let mut h = headers::outgoing(&format!("control:{id}:{p}"), Some(tenant), None);
-            h.insert(headers::ROUTED_SUBJECT, CONTROL_SUBJECT);
-            h.insert(headers::ROUTED_SOURCE, "control");
-            let inbox = &state.config.streams.saga_inbox;
-            js.publish_with_headers(format!("runner.inbox.{p}.control"), h, body.clone().into())
-                .await
-                .map_err(|e| BrokerError::JetStream {
-                    op: "publish",
-                    stream: inbox.clone(),
-                    reason: e.to_string(),
-                })?
-                .await
-                .map_err(|e| BrokerError::JetStream {
-                    op: "publish",
-                    stream: inbox.clone(),
-                    reason: e.to_string(),
-                })?;
-        }
+        let body = serde_json::json!({ "resume": tenant });
+        super::control::send(state, tenant, &body, 0..count).await?;
         return Ok(Resumed {
             tenant: tenant.to_string(),
             released: None,

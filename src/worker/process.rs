@@ -30,7 +30,6 @@ use libmdbx::RW;
 use serde_json::Value as Json;
 
 use super::admission::{self, envelope_malformed};
-use super::partition::partition;
 use super::pause;
 use crate::deadletter::{self, DeadLetter, Poison, Reapply, Refused, kind};
 use crate::manifest::Catalog;
@@ -118,35 +117,6 @@ impl<'a> Processor<'a> {
             scope: None,
             paused: Arc::default(),
         }
-    }
-
-    /// Applies a control input from a partition's inbox: `{"resume": tenant}` releases
-    /// what this partition holds for the tenant, at this point of its log.
-    pub fn control(&mut self, tx: &Tables<'_, RW>, raw: &RawInput) -> Result<()> {
-        let body: Json = serde_json::from_slice(&raw.body).unwrap_or(Json::Null);
-        let Some(tenant) = body.get("resume").and_then(Json::as_str) else {
-            tracing::warn!(message = "Unknown control input ignored.", source = %raw.source);
-            return Ok(());
-        };
-        Arc::make_mut(&mut self.paused).remove(tenant);
-        self.tally.resumed.push(tenant.to_string());
-        let scope = self.scope;
-        let released = pause::release(
-            tx,
-            tenant,
-            |saga, corr| {
-                scope.is_none_or(|s| partition(tenant, saga, corr, s.count) == s.partition)
-            },
-            self,
-        )?;
-        tracing::info!(
-            message = "Held inputs released.",
-            tenant,
-            keys = released.keys,
-            inputs = released.inputs,
-            kept = released.kept
-        );
-        Ok(())
     }
 
     /// Sets the cause of the records written from now on (partitioned mode).

@@ -1,5 +1,8 @@
-//! An operator's replay of a partition from an inbox sequence, against the real binary in
-//! partitioned mode: without confirmation nothing happens and the answer says what would;
+//! Operator actions on a partitioned node, against the real binary.
+//!
+//! A dead letter's redrive goes to its partition's owner through the inbox: the key's
+//! parked inputs are applied in order once the manifest is fixed, and a second redrive is
+//! refused. An operator's replay of a partition from an inbox sequence: without confirmation nothing happens and the answer says what would;
 //! confirmed, the owner reads the partition's inbox again — the inputs read again are
 //! counted, events already applied are skipped, nothing is sent twice — and the partition
 //! goes on with new inputs. Refusals: a replay forward, a partition that does not exist,
@@ -219,5 +222,117 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
         doors.len(),
         "a command was sent twice: {sent:?}"
     );
+    runner.stop();
+}
+
+/// `bad` makes `${ event.payload.n + 1 }` a type error for a string `n`.
+fn counter(fixed: bool) -> String {
+    let n = if fixed {
+        "${ string(event.payload.n) }"
+    } else {
+        "${ event.payload.n + 1 }"
+    };
+    format!(
+        "format: 1\nsagas:\n  - name: visit\n    version: 1\n    triggers: [{{ subject: aggregate.Door.*, correlation: event.aggregate_id, start: true }}]\n    data: {{ n: \"{n}\" }}\n    initial_state: closed\n    states:\n      closed:\n        on:\n          Opened: {{ goto: open }}\n      open:\n        on:\n          Closed: {{ goto: shut }}\n      shut: {{ terminal: true }}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_is_redriven_by_its_partition_owner_once() {
+    let nats = NatsServer::start();
+    let manifests = tempfile::tempdir().unwrap();
+    let file = manifests.path().join("visit.yaml");
+    std::fs::write(&file, counter(false)).unwrap();
+    let runner = RunnerProc::start(
+        &[
+            "--mode",
+            "combined",
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            manifests.path().to_str().unwrap(),
+        ],
+        &[
+            ("RUNNER__PARTITIONS__ENABLED", "true"),
+            ("RUNNER__PARTITIONS__COUNT", "4"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+        ],
+    );
+    let admin = runner.admin.clone();
+    let js = jetstream(&nats.url()).await;
+    let opened = aggregate_event(
+        "t",
+        "Door",
+        "door-2",
+        "Opened",
+        1_800_000_000_000,
+        json!({ "n": "x" }),
+    );
+    publish_json(&js, "tenant.t.aggregate.Door.door-2", &opened).await;
+    let closed = aggregate_event(
+        "t",
+        "Door",
+        "door-2",
+        "Closed",
+        1_800_000_000_001,
+        json!({ "n": "x" }),
+    );
+    publish_json(&js, "tenant.t.aggregate.Door.door-2", &closed).await;
+    let two = common::eventually(Duration::from_secs(30), || async {
+        common::get_json(&format!("{admin}/admin/dlq?tenant=t")).await["total"] == 2
+    })
+    .await;
+    let letters = common::get_json(&format!("{admin}/admin/dlq?tenant=t")).await;
+    assert!(two, "{letters}");
+    let first = letters["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "expression")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    let behind = letters["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["kind"] == "parked")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    // The one behind is not redriven on its own.
+    let (status, body) = post(&format!("{admin}/admin/dlq/t/{behind}/redrive"), json!({})).await;
+    assert_eq!(status, 409, "{body}");
+
+    std::fs::write(&file, counter(true)).unwrap();
+    let (status, _) = post(&format!("{admin}/admin/reload"), json!({})).await;
+    assert_eq!(status, 200);
+    let (status, body) = post(&format!("{admin}/admin/dlq/t/{first}/redrive"), json!({})).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(
+        body["partition"].as_u64().unwrap(),
+        u64::from(runner::worker::partition::partition(
+            "t", "visit", "door-2", 4
+        ))
+    );
+    let shut = common::eventually(Duration::from_secs(30), || async {
+        let v = common::get_json(&format!(
+            "{admin}/admin/instance?tenant=t&saga=visit&id=door-2"
+        ))
+        .await;
+        v["instance"]["state"] == "shut"
+    })
+    .await;
+    let view = common::get_json(&format!(
+        "{admin}/admin/instance?tenant=t&saga=visit&id=door-2"
+    ))
+    .await;
+    assert!(shut, "the redriven key did not finish: {view}");
+    assert_eq!(view["instance"]["data"]["n"], "x");
+    let pending = common::get_json(&format!("{admin}/admin/dlq?tenant=t")).await;
+    assert_eq!(pending["total"], 0, "{pending}");
+    // Once: the letter is redriven now, so a second request is refused.
+    let (status, body) = post(&format!("{admin}/admin/dlq/t/{first}/redrive"), json!({})).await;
+    assert_eq!(status, 409, "{body}");
     runner.stop();
 }
