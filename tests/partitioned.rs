@@ -133,7 +133,7 @@ async fn one_partitioned_replica_runs_orders_to_their_states_and_emits_once() {
 }
 
 #[test]
-fn redrive_is_refused_in_partitioned_mode_with_a_clear_answer() {
+fn a_data_directory_redrive_in_partitioned_mode_points_to_the_owner() {
     let dir = tempfile::tempdir().unwrap();
     let (code, out) = common::run_to_exit(
         &[
@@ -152,7 +152,7 @@ fn redrive_is_refused_in_partitioned_mode_with_a_clear_answer() {
     );
     assert_eq!(code, Some(1), "output:\n{out}");
     assert!(
-        out.contains("not available in partitioned mode"),
+        out.contains("redriven by its partition's owner") && out.contains("--admin"),
         "output:\n{out}"
     );
 }
