@@ -230,7 +230,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     // Paused tenants are known before the saga worker reads its first input.
     let pause_watch = if mode.runs_sagas() {
         match broker::with_setup_retry("control bucket", setup, &interrupt, || {
-            crate::worker::pause::load(&state)
+            crate::worker::control::load(&state)
         })
         .await
         {
@@ -256,7 +256,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     // their last commits wrote.
     let workers = TaskTracker::new();
     if let Some(w) = pause_watch {
-        workers.spawn(crate::worker::pause::watch(
+        workers.spawn(crate::worker::control::watch(
             state.clone(),
             w,
             state.lifecycle.work_token(),

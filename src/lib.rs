@@ -55,6 +55,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod asked;
 pub mod backoff;
 pub mod broker;
 pub mod cli;

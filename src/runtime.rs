@@ -98,9 +98,9 @@ pub struct AppState {
     /// Node mode, and what this replica holds in partitioned mode.
     pub placement: Placement,
     /// Tenants paused now (`worker/pause.rs`).
-    pub paused: crate::worker::pause::Paused,
+    pub paused: crate::asked::Paused,
     /// Partition replays asked for by an operator (`worker/replay.rs`).
-    pub replays: crate::worker::replay::Replays,
+    pub replays: crate::asked::Replays,
 }
 
 /// Result of a manifest reload.

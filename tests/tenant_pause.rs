@@ -47,14 +47,18 @@ async fn door(
     n: u64,
     note: &str,
 ) {
-    let e = aggregate_event(
-        tenant,
-        "Door",
-        id,
-        ev,
-        1_800_000_000_000 + n,
-        json!({ "note": note }),
-    );
+    door_with(js, tenant, id, ev, n, json!({ "note": note })).await;
+}
+
+async fn door_with(
+    js: &async_nats::jetstream::Context,
+    tenant: &str,
+    id: &str,
+    ev: &str,
+    n: u64,
+    payload: Json,
+) {
+    let e = aggregate_event(tenant, "Door", id, ev, 1_800_000_000_000 + n, payload);
     publish_json(js, &format!("tenant.{tenant}.aggregate.Door.{id}"), &e).await;
 }
 
@@ -234,4 +238,41 @@ async fn a_paused_tenant_is_held_whole_and_released_in_order_single_active() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_tenant_is_released_through_the_partition_inboxes() {
     scenario(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_released_behind_one_that_fails_again_stays_held_whole() {
+    let nats = NatsServer::start();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("door.yaml"), MANIFEST).unwrap();
+    let m = manifests.path().to_str().unwrap();
+    let runner = start(&nats.url(), tempfile::tempdir().unwrap(), m, false);
+    let js = jetstream(&nats.url()).await;
+    tenants(&runner.admin, &["pause", "--tenant", "a"]);
+    door(&js, "a", "d4", "Opened", 1, "").await;
+    // `size()` of a number is an expression error when it is applied.
+    door_with(&js, "a", "d4", "Closed", 2, json!({ "note": 5 })).await;
+    door(&js, "a", "d4", "Closed", 3, &"y".repeat(6000)).await;
+    let held = common::eventually(Duration::from_secs(30), || async {
+        get_json(&format!("{}/admin/dlq?tenant=a", runner.admin)).await["total"] == 3
+    })
+    .await;
+    assert!(held);
+    let out = tenants(&runner.admin, &["resume", "--tenant", "a"]);
+    assert!(
+        out.contains("\"keys\": 1") && out.contains("\"inputs\": 3"),
+        "{out}"
+    );
+    wait_state(&runner.admin, "a", "d4", "open").await;
+    // The failed Closed parks the key; the one behind it is held again, still whole.
+    let pending = get_json(&format!("{}/admin/dlq?tenant=a", runner.admin)).await;
+    let items = pending["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2, "{pending}");
+    let failed = items.iter().find(|l| l["kind"] == "expression").unwrap();
+    let behind = items.iter().find(|l| l["kind"] == "tenant_paused").unwrap();
+    assert!(behind["body_bytes"].is_null(), "{behind}");
+    assert!(behind["body"].as_str().unwrap().contains(&"y".repeat(6000)));
+    assert!(failed["id"].as_u64() < behind["id"].as_u64());
+    assert!(locks(&js, "a").await.is_empty());
+    runner.stop();
 }

@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use crate::runtime::AppState;
-use crate::worker::pause::{self, PauseError};
+use crate::worker::control::{self as pause, PauseError};
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()

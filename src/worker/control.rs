@@ -8,23 +8,33 @@
 //! | `{"resume": tenant}` | releases what the partition holds for the paused tenant (`pause.rs`) |
 //! | `{"redrive": {tenant, saga, correlation_id}}` | redrives the letter that parks that key, then what is held behind it |
 //!
+//! Pausing and resuming a tenant starts here too ([`pause`] / [`resume`]): the pause is key
+//! `paused.<tenant>` of the KV bucket `saga.control_bucket`, which every saga node loads
+//! before its worker starts ([`load`]) and watches ([`watch`]); what a pause holds and how a
+//! release applies it is `pause.rs`.
+//!
 //! Guarantees: a control input is idempotent — a second copy (a republish, a replay) finds
 //! nothing pending and does nothing; only the partition that holds the key acts on it; an
 //! unknown control input is logged and skipped, never dead-lettered.
 
 use std::sync::Arc;
 
+use async_nats::jetstream::kv;
+use futures::StreamExt;
 use libmdbx::RW;
+use serde::Serialize;
 use serde_json::Value as Json;
+use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
 use super::partition::partition;
 use super::pause;
 use super::process::Processor;
+use crate::backoff::Backoff;
 use crate::broker::{BrokerError, headers};
 use crate::deadletter;
 use crate::runtime::AppState;
-use crate::storage::{Result, Tables};
+use crate::storage::{Result, StorageError, Tables};
 
 /// The subject of a control input in a partition's inbox (never a tenant's subject).
 pub const CONTROL_SUBJECT: &str = "runner.control";
@@ -114,4 +124,204 @@ impl Processor<'_> {
         );
         Ok(())
     }
+}
+
+/// The bucket key of a paused tenant.
+fn key(tenant: &str) -> String {
+    format!("paused.{tenant}")
+}
+
+/// Why a pause or resume failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    /// The tenant is not a name.
+    #[error("`{0}` is not a tenant name")]
+    BadTenant(String),
+    /// The bucket or the inbox could not be written.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The store failed (single-active release).
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+fn kv_err(bucket: &str, op: &'static str, e: impl std::fmt::Display) -> BrokerError {
+    BrokerError::JetStream {
+        op,
+        stream: format!("KV_{bucket}"),
+        reason: e.to_string(),
+    }
+}
+
+/// Opens the control bucket, creating it when missing (`history 1`, replicated like the
+/// streams).
+pub async fn bucket(state: &AppState) -> std::result::Result<kv::Store, BrokerError> {
+    let c = &state.config;
+    let name = &c.saga.control_bucket;
+    let js = state.broker.jetstream();
+    if let Ok(s) = js.get_key_value(name).await {
+        return Ok(s);
+    }
+    let created = js
+        .create_key_value(kv::Config {
+            bucket: name.clone(),
+            description: "Runner operator controls: paused tenants".into(),
+            history: 1,
+            num_replicas: c.streams.replicas,
+            storage: match c.streams.storage {
+                crate::config::StreamStorage::File => {
+                    async_nats::jetstream::stream::StorageType::File
+                }
+                crate::config::StreamStorage::Memory => {
+                    async_nats::jetstream::stream::StorageType::Memory
+                }
+            },
+            ..Default::default()
+        })
+        .await;
+    match created {
+        Ok(s) => Ok(s),
+        // Another node may have created it meanwhile.
+        Err(e) => js
+            .get_key_value(name)
+            .await
+            .map_err(|_| kv_err(name, "create bucket", e)),
+    }
+}
+
+/// Loads the paused tenants into `state.paused` and returns a watch of later changes, so
+/// no change between the load and the watch is missed (the watch starts first).
+pub async fn load(state: &AppState) -> std::result::Result<kv::Watch, BrokerError> {
+    let name = &state.config.saga.control_bucket;
+    let kv = bucket(state).await?;
+    let watch = kv
+        .watch("paused.*")
+        .await
+        .map_err(|e| kv_err(name, "watch", e))?;
+    let mut keys = kv.keys().await.map_err(|e| kv_err(name, "keys", e))?;
+    while let Some(k) = keys.next().await {
+        let k = k.map_err(|e| kv_err(name, "keys", e))?;
+        if let Some(t) = k.strip_prefix("paused.") {
+            state.paused.insert(t);
+        }
+    }
+    let paused = state.paused.get();
+    if !paused.is_empty() {
+        tracing::warn!(message = "Tenants are paused: their inputs are held until resumed.", tenants = ?paused);
+    }
+    Ok(watch)
+}
+
+/// Keeps `state.paused` in step with the bucket until `cancel`; reopens the watch (after
+/// reloading) when it ends or fails.
+pub async fn watch(state: Arc<AppState>, mut w: kv::Watch, cancel: CancellationToken) {
+    let mut backoff = Backoff::new(
+        std::time::Duration::from_millis(200),
+        std::time::Duration::from_secs(5),
+    );
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            next = w.next() => match next {
+                Some(Ok(e)) => {
+                    let Some(t) = e.key.strip_prefix("paused.") else { continue };
+                    match e.operation {
+                        kv::Operation::Put => state.paused.insert(t),
+                        kv::Operation::Delete | kv::Operation::Purge => state.paused.remove(t),
+                    }
+                    continue;
+                }
+                Some(Err(e)) => tracing::warn!(message = "The control bucket watch failed; reopening.", error = %e),
+                None => tracing::warn!(message = "The control bucket watch ended; reopening."),
+            },
+        }
+        loop {
+            backoff.sleep(&cancel).await;
+            if cancel.is_cancelled() {
+                return;
+            }
+            match load(&state).await {
+                Ok(fresh) => {
+                    w = fresh;
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(message = "Cannot reopen the control bucket watch.", error = %e)
+                }
+            }
+        }
+    }
+}
+
+/// Pauses `tenant` on every node.
+pub async fn pause(state: &AppState, tenant: &str) -> std::result::Result<(), PauseError> {
+    if !crate::config::is_subject_token(tenant) {
+        return Err(PauseError::BadTenant(tenant.to_string()));
+    }
+    let kv = bucket(state).await?;
+    let at = crate::clock::now_ms().to_string();
+    kv.put(key(tenant), at.into_bytes().into())
+        .await
+        .map_err(|e| kv_err(&state.config.saga.control_bucket, "put", e))?;
+    state.paused.insert(tenant);
+    tracing::warn!(message = "Tenant paused: its inputs are held until it is resumed.", tenant = %tenant);
+    Ok(())
+}
+
+/// What a resume did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Resumed {
+    /// The tenant.
+    pub tenant: String,
+    /// Single-active mode: what was released, in this node's store.
+    pub released: Option<pause::Released>,
+    /// Partitioned mode: the partitions whose inboxes carry the resume (each owner
+    /// releases its keys when it reads it).
+    pub partitions: Option<u32>,
+}
+
+/// Resumes `tenant` on every node and releases what was held for it.
+pub async fn resume(
+    state: &Arc<AppState>,
+    tenant: &str,
+) -> std::result::Result<Resumed, PauseError> {
+    if !crate::config::is_subject_token(tenant) {
+        return Err(PauseError::BadTenant(tenant.to_string()));
+    }
+    let kv = bucket(state).await?;
+    kv.delete(key(tenant))
+        .await
+        .map_err(|e| kv_err(&state.config.saga.control_bucket, "delete", e))?;
+    state.paused.remove(tenant);
+    tracing::info!(message = "Tenant resumed; releasing what was held.", tenant = %tenant);
+    if state.config.partitions.enabled {
+        let count = state.config.partitions.count;
+        let body = serde_json::json!({ "resume": tenant });
+        send(state, tenant, &body, 0..count).await?;
+        return Ok(Resumed {
+            tenant: tenant.to_string(),
+            released: None,
+            partitions: Some(count),
+        });
+    }
+    let st = state.clone();
+    let t = tenant.to_string();
+    let released = state
+        .store
+        .run(move |s| {
+            s.write_blocking(|tx| {
+                let catalog = st.catalog();
+                let limits = super::admission::Limits::from_config(&st.config)
+                    .with_max_record_bytes(st.broker.max_record_bytes());
+                let mut p =
+                    super::process::Processor::new(&catalog, &limits, crate::clock::now_ms());
+                pause::release(tx, &t, |_, _| true, &mut p)
+            })
+        })
+        .await?;
+    Ok(Resumed {
+        tenant: tenant.to_string(),
+        released: Some(released),
+        partitions: None,
+    })
 }

@@ -515,12 +515,8 @@ impl Reapply for Processor<'_> {
                 };
                 if hold && dl.kind == kind::TENANT_PAUSED {
                     // Held again behind an input of its key that failed: still whole.
-                    let kept = RawInput {
-                        source: dl.source.clone(),
-                        ..raw
-                    };
                     self.tally.note(saga, "held");
-                    pause::hold(tx, &kept, &dl.tenant, &route, self.now_ms)?;
+                    pause::hold_again(tx, dl, &route, self.now_ms)?;
                 } else {
                     self.route(tx, &raw, &dl.tenant, &input, &route, !hold)?;
                 }

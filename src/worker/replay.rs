@@ -14,39 +14,3 @@
 //! in a write transaction of its own, so it never races a commit of that partition; only the
 //! node that owns the partition accepts it; the inputs read again are counted in
 //! `runner_partition_replayed_inputs_total`.
-
-use std::collections::HashMap;
-use std::sync::Mutex;
-
-use tokio::sync::Notify;
-
-/// Replays asked for and not yet done, by partition.
-#[derive(Debug, Default)]
-pub struct Replays {
-    asked: Mutex<HashMap<u32, u64>>,
-    wake: Notify,
-}
-
-impl Replays {
-    /// Asks the loop of partition `p` to read again from inbox sequence `from`.
-    pub fn request(&self, p: u32, from: u64) {
-        self.asked
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(p, from);
-        self.wake.notify_waiters();
-    }
-
-    /// The replay asked for partition `p`, if any (taking it).
-    pub(crate) fn take(&self, p: u32) -> Option<u64> {
-        self.asked
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&p)
-    }
-
-    /// Resolves when a replay is asked for (any partition).
-    pub(crate) async fn asked(&self) {
-        self.wake.notified().await;
-    }
-}
