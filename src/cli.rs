@@ -79,6 +79,10 @@ pub enum Command {
         /// Correlation id of the instance.
         #[arg(long)]
         id: String,
+        /// `json` (the default: the instance, its timers, recent transitions, what parks
+        /// it) or `text` (a summary line, then one line per transition).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        output: OutputFormat,
     },
     /// Pause or resume a tenant's sagas, through a running saga node (`--admin URL`):
     /// while paused, its inputs are held whole; resuming applies them in order.
@@ -262,13 +266,16 @@ pub enum DlqAction {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
-    /// Show one dead letter in full (JSON).
+    /// Show one dead letter in full.
     Show {
         /// Tenant.
         #[arg(long)]
         tenant: String,
         /// Dead-letter id.
         id: u64,
+        /// `json` (the default) or `text` (one `field: value` line each).
+        #[arg(long, value_enum, default_value_t = OutputFormat::Json)]
+        output: OutputFormat,
     },
     /// Process a dead letter again, then the inputs of its key held behind it, in order.
     /// With `--stream`: put the effect command kept in that letter of the dead-letter

@@ -23,7 +23,10 @@ fn main() -> ExitCode {
             tenant,
             saga,
             id,
-        } => report(runner::operator::inspect(&store, &tenant, &saga, &id)),
+            output,
+        } => report(runner::operator::inspect(
+            &store, &tenant, &saga, &id, output,
+        )),
         Command::Dlq { store, action } => report(runner::operator::dlq(&store, action)),
         Command::Partitions { store, action } => {
             report(runner::operator::partitions(&store, action))

@@ -56,22 +56,78 @@ fn remote(args: &StoreArgs) -> anyhow::Result<Option<crate::admin::client::Admin
     Ok(Some(crate::admin::client::AdminClient::new(base, token)))
 }
 
-/// `runner inspect`: one instance with its timers and recent transitions, as JSON.
-pub fn inspect(args: &StoreArgs, tenant: &str, saga: &str, id: &str) -> anyhow::Result<()> {
-    if let Some(api) = remote(args)? {
+/// `runner inspect`: one instance with its timers and recent transitions.
+pub fn inspect(
+    args: &StoreArgs,
+    tenant: &str,
+    saga: &str,
+    id: &str,
+    output: OutputFormat,
+) -> anyhow::Result<()> {
+    let view = if let Some(api) = remote(args)? {
         use crate::admin::client::enc;
-        let v = api.get(&format!(
+        api.get(&format!(
             "/admin/instance?tenant={}&saga={}&id={}",
             enc(tenant),
             enc(saga),
             enc(id)
-        ))?;
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        ))?
+    } else {
+        let (_, store) = open_store_read_only(args)?;
+        serde_json::to_value(crate::ops::inspect(&store, tenant, saga, id)?)?
+    };
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(&view)?);
         return Ok(());
     }
-    let (_, store) = open_store_read_only(args)?;
-    let view = crate::ops::inspect(&store, tenant, saga, id)?;
-    println!("{}", serde_json::to_string_pretty(&view)?);
+    let e = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => crate::telemetry::escape_controls(s).into_owned(),
+        other => other.to_string(),
+    };
+    let i = &view["instance"];
+    println!(
+        "{}/{}/{}\tstate {}\tstatus {}\tversion {}\tinputs {}",
+        e(&i["tenant"]),
+        e(&i["saga"]),
+        e(&i["correlation_id"]),
+        e(&i["state"]),
+        e(&i["status"]),
+        i["version"],
+        i["applied"]
+    );
+    if let Some(first) = view["parked_by"].as_u64() {
+        println!("parked behind dead letter {first}");
+    }
+    for t in view["timers"].as_array().into_iter().flatten() {
+        println!("timer {}\tdue_ms {}", e(&t["name"]), t["due_ms"]);
+    }
+    for h in view["recent_transitions"].as_array().into_iter().flatten() {
+        println!(
+            "{}\t{}\t{} -> {}\tat_ms {}\toutputs {}",
+            h["n"],
+            e(&h["event"]),
+            e(&h["from"]),
+            e(&h["to"]),
+            h["at_ms"],
+            h["emitted"]
+        );
+    }
+    Ok(())
+}
+
+/// Prints one dead letter: JSON, or one `field: value` line each (values escaped).
+fn print_letter(v: &serde_json::Value, output: OutputFormat) -> anyhow::Result<()> {
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+        return Ok(());
+    }
+    for (k, val) in v.as_object().into_iter().flatten() {
+        let text = match val {
+            serde_json::Value::String(s) => crate::telemetry::escape_controls(s).into_owned(),
+            other => other.to_string(),
+        };
+        println!("{k}: {text}");
+    }
     Ok(())
 }
 
@@ -264,9 +320,9 @@ fn ops_dlq_remote(
                 serde_json::from_value(v["items"].clone())?;
             print_letters(&items, output)?;
         }
-        DlqAction::Show { tenant, id } => {
+        DlqAction::Show { tenant, id, output } => {
             let v = api.get(&format!("/admin/dlq/{}/{id}", enc(&tenant)))?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            print_letter(&v, output)?;
         }
         DlqAction::Redrive { tenant, id, stream } => {
             let path = if stream {
@@ -341,11 +397,9 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             let items = crate::deadletter::list(&store, tenant.as_deref(), all)?;
             print_letters(&items, output)?;
         }
-        DlqAction::Show { tenant, id } => {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&crate::deadletter::show(&store, &tenant, id)?)?
-            );
+        DlqAction::Show { tenant, id, output } => {
+            let letter = crate::deadletter::show(&store, &tenant, id)?;
+            print_letter(&serde_json::to_value(letter)?, output)?;
         }
         DlqAction::Purge {
             tenant,

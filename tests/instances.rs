@@ -254,6 +254,37 @@ async fn instances_are_listed_by_state_and_age_per_tenant_and_ended_sagas_announ
     assert_eq!(code, Some(0), "{out}");
     let view: Json = serde_json::from_str(&out).unwrap();
     assert_eq!(view["instance"]["state"], "awaiting_payment");
+    // The same instance as text: a summary line, then one line per transition.
+    let (code, text) = remote(
+        &[
+            "inspect", "--tenant", "acme", "--saga", "order", "--id", "o-1", "--output", "text",
+        ],
+        TOKEN,
+    );
+    assert_eq!(code, Some(0), "{text}");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(
+        lines[0].starts_with("acme/order/o-1\tstate awaiting_payment\tstatus "),
+        "{text}"
+    );
+    let steps = view["recent_transitions"].as_array().unwrap();
+    assert!(!steps.is_empty());
+    let transitions: Vec<&&str> = lines.iter().filter(|l| l.contains(" -> ")).collect();
+    assert_eq!(transitions.len(), steps.len(), "{text}");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("timer payment_timeout\tdue_ms ")),
+        "{text}"
+    );
+    for (h, line) in steps.iter().zip(transitions) {
+        let want = format!(
+            "{} -> {}",
+            h["from"].as_str().unwrap(),
+            h["to"].as_str().unwrap()
+        );
+        assert!(line.contains(&want), "{line} lacks {want}");
+    }
     let (code, out) = remote(&["dlq", "list", "--output", "json"], TOKEN);
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(serde_json::from_str::<Json>(&out).unwrap(), json!([]));

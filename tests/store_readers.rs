@@ -58,6 +58,27 @@ async fn read_commands_work_on_a_live_node_of_every_durability() {
         assert!(out.contains("undecodable"), "{out}");
         let (code, out) = run_to_exit(
             &[
+                "dlq",
+                "show",
+                "--data-dir",
+                &dir,
+                "--tenant",
+                "acme",
+                "1",
+                "--output",
+                "text",
+            ],
+            &[],
+            Duration::from_secs(20),
+        );
+        assert_eq!(code, Some(0), "dlq show --output text: {out}");
+        assert!(
+            out.lines().any(|l| l == "kind: undecodable")
+                && out.lines().any(|l| l == "tenant: acme"),
+            "{out}"
+        );
+        let (code, out) = run_to_exit(
+            &[
                 "inspect",
                 "--data-dir",
                 &dir,
