@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use async_nats::jetstream;
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
@@ -41,6 +41,49 @@ pub(crate) struct Args {
     /// The order manifest with noop effects.
     #[arg(long, default_value = "bench/order.yaml")]
     manifest: PathBuf,
+    /// Runner/limit pairs measured alternately (A B A B …); the ratio reported is the
+    /// median of the pairs' ratios.
+    #[arg(long, env = "BENCH_PAIRS", default_value_t = 3)]
+    pairs: usize,
+}
+
+/// The median of `xs` (the mean of the middle two for an even count).
+pub(crate) fn median(xs: &[f64]) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The `result:` line of alternated pairs: medians, the ratios' range, and a ratio above 1
+/// flagged as a measurement fault (the engine cannot beat the same message flow without it:
+/// the machine's load moved between the two halves of a pair).
+pub(crate) fn result_line(runner_tps: &[f64], limit_tps: &[f64]) -> String {
+    let ratios: Vec<f64> = runner_tps
+        .iter()
+        .zip(limit_tps)
+        .map(|(r, l)| r / l)
+        .collect();
+    let (lo, hi) = ratios
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| {
+            (lo.min(*r), hi.max(*r))
+        });
+    let ratio = median(&ratios);
+    let fault = if ratios.iter().any(|r| *r > 1.0) {
+        " MEASUREMENT FAULT: a pair's ratio is above 1, so the machine's load changed within it; rerun on a quieter machine"
+    } else {
+        ""
+    };
+    format!(
+        "result: runner {:.0} transitions/s, messaging limit {:.0}/s, ratio {ratio:.2} (median of {} alternated pairs, range {lo:.2}–{hi:.2}){fault}",
+        median(runner_tps),
+        median(limit_tps),
+        ratios.len(),
+    )
 }
 
 /// Where a drive sends orders and watches their outputs.
@@ -219,30 +262,32 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let client = async_nats::connect(&nats.url).await?;
     let js = jetstream::new(client.clone());
 
-    // (transitions/s, sagas/s) of the max-rate run.
-    let mut max: Option<(f64, f64)> = None;
     let applied = || {
         metrics.sum(
             "runner_saga_transitions_total",
             &[("saga", "order"), ("outcome", "applied")],
         )
     };
-    for (label, tenant) in [("max", "bench"), ("half", "half")] {
-        let rate = max.map_or(0.0, |(_, sagas)| sagas / 2.0);
+    // Runner and limit alternate, A B A B …, on the same server with the same inputs, so a
+    // change in the machine's load moves both halves of a pair alike. Each stays idle while
+    // the other is driven. The limit starts after the first runner run (it copies the body
+    // sizes the runner produced).
+    let pairs = a.pairs.max(1);
+    let (mut runner_tps, mut limit_tps, mut sagas) = (Vec::new(), Vec::new(), Vec::new());
+    let mut shadow = None;
+    for pair in 1..=pairs {
         let before = applied().await?;
         let sampler = Sampler::start(runner.proc.pid());
         let flow = Flow::Runner {
-            tenant: tenant.into(),
+            tenant: format!("max{pair}"),
         };
-        let mut d = drive(&js, &flow, a.orders, rate, QUIET).await?;
+        let mut d = drive(&js, &flow, a.orders, 0.0, QUIET).await?;
         let usage = sampler.finish().await;
         let transitions = applied().await? - before;
-        let label = if rate > 0.0 {
-            format!("runner {label} rate ({rate:.0} orders/s offered)")
-        } else {
-            format!("runner {label} rate")
-        };
-        println!("{}", d.line(&label, transitions));
+        println!(
+            "{}",
+            d.line(&format!("pair {pair} runner max rate"), transitions)
+        );
         println!("{}", usage.line("  runner", d.elapsed));
         if d.completed as u64 != a.orders {
             bail!(
@@ -252,38 +297,89 @@ pub(crate) async fn run(a: Args) -> Result<()> {
                 work.path.display()
             );
         }
-        max.get_or_insert((transitions / d.elapsed, d.sagas_per_s()));
+        runner_tps.push(transitions / d.elapsed);
+        sagas.push(d.sagas_per_s());
+
+        if shadow.is_none() {
+            shadow = Some(crate::limit::start(
+                &nats.url,
+                &["--orders".into(), (a.orders * pairs as u64).to_string()],
+                &work.path.join("limit.log"),
+            )?);
+        }
+        let pid = shadow.as_ref().map_or(0, |s| s.pid());
+        let sampler = Sampler::start(pid);
+        let mut d = drive(&js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
+        let usage = sampler.finish().await;
+        let done = d.completed as f64 * TRANSITIONS_PER_ORDER;
+        println!(
+            "{}",
+            d.line(&format!("pair {pair} messaging limit max rate"), done)
+        );
+        println!("{}", usage.line("  limit process", d.elapsed));
+        limit_tps.push(done / d.elapsed);
+        println!(
+            "pair {pair}: ratio {:.2}",
+            runner_tps[pair - 1] / limit_tps[pair - 1]
+        );
     }
-    let (runner_tps, _) = max.context("no max-rate run")?;
+    if let Some(mut s) = shadow {
+        s.stop(Duration::from_secs(5));
+    }
+
+    // Half of the (median) maximum rate, for latency.
+    let rate = median(&sagas) / 2.0;
+    let sampler = Sampler::start(runner.proc.pid());
+    let flow = Flow::Runner {
+        tenant: "half".into(),
+    };
+    let before = applied().await?;
+    let mut d = drive(&js, &flow, a.orders, rate, QUIET).await?;
+    let usage = sampler.finish().await;
+    let transitions = applied().await? - before;
+    println!(
+        "{}",
+        d.line(
+            &format!("runner half rate ({rate:.0} orders/s offered)"),
+            transitions
+        )
+    );
+    println!("{}", usage.line("  runner", d.elapsed));
+    if d.completed as u64 != a.orders {
+        bail!(
+            "only {} of {} orders completed at half rate; see the runner log in {} (run with --keep)",
+            d.completed,
+            a.orders,
+            work.path.display()
+        );
+    }
     let store = runner.store_bytes();
     runner.proc.stop(Duration::from_secs(30));
     println!(
         "  runner store: {:.0} MiB on disk",
         store as f64 / 1048576.0
     );
-
-    // The messaging limit, on the same server, the runner stopped.
-    let mut shadow = crate::limit::start(
-        &nats.url,
-        &["--orders".into(), a.orders.to_string()],
-        &work.path.join("limit.log"),
-    )?;
-    let sampler = Sampler::start(shadow.pid());
-    let mut d = drive(&js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
-    let usage = sampler.finish().await;
-    let limit_tps = d.completed as f64 * TRANSITIONS_PER_ORDER / d.elapsed;
-    println!(
-        "{}",
-        d.line(
-            "messaging limit max rate",
-            d.completed as f64 * TRANSITIONS_PER_ORDER
-        )
-    );
-    println!("{}", usage.line("  limit process", d.elapsed));
-    shadow.stop(Duration::from_secs(5));
-    println!(
-        "result: runner {runner_tps:.0} transitions/s, messaging limit {limit_tps:.0}/s, ratio {:.2}",
-        runner_tps / limit_tps
-    );
+    println!("{}", result_line(&runner_tps, &limit_tps));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_result_is_the_median_of_the_pairs_and_a_ratio_above_one_is_a_fault() {
+        let line = result_line(&[8000.0, 9000.0, 10000.0], &[10000.0, 12000.0, 10000.0]);
+        assert!(
+            line.starts_with("result: runner 9000 transitions/s, messaging limit 10000/s, ratio 0.80 (median of 3 alternated pairs, range 0.75–1.00)"),
+            "{line}"
+        );
+        assert!(!line.contains("FAULT"));
+        let line = result_line(&[12000.0, 9000.0], &[10000.0, 12000.0]);
+        assert!(
+            line.contains("ratio 0.97") && line.contains("MEASUREMENT FAULT"),
+            "{line}"
+        );
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+    }
 }
