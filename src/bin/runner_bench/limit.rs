@@ -61,6 +61,12 @@ pub(crate) struct Args {
     /// How the relays (and routers) store what they publish.
     #[arg(long, value_enum, default_value_t = Publish::Plain)]
     publish: Publish,
+    /// Effect commands executed at once. The runner runs `effect.concurrency` (64) per
+    /// effect, each effect from its own consumer; the order saga has three effects, so the
+    /// shadow's one consumer runs 3 × 64 at once (with 64 it was slower than the runner it
+    /// is meant to bound, and pairs read above 1).
+    #[arg(long, default_value_t = 192)]
+    effect_concurrency: usize,
 }
 
 /// Starts `runner-bench limit` with `args` against `nats_url`, echoes its lines up to
@@ -424,7 +430,8 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
         }
     }
 
-    // Effect side: a durable pull consumer, up to 64 commands at once, like the worker.
+    // Effect side: a durable pull consumer, as many commands at once as the worker runs
+    // for the three effects together.
     let cmd_stream = js.get_stream("LIMIT_CMD").await?;
     let consumer = cmd_stream
         .create_consumer(pull::Config {
@@ -439,11 +446,11 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
         .await?;
     let mut msgs = consumer
         .stream()
-        .max_messages_per_batch(64)
+        .max_messages_per_batch(a.effect_concurrency.max(1))
         .expires(Duration::from_secs(5))
         .messages()
         .await?;
-    let permits = Arc::new(tokio::sync::Semaphore::new(64));
+    let permits = Arc::new(tokio::sync::Semaphore::new(a.effect_concurrency.max(1)));
     let owner = format!("limit/{}", uuid::Uuid::new_v4().simple());
     let effects = tokio::spawn({
         let (js, t) = (js.clone(), t.clone());

@@ -120,10 +120,18 @@ impl Flow {
     }
     /// The order a seen output belongs to.
     fn order_of(&self, subject: &str, payload: &[u8], first: bool) -> Option<String> {
-        if first && matches!(self, Flow::Runner { .. }) {
-            // The runner's command subject ends with the command id; the body names the order.
+        if matches!(self, Flow::Runner { .. }) {
             let v: Json = serde_json::from_slice(payload).ok()?;
-            return v["payload"]["order_id"].as_str().map(str::to_owned);
+            if first {
+                // The runner's command subject ends with the command id; the body names
+                // the order.
+                return v["payload"]["order_id"].as_str().map(str::to_owned);
+            }
+            // The saga's own end event shares the subject with OrderFulfilled; only the
+            // latter is the order's final output (counting both ended a drive at half).
+            if v["event_type"] != "OrderFulfilled" {
+                return None;
+            }
         }
         subject.rsplit('.').next().map(str::to_owned)
     }
@@ -179,6 +187,7 @@ pub(crate) async fn drive(
         collectors.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(orders as usize);
             let mut last = None;
+            let mut counted = std::collections::HashSet::new();
             while (lat.len() as u64) < orders {
                 let Ok(Some(m)) = tokio::time::timeout(quiet, seen.next()).await else {
                     break;
@@ -186,6 +195,10 @@ pub(crate) async fn drive(
                 let Some(id) = flow.order_of(&m.subject, &m.payload, first) else {
                     continue;
                 };
+                // One latency per order, however many outputs of the kind it has.
+                if !counted.insert(id.clone()) {
+                    continue;
+                }
                 let t0 = sent.lock().ok().and_then(|s| s.get(&id).copied());
                 if let Some(t0) = t0 {
                     lat.push(m.at.duration_since(t0).as_secs_f64() * 1000.0);
@@ -269,12 +282,11 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         )
     };
     // Runner and limit alternate, A B A B …, on the same server with the same inputs, so a
-    // change in the machine's load moves both halves of a pair alike. Each stays idle while
-    // the other is driven. The limit starts after the first runner run (it copies the body
-    // sizes the runner produced).
+    // change in the machine's load moves both halves of a pair alike. The runner idles
+    // while the limit is driven; the limit runs only for its own half (it copies the body
+    // sizes the runner produced, so it starts after the runner's first run).
     let pairs = a.pairs.max(1);
     let (mut runner_tps, mut limit_tps, mut sagas) = (Vec::new(), Vec::new(), Vec::new());
-    let mut shadow = None;
     for pair in 1..=pairs {
         let before = applied().await?;
         let sampler = Sampler::start(runner.proc.pid());
@@ -300,17 +312,17 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         runner_tps.push(transitions / d.elapsed);
         sagas.push(d.sagas_per_s());
 
-        if shadow.is_none() {
-            shadow = Some(crate::limit::start(
-                &nats.url,
-                &["--orders".into(), (a.orders * pairs as u64).to_string()],
-                &work.path.join("limit.log"),
-            )?);
-        }
-        let pid = shadow.as_ref().map_or(0, |s| s.pid());
-        let sampler = Sampler::start(pid);
+        // A fresh shadow per pair: it recreates its streams, so the same order ids (and
+        // message ids) are new to them, and it does not idle beside the runner's runs.
+        let mut shadow = crate::limit::start(
+            &nats.url,
+            &["--orders".into(), a.orders.to_string()],
+            &work.path.join(format!("limit-{pair}.log")),
+        )?;
+        let sampler = Sampler::start(shadow.pid());
         let mut d = drive(&js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
         let usage = sampler.finish().await;
+        shadow.stop(Duration::from_secs(5));
         let done = d.completed as f64 * TRANSITIONS_PER_ORDER;
         println!(
             "{}",
@@ -322,9 +334,6 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             "pair {pair}: ratio {:.2}",
             runner_tps[pair - 1] / limit_tps[pair - 1]
         );
-    }
-    if let Some(mut s) = shadow {
-        s.stop(Duration::from_secs(5));
     }
 
     // Half of the (median) maximum rate, for latency.
