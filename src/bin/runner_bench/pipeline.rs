@@ -45,6 +45,15 @@ pub(crate) struct Args {
     /// median of the pairs' ratios.
     #[arg(long, env = "BENCH_PAIRS", default_value_t = 3)]
     pairs: usize,
+    /// Open-loop runs after the pairs, as fractions of the median maximum rate (0.5 is the
+    /// half-rate latency run; above 1 the offered load exceeds what the runner takes).
+    #[arg(
+        long,
+        env = "BENCH_LOADS",
+        value_delimiter = ',',
+        default_value = "0.5"
+    )]
+    loads: Vec<f64>,
 }
 
 /// The median of `xs` (the mean of the middle two for an even count).
@@ -336,31 +345,35 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         );
     }
 
-    // Half of the (median) maximum rate, for latency.
-    let rate = median(&sagas) / 2.0;
-    let sampler = Sampler::start(runner.proc.pid());
-    let flow = Flow::Runner {
-        tenant: "half".into(),
-    };
-    let before = applied().await?;
-    let mut d = drive(&js, &flow, a.orders, rate, QUIET).await?;
-    let usage = sampler.finish().await;
-    let transitions = applied().await? - before;
-    println!(
-        "{}",
-        d.line(
-            &format!("runner half rate ({rate:.0} orders/s offered)"),
-            transitions
-        )
-    );
-    println!("{}", usage.line("  runner", d.elapsed));
-    if d.completed as u64 != a.orders {
-        bail!(
-            "only {} of {} orders completed at half rate; see the runner log in {} (run with --keep)",
-            d.completed,
-            a.orders,
-            work.path.display()
-        );
+    // Open loop at fractions of the (median) maximum rate, for latency under load.
+    for (n, load) in a.loads.iter().enumerate() {
+        let rate = median(&sagas) * load;
+        let sampler = Sampler::start(runner.proc.pid());
+        let flow = Flow::Runner {
+            tenant: format!("load{n}"),
+        };
+        let before = applied().await?;
+        let mut d = drive(&js, &flow, a.orders, rate, QUIET).await?;
+        let usage = sampler.finish().await;
+        let transitions = applied().await? - before;
+        let label = if (*load - 0.5).abs() < f64::EPSILON {
+            format!("runner half rate ({rate:.0} orders/s offered)")
+        } else {
+            format!(
+                "runner at {:.0}% of max rate ({rate:.0} orders/s offered)",
+                load * 100.0
+            )
+        };
+        println!("{}", d.line(&label, transitions));
+        println!("{}", usage.line("  runner", d.elapsed));
+        if d.completed as u64 != a.orders {
+            bail!(
+                "only {} of {} orders completed at {label}; see the runner log in {} (run with --keep)",
+                d.completed,
+                a.orders,
+                work.path.display()
+            );
+        }
     }
     let store = runner.store_bytes();
     runner.proc.stop(Duration::from_secs(30));
