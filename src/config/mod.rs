@@ -214,6 +214,10 @@ pub struct SagaConfig {
     /// JetStream KV bucket of operator controls shared by every saga node (created when
     /// missing): which tenants are paused (`runner tenants pause`).
     pub control_bucket: String,
+    /// Work under way goes first (single-active mode): while more than this many effect
+    /// results and effect commands are queued behind sagas already started, the worker
+    /// takes no new batch of aggregate events (new triggers wait in their stream). 0: off.
+    pub max_queued_work: u64,
 }
 
 impl Default for SagaConfig {
@@ -229,6 +233,7 @@ impl Default for SagaConfig {
             dead_letter_retention: HumanDuration::secs(30 * 24 * 3600),
             finished_retention: HumanDuration::secs(7 * 24 * 3600),
             control_bucket: "RUNNER_CONTROL".into(),
+            max_queued_work: 2048,
         }
     }
 }

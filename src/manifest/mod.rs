@@ -179,6 +179,11 @@ impl Catalog {
         self.sagas.keys().map(String::as_str)
     }
 
+    /// Names of the declared effects.
+    pub fn effect_names(&self) -> impl Iterator<Item = &str> {
+        self.effects.keys().map(String::as_str)
+    }
+
     /// A declared effect.
     pub fn effect(&self, name: &str) -> Option<&Arc<catalog::Effect>> {
         self.effects.get(name)

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub timers_fired: IntCounter,
     /// See [`names::TIMER_FIRE_LAG_SECONDS`].
     pub timer_fire_lag: Histogram,
+    /// See [`names::SAGA_ADMISSION_WAIT_SECONDS`].
+    pub admission_wait: Histogram,
     /// See [`names::DEADLETTERS_TOTAL`].
     pub deadletters: IntCounterVec,
     /// See [`names::PARTITIONS_OWNED`].
@@ -281,6 +283,11 @@ impl Metrics {
             "Seconds between a timer's due time and its firing.",
             LATENCY_BUCKETS,
         )?;
+        let admission_wait = hist(
+            names::SAGA_ADMISSION_WAIT_SECONDS,
+            "Seconds a batch of new aggregate events waited behind work under way.",
+            LATENCY_BUCKETS,
+        )?;
         let deadletters = reg(
             r,
             IntCounterVec::new(
@@ -485,6 +492,7 @@ impl Metrics {
             timers_pending,
             timers_fired,
             timer_fire_lag,
+            admission_wait,
             deadletters,
             partitions_owned,
             partition_epoch,

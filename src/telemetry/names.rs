@@ -45,6 +45,9 @@ pub const TIMERS_PENDING: &str = "runner_timers_pending";
 pub const TIMERS_FIRED_TOTAL: &str = "runner_timers_fired_total";
 /// How late timers fire (now minus due time), seconds.
 pub const TIMER_FIRE_LAG_SECONDS: &str = "runner_timer_fire_lag_seconds";
+/// How long a batch of new aggregate events waited behind work under way, seconds
+/// (`saga.max_queued_work`; observed only when it waited).
+pub const SAGA_ADMISSION_WAIT_SECONDS: &str = "runner_saga_admission_wait_seconds";
 /// Dead letters by kind.
 pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
 /// Saga partitions this replica owns now (partitioned mode).

@@ -96,6 +96,10 @@ pub(crate) async fn run(
         state.config.consumers.reopen_timeout.get(),
     );
     let label = format!("saga:{}", input.stream);
+    // New triggers (the aggregate stream, single-active mode) wait behind work under way.
+    let mut admission = (input.scope.is_none()
+        && input.stream == state.config.streams.aggregate_events)
+        .then(super::admit::Admission::new);
     'connect: while !cancel.is_cancelled() {
         connections.mark_unchanged();
         let key = input.checkpoint.clone();
@@ -229,6 +233,12 @@ pub(crate) async fn run(
                         .filter(|(seq, _)| *seq <= s.replay_until)
                         .count()
                 });
+                if let Some(a) = admission.as_mut() {
+                    let held = a.wait(&state, &cancel).await;
+                    if !held.is_zero() {
+                        metrics.admission_wait.observe(held.as_secs_f64());
+                    }
+                }
                 match committer
                     .submit(&input.checkpoint, batch, input.scope.clone())
                     .await

@@ -1,0 +1,123 @@
+//! Work under way goes first (`saga.max_queued_work`), against the real binary in combined
+//! mode with a real HTTP upstream: while the effect commands of sagas already started are
+//! queued (the upstream holds its answers), a new batch of triggers is not taken; once the
+//! queue drains, every saga — old and new — completes, and the wait is counted.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::metrics::metric;
+use common::upstream::{Latch, Reply, Upstream};
+use common::{NatsServer, RunnerProc, aggregate_event, jetstream, publish_json, read_stream};
+use serde_json::json;
+
+fn manifest(upstream: &str) -> String {
+    format!(
+        r#"format: 1
+effects:
+  - name: ping
+    provider: http
+    settings: {{ url: "{upstream}/ping", method: POST }}
+sagas:
+  - name: job
+    version: 1
+    triggers:
+      - {{ subject: aggregate.Job.*, event_type: JobStarted, correlation: event.aggregate_id, start: true }}
+      - {{ subject: effect_result.ping.*, correlation: event.metadata.correlation_id }}
+    data: {{ job: "${{ event.aggregate_id }}" }}
+    initial_state: new
+    states:
+      new:
+        on:
+          JobStarted:
+            emit: [{{ effect: {{ name: ping, payload: {{}} }} }}]
+            goto: pinging
+      pinging:
+        on:
+          ping.Succeeded:
+            emit: [{{ command: {{ aggregate_type: Job, command: Finish, aggregate_id: "${{ state.job }}", payload: {{}} }} }}]
+            goto: done
+      done: {{ terminal: true }}
+"#
+    )
+}
+
+async fn start_jobs(js: &async_nats::jetstream::Context, from: u64, to: u64) {
+    for i in from..to {
+        let id = format!("j{i}");
+        let ev = aggregate_event(
+            "t",
+            "Job",
+            &id,
+            "JobStarted",
+            1_800_000_000_000 + i,
+            json!({}),
+        );
+        publish_json(js, &format!("tenant.t.aggregate.Job.{id}"), &ev).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_triggers_wait_while_started_work_is_queued() {
+    let nats = NatsServer::start();
+    let hold = Latch::new();
+    let upstream = {
+        let hold = hold.clone();
+        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
+    };
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let runner = RunnerProc::start(
+        &[
+            "--mode",
+            "combined",
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            manifests.path().to_str().unwrap(),
+        ],
+        &[
+            ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+        ],
+    );
+    let admin = runner.admin.clone();
+    let js = jetstream(&nats.url()).await;
+    let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
+
+    // Ten sagas start; their ten calls are held by the upstream: ten commands queued.
+    start_jobs(&js, 0, 10).await;
+    let queued = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() == 10
+    })
+    .await;
+    assert!(queued, "in flight: {}", upstream.in_flight());
+    assert_eq!(metric(&admin, started).await, 10.0);
+
+    // Ten more triggers: above the bound, their batch is not taken while the calls hang.
+    start_jobs(&js, 10, 20).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        metric(&admin, started).await,
+        10.0,
+        "new triggers were taken while started work was queued"
+    );
+
+    // The queue drains: every saga, old and new, completes; the wait was counted.
+    hold.release();
+    let done = common::eventually(Duration::from_secs(60), || async {
+        read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*")
+            .await
+            .len()
+            == 20
+    })
+    .await;
+    assert!(done, "not every saga finished");
+    assert_eq!(metric(&admin, started).await, 40.0);
+    let waited = metric(&admin, "runner_saga_admission_wait_seconds_count").await;
+    assert!(waited >= 1.0, "the wait was not counted: {waited}");
+    runner.stop();
+}
