@@ -32,6 +32,15 @@ pub fn outgoing(msg_id: &str, tenant: Option<&str>, traceparent: Option<&str>) -
     h
 }
 
+/// Seconds since JetStream stored the message `info` describes (0 when the server's clock
+/// is ahead of this host's).
+pub fn stored_age(info: &async_nats::jetstream::message::Info<'_>) -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    (now - info.published.unix_timestamp_nanos()).max(0) as f64 / 1e9
+}
+
 /// The `traceparent` of a received message, if it has one.
 pub fn traceparent(headers: Option<&HeaderMap>) -> Option<String> {
     headers

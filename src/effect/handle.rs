@@ -49,6 +49,11 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
 async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     let traceparent = crate::broker::headers::traceparent(msg.headers.as_ref());
     let metrics = &ctx.state.metrics;
+    if let Ok(info) = msg.info() {
+        metrics
+            .effect_queue
+            .observe(crate::broker::headers::stored_age(&info));
+    }
     let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
         .map_err(|e| {
             let kind = match &e {

@@ -75,6 +75,10 @@ pub struct Metrics {
     pub timer_fire_lag: Histogram,
     /// See [`names::SAGA_ADMISSION_WAIT_SECONDS`].
     pub admission_wait: Histogram,
+    /// See [`names::SAGA_INPUT_WAIT_SECONDS`].
+    pub input_wait: Histogram,
+    /// See [`names::EFFECT_QUEUE_SECONDS`].
+    pub effect_queue: Histogram,
     /// See [`names::DEADLETTERS_TOTAL`].
     pub deadletters: IntCounterVec,
     /// See [`names::PARTITIONS_OWNED`].
@@ -281,6 +285,16 @@ impl Metrics {
         let timer_fire_lag = hist(
             names::TIMER_FIRE_LAG_SECONDS,
             "Seconds between a timer's due time and its firing.",
+            LATENCY_BUCKETS,
+        )?;
+        let input_wait = hist(
+            names::SAGA_INPUT_WAIT_SECONDS,
+            "Seconds from an input being stored to the saga worker reading it.",
+            LATENCY_BUCKETS,
+        )?;
+        let effect_queue = hist(
+            names::EFFECT_QUEUE_SECONDS,
+            "Seconds from an effect command being stored to a worker starting on it.",
             LATENCY_BUCKETS,
         )?;
         let admission_wait = hist(
@@ -493,6 +507,8 @@ impl Metrics {
             timers_fired,
             timer_fire_lag,
             admission_wait,
+            input_wait,
+            effect_queue,
             deadletters,
             partitions_owned,
             partition_epoch,

@@ -15,6 +15,9 @@ pub const MANIFEST_SAGAS: &str = "runner_manifest_sagas";
 pub const SAGA_BATCH_SIZE: &str = "runner_saga_batch_size";
 /// Time to apply a batch and commit it durably, seconds.
 pub const SAGA_COMMIT_SECONDS: &str = "runner_saga_commit_seconds";
+/// Seconds from an input being stored in its stream to the saga worker reading it (the
+/// wait before a batch; the inbox copy's store time in partitioned mode).
+pub const SAGA_INPUT_WAIT_SECONDS: &str = "runner_saga_input_wait_seconds";
 /// Saga applications by saga and outcome (`applied`, `ignored`, `duplicate`, `dead_lettered`).
 pub const SAGA_TRANSITIONS_TOTAL: &str = "runner_saga_transitions_total";
 /// Inputs read, by stream.
@@ -97,6 +100,8 @@ pub const EFFECT_RESULTS_TOTAL: &str = "runner_effect_results_total";
 pub const EFFECT_ATTEMPTS_TOTAL: &str = "runner_effect_attempts_total";
 /// Time from claiming a command to its outcome (all attempts), seconds, by effect.
 pub const EFFECT_SECONDS: &str = "runner_effect_seconds";
+/// Seconds from an effect command being stored to an effect worker starting on it.
+pub const EFFECT_QUEUE_SECONDS: &str = "runner_effect_queue_seconds";
 /// Circuit breaker state by effect: 0 closed, 1 open, 2 half-open.
 pub const EFFECT_CIRCUIT_STATE: &str = "runner_effect_circuit_state";
 /// Effect commands executing now.

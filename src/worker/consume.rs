@@ -221,7 +221,12 @@ pub(crate) async fn run(
                 batch,
                 failure,
                 lag,
-            } = read_chunk(&input.stream, input.scope.is_some(), chunk);
+            } = read_chunk(
+                &input.stream,
+                input.scope.is_some(),
+                chunk,
+                &metrics.input_wait,
+            );
             if let Some((seq, _)) = batch.last() {
                 position = position.max(*seq);
             }
@@ -318,6 +323,7 @@ fn read_chunk<E>(
     stream: &str,
     inbox: bool,
     chunk: Vec<Result<async_nats::jetstream::Message, E>>,
+    wait: &prometheus::Histogram,
 ) -> Chunk<E> {
     let mut out = Chunk {
         batch: Vec::with_capacity(chunk.len()),
@@ -330,6 +336,7 @@ fn read_chunk<E>(
                 let Ok(info) = msg.info() else { continue };
                 let seq = info.stream_sequence;
                 out.lag = Some(info.pending);
+                wait.observe(headers::stored_age(&info));
                 let traceparent = headers::traceparent(msg.headers.as_ref());
                 // A routed input (read from the inbox, which only routers write) names where
                 // it came from; on any other stream these headers are ignored, so a

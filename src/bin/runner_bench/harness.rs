@@ -432,6 +432,64 @@ pub(crate) fn histogram_quantile(text: &str, name: &str, q: f64) -> Option<f64> 
         .map(|(le, _)| *le)
 }
 
+/// Cumulative bucket counts of histogram `name` in a scrape, summed over its label sets,
+/// by upper bound.
+fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
+    let prefix = format!("{name}_bucket");
+    let mut by_le: Vec<(f64, f64)> = Vec::new();
+    for l in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some(le) = l.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            let Ok(v) = le.parse() else { continue };
+            v
+        };
+        let Some(count) = l.rsplit_once(' ').and_then(|(_, v)| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        match by_le.iter_mut().find(|(b, _)| *b == le) {
+            Some(e) => e.1 += count,
+            None => by_le.push((le, count)),
+        }
+    }
+    by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+    by_le
+}
+
+/// Quantile `q` of what histogram `name` observed between two scrapes, interpolated
+/// linearly inside its bucket (as Prometheus' `histogram_quantile` does); `None` when it
+/// observed nothing.
+pub(crate) fn window_quantile(before: &str, after: &str, name: &str, q: f64) -> Option<f64> {
+    let old = buckets(before, name);
+    let new: Vec<(f64, f64)> = buckets(after, name)
+        .into_iter()
+        .map(|(le, c)| {
+            let was = old.iter().find(|(b, _)| *b == le).map_or(0.0, |(_, c)| *c);
+            (le, c - was)
+        })
+        .collect();
+    let total = new.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for (le, c) in new {
+        if c >= rank {
+            if le.is_infinite() {
+                return Some(prev.0);
+            }
+            let inside = (rank - prev.1) / (c - prev.1).max(f64::MIN_POSITIVE);
+            return Some(prev.0 + (le - prev.0) * inside);
+        }
+        prev = (le, c);
+    }
+    None
+}
+
 /// CPU seconds (user + system) a process has used so far.
 pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {

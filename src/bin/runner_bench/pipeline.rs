@@ -56,6 +56,26 @@ pub(crate) struct Args {
     loads: Vec<f64>,
 }
 
+/// Where an order's time goes, from the runner's own histograms over one run (p50 / p99,
+/// ms): the wait of an input between being stored and read, the batch commit, a relay
+/// window (publish to acknowledgement), an effect command's wait before a worker starts on
+/// it, and the effect call itself.
+fn where_time_goes(before: &str, after: &str) -> String {
+    let q = |name: &str, p: f64| {
+        crate::harness::window_quantile(before, after, name, p)
+            .map_or("-".to_string(), |s| format!("{:.1}", s * 1000.0))
+    };
+    let pair = |name: &str| format!("{}/{}", q(name, 0.5), q(name, 0.99));
+    format!(
+        "  where the time goes (runner histograms, p50/p99 ms): input wait {} | commit {} | relay window {} | effect queue {} | effect call {}",
+        pair("runner_saga_input_wait_seconds"),
+        pair("runner_saga_commit_seconds"),
+        pair("runner_relay_window_seconds"),
+        pair("runner_effect_queue_seconds"),
+        pair("runner_effect_seconds"),
+    )
+}
+
 /// The median of `xs` (the mean of the middle two for an even count).
 pub(crate) fn median(xs: &[f64]) -> f64 {
     let mut v = xs.to_vec();
@@ -353,9 +373,11 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             tenant: format!("load{n}"),
         };
         let before = applied().await?;
+        let scraped = metrics.text().await?;
         let mut d = drive(&js, &flow, a.orders, rate, QUIET).await?;
         let usage = sampler.finish().await;
         let transitions = applied().await? - before;
+        let breakdown = where_time_goes(&scraped, &metrics.text().await?);
         let label = if (*load - 0.5).abs() < f64::EPSILON {
             format!("runner half rate ({rate:.0} orders/s offered)")
         } else {
@@ -366,6 +388,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         };
         println!("{}", d.line(&label, transitions));
         println!("{}", usage.line("  runner", d.elapsed));
+        println!("{breakdown}");
         if d.completed as u64 != a.orders {
             bail!(
                 "only {} of {} orders completed at {label}; see the runner log in {} (run with --keep)",
@@ -388,6 +411,20 @@ pub(crate) async fn run(a: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_quantile_interpolates_inside_its_bucket() {
+        let before = "h_bucket{le=\"0.01\"} 0\nh_bucket{le=\"0.1\"} 0\nh_bucket{le=\"+Inf\"} 0\n";
+        let after = "h_bucket{e=\"a\",le=\"0.01\"} 50\nh_bucket{e=\"a\",le=\"0.1\"} 100\nh_bucket{e=\"a\",le=\"+Inf\"} 100\n";
+        let p50 = crate::harness::window_quantile(before, after, "h", 0.5).expect("p50");
+        assert!((p50 - 0.01).abs() < 1e-9, "{p50}");
+        let p75 = crate::harness::window_quantile(before, after, "h", 0.75).expect("p75");
+        assert!((p75 - 0.055).abs() < 1e-9, "{p75}");
+        assert_eq!(
+            crate::harness::window_quantile(after, after, "h", 0.5),
+            None
+        );
+    }
 
     #[test]
     fn the_result_is_the_median_of_the_pairs_and_a_ratio_above_one_is_a_fault() {
