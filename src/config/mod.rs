@@ -193,6 +193,9 @@ pub struct SagaConfig {
     pub batch_size: usize,
     /// Largest input body accepted; larger ones are dead-lettered as `too_large`.
     pub max_message_bytes: ByteSize,
+    /// Most input bytes applied in one transaction: a batch of large events is split so
+    /// (one larger input is a batch of its own).
+    pub max_batch_bytes: ByteSize,
     /// Fetching pauses while the outbox holds more records than this (backpressure).
     pub max_outbox_depth: u64,
     /// Most outbox records published before their acknowledgements are awaited (1..=10000).
@@ -225,6 +228,7 @@ impl Default for SagaConfig {
         Self {
             batch_size: 1024,
             max_message_bytes: ByteSize::mib(1),
+            max_batch_bytes: ByteSize::mib(64),
             max_outbox_depth: 100_000,
             relay_window: 1024,
             relay_poll: HumanDuration::secs(1),

@@ -258,6 +258,17 @@ impl Config {
                 ),
             );
         }
+        if self.saga.max_batch_bytes < ByteSize(64 * 1024)
+            || self.saga.max_batch_bytes > ByteSize::gib(1)
+        {
+            return invalid(
+                "saga.max_batch_bytes",
+                format!(
+                    "{} is out of range; allowed 64KiB to 1GiB",
+                    self.saga.max_batch_bytes
+                ),
+            );
+        }
         if self.saga.max_outbox_depth == 0 {
             return invalid("saga.max_outbox_depth", "must be at least 1".into());
         }

@@ -85,6 +85,8 @@ pub(crate) async fn run(
     cancel: CancellationToken,
 ) {
     let batch_size = state.config.saga.batch_size;
+    let max_batch_bytes =
+        usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
     let metrics = &state.metrics;
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
@@ -230,7 +232,7 @@ pub(crate) async fn run(
             if let Some((seq, _)) = batch.last() {
                 position = position.max(*seq);
             }
-            if !batch.is_empty() {
+            for batch in split_by_bytes(batch, max_batch_bytes) {
                 let n = batch.len();
                 let replayed = input.scope.as_ref().map_or(0, |s| {
                     batch
@@ -290,6 +292,28 @@ pub(crate) async fn run(
             }
         }
     }
+}
+
+/// Splits `batch` into consecutive batches of at most `cap` body bytes each (a message
+/// larger than `cap` is a batch of its own), in order, so large events cannot make one
+/// transaction hold hundreds of MiB.
+fn split_by_bytes(batch: Vec<(u64, RawInput)>, cap: usize) -> Vec<Vec<(u64, RawInput)>> {
+    let mut out: Vec<Vec<(u64, RawInput)>> = Vec::new();
+    let mut bytes = 0usize;
+    for item in batch {
+        let size = item.1.body.len();
+        match out.last_mut() {
+            Some(last) if bytes.saturating_add(size) <= cap => {
+                bytes += size;
+                last.push(item);
+            }
+            _ => {
+                bytes = size;
+                out.push(vec![item]);
+            }
+        }
+    }
+    out
 }
 
 /// Backpressure: waits while the outbox holds more than `saga.max_outbox_depth` records
@@ -367,4 +391,39 @@ fn read_chunk<E>(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input(seq: u64, bytes: usize) -> (u64, RawInput) {
+        (
+            seq,
+            RawInput {
+                subject: "s".into(),
+                body: vec![b'x'; bytes],
+                traceparent: None,
+                source: format!("s:{seq}"),
+            },
+        )
+    }
+
+    #[test]
+    fn batches_are_split_by_bytes_in_order() {
+        let batch = vec![
+            input(1, 40),
+            input(2, 40),
+            input(3, 40),
+            input(4, 200),
+            input(5, 10),
+        ];
+        let parts = split_by_bytes(batch, 100);
+        let seqs: Vec<Vec<u64>> = parts
+            .iter()
+            .map(|p| p.iter().map(|(s, _)| *s).collect())
+            .collect();
+        assert_eq!(seqs, vec![vec![1, 2], vec![3], vec![4], vec![5]]);
+        assert!(split_by_bytes(Vec::new(), 100).is_empty());
+    }
 }
