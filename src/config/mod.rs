@@ -196,6 +196,9 @@ pub struct SagaConfig {
     /// Most input bytes applied in one transaction: a batch of large events is split so
     /// (one larger input is a batch of its own).
     pub max_batch_bytes: ByteSize,
+    /// About the most input bytes one pull of a saga input consumer asks for: the pull's
+    /// message count follows the average input size (8 to 500 messages).
+    pub max_pull_bytes: ByteSize,
     /// Fetching pauses while the outbox holds more records than this (backpressure).
     pub max_outbox_depth: u64,
     /// Most outbox records published before their acknowledgements are awaited (1..=10000).
@@ -229,6 +232,7 @@ impl Default for SagaConfig {
             batch_size: 1024,
             max_message_bytes: ByteSize::mib(1),
             max_batch_bytes: ByteSize::mib(64),
+            max_pull_bytes: ByteSize::mib(32),
             max_outbox_depth: 100_000,
             relay_window: 1024,
             relay_poll: HumanDuration::secs(1),

@@ -269,6 +269,17 @@ impl Config {
                 ),
             );
         }
+        if self.saga.max_pull_bytes < ByteSize::mib(1)
+            || self.saga.max_pull_bytes > ByteSize::gib(1)
+        {
+            return invalid(
+                "saga.max_pull_bytes",
+                format!(
+                    "{} is out of range; allowed 1MiB to 1GiB",
+                    self.saga.max_pull_bytes
+                ),
+            );
+        }
         if self.saga.max_outbox_depth == 0 {
             return invalid("saga.max_outbox_depth", "must be at least 1".into());
         }
