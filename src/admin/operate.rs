@@ -38,7 +38,8 @@ use crate::runtime::AppState;
 /// Redrives one node accepts per second.
 pub(super) const REDRIVES_PER_SECOND: u32 = 5;
 
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
+/// An error answer: `{"error": message}` with `status` (the operator routes' one form).
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 

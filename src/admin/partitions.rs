@@ -16,6 +16,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+use super::operate::error;
 use crate::runtime::AppState;
 use crate::worker::ownership::partition_checkpoint;
 
@@ -28,40 +29,39 @@ pub(super) async fn replay(
     Path(p): Path<u32>,
     body: Option<Json<Value>>,
 ) -> Response {
-    let refuse = |status, message: String| answer(status, json!({ "error": message }));
     if !state.config.partitions.enabled || !state.config.runner.mode.runs_sagas() {
-        return refuse(
+        return error(
             StatusCode::CONFLICT,
-            "replay is for partitioned saga nodes (partitions.enabled)".into(),
+            "replay is for partitioned saga nodes (partitions.enabled)",
         );
     }
     let count = state.config.partitions.count;
     if p >= count {
-        return refuse(
+        return error(
             StatusCode::BAD_REQUEST,
             format!("partition {p} does not exist (partitions.count is {count})"),
         );
     }
     if !state.placement.owns(p) {
-        return refuse(
+        return error(
             StatusCode::CONFLICT,
             format!("this node does not own partition {p}; ask its owner"),
         );
     }
     let body = body.map(|Json(b)| b).unwrap_or(Value::Null);
     let Some(from) = body.get("from").and_then(Value::as_u64).filter(|f| *f > 0) else {
-        return refuse(
+        return error(
             StatusCode::BAD_REQUEST,
-            "body must be {\"from\": <inbox sequence, 1 or more>, \"confirm\": true}".into(),
+            "body must be {\"from\": <inbox sequence, 1 or more>, \"confirm\": true}",
         );
     };
     let key = partition_checkpoint(&state, p);
     let checkpoint = match state.store.read(move |t| t.checkpoint(&key)).await {
         Ok(c) => c,
-        Err(e) => return refuse(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
     if from > checkpoint + 1 {
-        return refuse(
+        return error(
             StatusCode::BAD_REQUEST,
             format!(
                 "partition {p} has applied its inbox through sequence {checkpoint}; a replay \

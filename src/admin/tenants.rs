@@ -18,12 +18,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::operate::error;
 use crate::runtime::AppState;
 use crate::worker::control::{self as pause, PauseError};
-
-fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({ "error": message.into() }))).into_response()
-}
 
 fn refused(e: PauseError) -> Response {
     match e {

@@ -32,12 +32,16 @@ pub fn outgoing(msg_id: &str, tenant: Option<&str>, traceparent: Option<&str>) -
     h
 }
 
-/// Seconds since JetStream stored the message `info` describes (0 when the server's clock
-/// is ahead of this host's).
-pub fn stored_age(info: &async_nats::jetstream::message::Info<'_>) -> f64 {
-    let now = std::time::SystemTime::now()
+/// This host's clock in Unix nanoseconds, for [`stored_age`] (read once per chunk).
+pub fn now_nanos() -> i128 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as i128);
+        .map_or(0, |d| d.as_nanos() as i128)
+}
+
+/// Seconds between JetStream storing the message `info` describes and `now` (from
+/// [`now_nanos`]); 0 when the server's clock is ahead of this host's.
+pub fn stored_age(info: &async_nats::jetstream::message::Info<'_>, now: i128) -> f64 {
     (now - info.published.unix_timestamp_nanos()).max(0) as f64 / 1e9
 }
 

@@ -52,7 +52,10 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     if let Ok(info) = msg.info() {
         metrics
             .effect_queue
-            .observe(crate::broker::headers::stored_age(&info));
+            .observe(crate::broker::headers::stored_age(
+                &info,
+                crate::broker::headers::now_nanos(),
+            ));
     }
     let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
         .map_err(|e| {

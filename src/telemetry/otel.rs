@@ -183,20 +183,46 @@ pub fn onward<'a>(hop: Option<&'a Hop>, received: Option<&'a str>) -> Option<&'a
     hop.map(Hop::traceparent).or(received)
 }
 
-/// Parses a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`; later versions may append
-/// fields). `None` for anything malformed, the invalid version `ff`, or all-zero ids.
-pub fn parse(tp: &str) -> Option<SpanContext> {
+/// The fields of a `traceparent` shaped `<2 hex>-<32 hex>-<16 hex>-<2 hex>[-…]`.
+pub struct Fields<'a> {
+    /// Version.
+    pub version: &'a str,
+    /// Trace id.
+    pub trace: &'a str,
+    /// Parent (span) id.
+    pub span: &'a str,
+    /// Flags.
+    pub flags: &'a str,
+    /// Whether more fields follow (allowed by versions after `00` only).
+    pub more: bool,
+}
+
+/// The four fields of `tp` when each has its length and is hex; `None` otherwise.
+pub fn fields(tp: &str) -> Option<Fields<'_>> {
     let mut parts = tp.split('-');
     let (version, trace, span, flags) =
         (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    let ok = hex(version, 2)
-        && version != "ff"
-        && hex(trace, 32)
-        && hex(span, 16)
-        && hex(flags, 2)
-        && (version != "00" || parts.next().is_none());
-    if !ok {
+    (hex(version, 2) && hex(trace, 32) && hex(span, 16) && hex(flags, 2)).then_some(Fields {
+        version,
+        trace,
+        span,
+        flags,
+        more: parts.next().is_some(),
+    })
+}
+
+/// Parses a W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`; later versions may append
+/// fields). `None` for anything malformed, the invalid version `ff`, or all-zero ids.
+pub fn parse(tp: &str) -> Option<SpanContext> {
+    let Fields {
+        version,
+        trace,
+        span,
+        flags,
+        more,
+    } = fields(tp)?;
+    if version == "ff" || (version == "00" && more) {
         return None;
     }
     let trace_id = TraceId::from_hex(trace).ok()?;

@@ -412,13 +412,14 @@ fn read_chunk<E>(
         failure: None,
         lag: None,
     };
+    let now = headers::now_nanos();
     for item in chunk {
         match item {
             Ok(msg) => {
                 let Ok(info) = msg.info() else { continue };
                 let seq = info.stream_sequence;
                 out.lag = Some(info.pending);
-                wait.observe(headers::stored_age(&info));
+                wait.observe(headers::stored_age(&info, now));
                 let traceparent = headers::traceparent(msg.headers.as_ref());
                 // A routed input (read from the inbox, which only routers write) names where
                 // it came from; on any other stream these headers are ignored, so a

@@ -153,14 +153,9 @@ pub struct CallEnv<'a> {
 /// anything else is not forwarded (it came from a producer, and goes into a header).
 pub fn forwarded_traceparent(tp: Option<&str>) -> Option<&str> {
     let tp = tp?;
-    let parts: Vec<&str> = tp.split('-').collect();
-    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (parts.len() == 4
-        && hex(parts[0], 2)
-        && hex(parts[1], 32)
-        && hex(parts[2], 16)
-        && hex(parts[3], 2))
-    .then_some(tp)
+    crate::telemetry::otel::fields(tp)
+        .is_some_and(|f| !f.more)
+        .then_some(tp)
 }
 
 #[cfg(test)]
