@@ -29,13 +29,8 @@ async fn letters(admin: &str) -> Vec<Json> {
 }
 
 async fn redrive(admin: &str, tenant: &str, seq: u64) -> (u16, Json) {
-    let r = reqwest::Client::new()
-        .post(format!("{admin}/admin/dlq/stream/{tenant}/{seq}/redrive"))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Json::Null))
+    let url = format!("{admin}/admin/dlq/stream/{tenant}/{seq}/redrive");
+    common::post_json(&url, &json!({})).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

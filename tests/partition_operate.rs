@@ -40,15 +40,18 @@ sagas:
       shut: { terminal: true }
 "#;
 
+/// `runner partitions replay --partition 0 --from 1 [--confirm] --admin <admin>`.
+fn replay_from_1(admin: &str, confirm: bool) -> (Option<i32>, String) {
+    let mut args = vec!["partitions", "replay", "--partition", "0", "--from", "1"];
+    if confirm {
+        args.push("--confirm");
+    }
+    args.extend(["--admin", admin]);
+    run_to_exit(&args, &[], Duration::from_secs(30))
+}
+
 async fn post(url: &str, body: Json) -> (u16, Json) {
-    let r = reqwest::Client::new()
-        .post(url)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.json().await.unwrap_or(Json::Null))
+    common::post_json(url, &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -56,15 +59,9 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
     let nats = NatsServer::start();
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("door.yaml"), MANIFEST).unwrap();
-    let mut runner = RunnerProc::start(
-        &[
-            "--mode",
-            "combined",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            manifests.path().to_str().unwrap(),
-        ],
+    let mut runner = RunnerProc::combined(
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
         &[
             ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", "2"),
@@ -132,20 +129,7 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
     .await;
     assert_eq!(status, 400);
     // The CLI without --confirm does nothing and says so.
-    let (code, out) = run_to_exit(
-        &[
-            "partitions",
-            "replay",
-            "--partition",
-            "0",
-            "--from",
-            "1",
-            "--admin",
-            admin,
-        ],
-        &[],
-        Duration::from_secs(30),
-    );
+    let (code, out) = replay_from_1(admin, false);
     assert_eq!(code, Some(1), "{out}");
     assert!(out.contains("--confirm"), "{out}");
     assert_eq!(
@@ -154,21 +138,7 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
     );
 
     // Confirmed through the CLI: the whole inbox of partition 0 is read again.
-    let (code, out) = run_to_exit(
-        &[
-            "partitions",
-            "replay",
-            "--partition",
-            "0",
-            "--from",
-            "1",
-            "--confirm",
-            "--admin",
-            admin,
-        ],
-        &[],
-        Duration::from_secs(30),
-    );
+    let (code, out) = replay_from_1(admin, true);
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("\"checkpoint_before\""), "{out}");
     let replayed = common::eventually(Duration::from_secs(30), || async {
@@ -243,15 +213,9 @@ async fn a_dead_letter_is_redriven_by_its_partition_owner_once() {
     let manifests = tempfile::tempdir().unwrap();
     let file = manifests.path().join("visit.yaml");
     std::fs::write(&file, counter(false)).unwrap();
-    let runner = RunnerProc::start(
-        &[
-            "--mode",
-            "combined",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            manifests.path().to_str().unwrap(),
-        ],
+    let runner = RunnerProc::combined(
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
         &[
             ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", "4"),
@@ -284,22 +248,17 @@ async fn a_dead_letter_is_redriven_by_its_partition_owner_once() {
     .await;
     let letters = common::get_json(&format!("{admin}/admin/dlq?tenant=t")).await;
     assert!(two, "{letters}");
-    let first = letters["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["kind"] == "expression")
-        .unwrap()["id"]
-        .as_u64()
-        .unwrap();
-    let behind = letters["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["kind"] == "parked")
-        .unwrap()["id"]
-        .as_u64()
-        .unwrap();
+    let id_of = |kind: &str| {
+        letters["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["kind"] == kind)
+            .unwrap()["id"]
+            .as_u64()
+            .unwrap()
+    };
+    let (first, behind) = (id_of("expression"), id_of("parked"));
     // The one behind is not redriven on its own.
     let (status, body) = post(&format!("{admin}/admin/dlq/t/{behind}/redrive"), json!({})).await;
     assert_eq!(status, 409, "{body}");

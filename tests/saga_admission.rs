@@ -70,15 +70,9 @@ async fn new_triggers_wait_while_started_work_is_queued() {
     };
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
-    let runner = RunnerProc::start(
-        &[
-            "--mode",
-            "combined",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            manifests.path().to_str().unwrap(),
-        ],
+    let runner = RunnerProc::combined(
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
         &[
             ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
             ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),

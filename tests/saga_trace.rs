@@ -82,23 +82,7 @@ async fn traceparent_is_carried_from_input_to_effect_result_and_the_next_command
     let js = jetstream(&nats.url()).await;
     for (job, tp) in [("j-traced", Some(TRACEPARENT)), ("j-plain", None)] {
         let ev = aggregate_event("t", "Job", job, "JobStarted", 1_800_000_000_000, json!({}));
-        let mut h = async_nats::HeaderMap::new();
-        h.insert(
-            async_nats::header::NATS_MESSAGE_ID,
-            ev["event_id"].as_str().unwrap(),
-        );
-        if let Some(tp) = tp {
-            h.insert("traceparent", tp);
-        }
-        js.publish_with_headers(
-            format!("tenant.t.aggregate.Job.{job}"),
-            h,
-            serde_json::to_vec(&ev).unwrap().into(),
-        )
-        .await
-        .unwrap()
-        .await
-        .unwrap();
+        common::publish_traced(&js, &format!("tenant.t.aggregate.Job.{job}"), &ev, tp).await;
     }
     let finishes = wait_for_messages(
         &js,

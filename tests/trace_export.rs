@@ -93,23 +93,8 @@ fn tp(trace: &str, span: &str) -> String {
 
 async fn publish_job(js: &async_nats::jetstream::Context, job: &str, traceparent: Option<&str>) {
     let ev = aggregate_event("t", "Job", job, "JobStarted", 1_800_000_000_000, json!({}));
-    let mut h = async_nats::HeaderMap::new();
-    h.insert(
-        async_nats::header::NATS_MESSAGE_ID,
-        ev["event_id"].as_str().unwrap(),
-    );
-    if let Some(tp) = traceparent {
-        h.insert("traceparent", tp);
-    }
-    js.publish_with_headers(
-        format!("tenant.t.aggregate.Job.{job}"),
-        h,
-        serde_json::to_vec(&ev).unwrap().into(),
-    )
-    .await
-    .unwrap()
-    .await
-    .unwrap();
+    let subject = format!("tenant.t.aggregate.Job.{job}");
+    common::publish_traced(js, &subject, &ev, traceparent).await;
 }
 
 /// Runs the scenario against one runner configuration (`extra_env` on top of export to the
@@ -144,17 +129,7 @@ async fn scenario(partitioned: bool) -> Vec<Received> {
             ("RUNNER__PARTITIONS__COUNT", "4"),
         ]);
     }
-    let runner = RunnerProc::start(
-        &[
-            "--mode",
-            "combined",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            manifests.path().to_str().unwrap(),
-        ],
-        &env,
-    );
+    let runner = RunnerProc::combined(&nats.url(), manifests.path().to_str().unwrap(), &env);
     let js = jetstream(&nats.url()).await;
     publish_job(&js, "j-traced", Some(&tp(TRACE, INPUT_SPAN))).await;
     publish_job(&js, "j-plain", None).await;

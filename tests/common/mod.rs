@@ -229,6 +229,22 @@ impl RunnerProc {
         )
     }
 
+    /// `runner run --mode combined` against `url` with the manifests in `manifests` (a
+    /// fresh data dir).
+    pub fn combined(url: &str, manifests: &str, envs: &[(&str, &str)]) -> Self {
+        Self::start(
+            &[
+                "--mode",
+                "combined",
+                "--nats-url",
+                url,
+                "--manifest",
+                manifests,
+            ],
+            envs,
+        )
+    }
+
     /// Like [`RunnerProc::start`] on an existing data directory (for restarts).
     pub fn start_in(data_dir: tempfile::TempDir, extra: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut cmd = Command::new(runner_bin());
@@ -591,10 +607,23 @@ pub async fn publish_json(
     subject: &str,
     body: &serde_json::Value,
 ) {
+    publish_traced(js, subject, body, None).await;
+}
+
+/// [`publish_json`] with a `traceparent` header when `traceparent` is given.
+pub async fn publish_traced(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    body: &serde_json::Value,
+    traceparent: Option<&str>,
+) {
     let id = body["event_id"].as_str().unwrap_or_default().to_string();
     let mut headers = async_nats::HeaderMap::new();
     if !id.is_empty() {
         headers.insert(async_nats::header::NATS_MESSAGE_ID, id.as_str());
+    }
+    if let Some(tp) = traceparent {
+        headers.insert("traceparent", tp);
     }
     js.publish_with_headers(
         subject.to_string(),
@@ -622,6 +651,18 @@ pub async fn get_text(url: &str) -> String {
 }
 
 /// GET `url` and return the body as JSON (panics on a transport error or bad JSON).
+/// `POST url` with a JSON body: the status and the JSON answer (Null when there is none).
+pub async fn post_json(url: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
 pub async fn get_json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
