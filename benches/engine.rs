@@ -12,6 +12,10 @@ use runner::manifest;
 use runner::saga::{Input, apply, apply_owned};
 use serde_json::json;
 
+/// The allocator the `runner` binary uses (see `src/main.rs`), so the figure is the product's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn inputs(catalog: &manifest::Catalog) -> [Input; 4] {
     let placed = Input::new(
         "aggregate.Order.o-1",

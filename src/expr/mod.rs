@@ -30,10 +30,12 @@
 //! | `mod.rs` | [`Expr`] (compile, evaluate) and [`Vars`] (the three variables of one evaluation) |
 //! | `checker.rs` | the static determinism checks run by [`Expr::compile`] |
 //! | `needs.rs` | [`Needs`]: what an expression can read, and binding only that |
+//! | `path.rs` | plain field paths, read from the JSON without the interpreter |
 //! | `convert.rs` | JSON ↔ CEL values ([`json_to_val`], [`cel_to_json`], [`type_name`]) |
 //! | `template.rs` | [`Template`]: JSON with `${ expr }` holes |
 //! | `error.rs` | [`ExprError`] |
 
+use std::cell::OnceCell;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -45,6 +47,7 @@ mod checker;
 mod convert;
 mod error;
 mod needs;
+mod path;
 mod template;
 
 pub use checker::ROOTS;
@@ -66,6 +69,8 @@ pub struct Expr {
     ordered_ranges: Arc<[IdedExpr]>,
     /// The parts of `event`, `state` and `saga` this expression can read.
     needs: Needs,
+    /// Set when the expression is a plain field path, answered without the interpreter.
+    path: Option<Arc<path::Path>>,
 }
 
 impl fmt::Debug for Expr {
@@ -92,11 +97,13 @@ impl Expr {
         })?;
         let ordered_ranges = checker::check(program.expression(), &ENV)?;
         let needs = Needs::of(program.expression());
+        let path = path::Path::of(program.expression()).map(Arc::new);
         Ok(Self {
             source: source.into(),
             program: Arc::new(program),
             ordered_ranges: ordered_ranges.into(),
             needs,
+            path,
         })
     }
 
@@ -110,10 +117,27 @@ impl Expr {
         &self.needs
     }
 
+    /// Whether this expression is a plain field path (`state.x.y`), which is read straight
+    /// from the JSON when the field is there (see `path.rs`).
+    pub fn is_path(&self) -> bool {
+        self.path.is_some()
+    }
+
     /// Evaluates over `vars` and converts the result to JSON.
     pub fn eval(&self, vars: &Vars<'_>) -> Result<Json, ExprError> {
+        if let Some(path) = &self.path
+            && let Some(v) = path.read(vars.event, vars.extra, vars.state, vars.saga)
+        {
+            return Ok(v);
+        }
+        self.eval_program(vars)
+    }
+
+    /// Evaluates with the interpreter, whatever the expression is.
+    fn eval_program(&self, vars: &Vars<'_>) -> Result<Json, ExprError> {
+        let ctx = vars.ctx();
         for range in self.ordered_ranges.iter() {
-            match Value::resolve(range, &vars.ctx) {
+            match Value::resolve(range, ctx) {
                 Ok(Value::Map(_)) => {
                     return Err(ExprError::MapIteration(
                         "map/filter applied to a map".into(),
@@ -125,7 +149,7 @@ impl Expr {
         }
         let value = self
             .program
-            .execute(&vars.ctx)
+            .execute(ctx)
             .map_err(|e| ExprError::Eval(e.to_string()))?;
         cel_to_json(&value)
     }
@@ -164,15 +188,26 @@ impl Expr {
     }
 }
 
+/// Every part of every variable, for callers that bind the variables whole.
+static EVERYTHING: LazyLock<Needs> = LazyLock::new(Needs::everything);
+
 /// The variables of one evaluation, borrowing the JSON they were built from.
+///
+/// The CEL values are built on first use: an evaluation that only reads plain field paths
+/// never converts anything.
 pub struct Vars<'v> {
-    ctx: Context<'v, 'v>,
+    event: &'v Json,
+    extra: &'v [(&'v str, &'v str)],
+    state: &'v Json,
+    saga: &'v Json,
+    needs: &'v Needs,
+    ctx: OnceCell<Context<'v, 'v>>,
 }
 
 impl<'v> Vars<'v> {
     /// Binds `event`, `state` and `saga` in full.
     pub fn new(event: &'v Json, state: &'v Json, saga: &'v Json) -> Self {
-        Self::pruned(event, &[], state, saga, &Needs::everything())
+        Self::pruned(event, &[], state, saga, &EVERYTHING)
     }
 
     /// Binds only the parts of the variables that `needs` lists (see [`Needs`]), with extra
@@ -182,16 +217,32 @@ impl<'v> Vars<'v> {
     /// [`Vars::new`]: what is left out is what it can never read.
     pub fn pruned(
         event: &'v Json,
-        extra: &[(&'v str, &'v str)],
+        extra: &'v [(&'v str, &'v str)],
         state: &'v Json,
         saga: &'v Json,
-        needs: &Needs,
+        needs: &'v Needs,
     ) -> Self {
-        let mut ctx = Context::with_env(ENV.clone());
-        let [event, state, saga] = needs.bind(event, extra, state, saga);
-        ctx.add_variable_as_val("event", event);
-        ctx.add_variable_as_val("state", state);
-        ctx.add_variable_as_val("saga", saga);
-        Self { ctx }
+        Self {
+            event,
+            extra,
+            state,
+            saga,
+            needs,
+            ctx: OnceCell::new(),
+        }
+    }
+
+    /// The CEL context, built the first time an expression needs the interpreter.
+    fn ctx(&self) -> &Context<'v, 'v> {
+        self.ctx.get_or_init(|| {
+            let mut ctx = Context::with_env(ENV.clone());
+            let [event, state, saga] = self
+                .needs
+                .bind(self.event, self.extra, self.state, self.saga);
+            ctx.add_variable_as_val("event", event);
+            ctx.add_variable_as_val("state", state);
+            ctx.add_variable_as_val("saga", saga);
+            ctx
+        })
     }
 }

@@ -39,7 +39,12 @@ impl<'a> Ev<'a> {
         }
     }
 
-    pub(crate) fn vars<'v>(&'v self, state: &'v Json, saga: &'v Json, needs: &Needs) -> Vars<'v> {
+    pub(crate) fn vars<'v>(
+        &'v self,
+        state: &'v Json,
+        saga: &'v Json,
+        needs: &'v Needs,
+    ) -> Vars<'v> {
         Vars::pruned(self.body, &self.fields, state, saga, needs)
     }
 }

@@ -38,20 +38,12 @@ pub(super) fn step(
         ))
     })?;
     let candidates = state.on.get(&p.name).ok_or_else(no_transition)?;
-    let sj = saga_json(
-        &inst.saga,
-        &inst.tenant,
-        &inst.correlation_id,
-        inst.version,
-        &inst.state,
-    );
+    // Guards and updates read only what this event's transitions can read; the `saga`
+    // variable is only built when one of them reads it.
+    let on_needs = state.on_needs.get(&p.name).unwrap_or(needs);
+    let sj = saga_var(inst, on_needs);
     let chosen = {
-        // Guards and updates read only what this event's transitions can read.
-        let vars = event.vars(
-            &inst.data,
-            &sj,
-            state.on_needs.get(&p.name).unwrap_or(needs),
-        );
+        let vars = event.vars(&inst.data, &sj, on_needs);
         let mut chosen = None;
         for t in candidates {
             let pass = match &t.when {
@@ -100,13 +92,7 @@ pub(super) fn step(
     let uses_vars =
         !t.emit.is_empty() || t.timers.iter().any(|x| matches!(x.when, TimerWhen::At(_)));
     let sj = if uses_vars {
-        saga_json(
-            &inst.saga,
-            &inst.tenant,
-            &inst.correlation_id,
-            inst.version,
-            &inst.state,
-        )
+        saga_var(inst, &t.needs)
     } else {
         Json::Null
     };
@@ -138,4 +124,19 @@ pub(super) fn step(
         inst.status = outcome.into();
     }
     Ok(())
+}
+
+/// The `saga` variable for the instance as it is now, or `null` when `needs` never reads it
+/// (an expression that does not name `saga` cannot tell the difference).
+fn saga_var(inst: &Instance, needs: &Needs) -> Json {
+    if !needs.reads_saga() {
+        return Json::Null;
+    }
+    saga_json(
+        &inst.saga,
+        &inst.tenant,
+        &inst.correlation_id,
+        inst.version,
+        &inst.state,
+    )
 }
