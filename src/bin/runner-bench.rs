@@ -22,6 +22,8 @@
 
 #[path = "runner_bench/cluster.rs"]
 mod cluster;
+#[path = "runner_bench/goals.rs"]
+mod goals;
 #[path = "runner_bench/harness.rs"]
 mod harness;
 #[path = "runner_bench/ledger.rs"]

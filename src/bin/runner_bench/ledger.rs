@@ -29,12 +29,15 @@ pub(crate) struct ScaleArgs {
     )]
     sizes: Vec<u64>,
     /// Events measured at each size, spread at random over all instances.
-    #[arg(long, env = "BENCH_SCALE_EVENTS", default_value_t = 20_000)]
+    #[arg(long, env = "BENCH_SCALE_EVENTS", default_value_t = 100_000)]
     events: u64,
     /// The ledger manifest.
     #[arg(long, default_value = "tests/manifests/ledger.yaml")]
     manifest: PathBuf,
 }
+
+/// Event bytes one payload run publishes at most (large events get fewer events).
+const PAYLOAD_BYTES: u64 = 768 << 20;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct PayloadArgs {
@@ -45,7 +48,7 @@ pub(crate) struct PayloadArgs {
         long,
         env = "BENCH_PAYLOAD_SIZES",
         value_delimiter = ',',
-        default_value = "256,4096"
+        default_value = "256,4096,262144"
     )]
     sizes: Vec<usize>,
     /// Events per measurement.
@@ -215,7 +218,8 @@ async fn saga_runner(
     Ok((nats, runner))
 }
 
-/// A max-rate run then a half-rate run; prints both, returns the max-rate run.
+/// A max-rate run then a half-rate run; prints both, returns both and the runner's peak
+/// anonymous memory (MiB) during the max-rate run.
 #[allow(clippy::too_many_arguments)]
 async fn max_and_half(
     js: &jetstream::Context,
@@ -226,7 +230,7 @@ async fn max_and_half(
     events: u64,
     pad: &str,
     mut pick: impl FnMut(u64) -> usize,
-) -> Result<(LedgerRun, LedgerRun)> {
+) -> Result<(LedgerRun, LedgerRun, f64)> {
     let sampler = Sampler::start(runner.proc.pid());
     let mut max = ledger_drive(js, tenant, counts, events, 0.0, pad, &mut pick).await?;
     let usage = sampler.finish().await;
@@ -249,7 +253,7 @@ async fn max_and_half(
     if max.outputs as u64 != events || half.outputs as u64 != events {
         bail!("{label}: outputs missing");
     }
-    Ok((max, half))
+    Ok((max, half, usage.peak.anon as f64 / 1024.0))
 }
 
 pub(crate) async fn scale(a: ScaleArgs) -> Result<()> {
@@ -266,6 +270,7 @@ pub(crate) async fn scale(a: ScaleArgs) -> Result<()> {
     let mut counts: Vec<u32> = Vec::new();
     let mut outputs = 0.0;
     let mut rng = Rng::new(0x5EED);
+    let mut measured = Vec::new();
     for size in a.sizes {
         // Grow to `size` instances: one deposit each, through the runner.
         let from = counts.len();
@@ -302,7 +307,7 @@ pub(crate) async fn scale(a: ScaleArgs) -> Result<()> {
             );
         }
         let n = counts.len() as u64;
-        let (_, _) = max_and_half(
+        let (max, _, anon) = max_and_half(
             &js,
             &runner,
             &format!("scale {size} instances"),
@@ -314,6 +319,24 @@ pub(crate) async fn scale(a: ScaleArgs) -> Result<()> {
         )
         .await?;
         outputs += 2.0 * a.events as f64;
+        let store = runner.store_bytes() as f64;
+        println!(
+            "  store: {:.0} bytes per live instance (the mapped file, page cache, not the runner's heap)",
+            store / n as f64
+        );
+        measured.push((n, max.per_s(), anon));
+    }
+    let base = measured.iter().find(|m| m.0 == 10_000);
+    let big = measured.iter().find(|m| m.0 == 1_000_000);
+    if let (Some(base), Some(big)) = (base, big) {
+        use crate::goals::{Bound, SCALE_ANON_MIB, SCALE_RATIO, line};
+        let what = "scale, 1 000 000 instances over 10 000, max-rate throughput";
+        println!(
+            "{}",
+            line(what, big.1 / base.1, "", Bound::AtLeast, SCALE_RATIO)
+        );
+        let what = "scale, runner anonymous memory at 1 000 000 instances";
+        println!("{}", line(what, big.2, "MiB", Bound::Below, SCALE_ANON_MIB));
     }
     Ok(())
 }
@@ -341,17 +364,31 @@ pub(crate) async fn payload(a: PayloadArgs) -> Result<()> {
         let pad = "x".repeat(size.saturating_sub(base));
         let mut counts = vec![0u32; a.accounts as usize];
         let accounts = a.accounts;
-        max_and_half(
+        // Large events: as many as fit in PAYLOAD_BYTES per run, so the run stays short.
+        let events = a.events.min((PAYLOAD_BYTES / size.max(1) as u64).max(100));
+        let (_, _, anon) = max_and_half(
             &js,
             &runner,
-            &format!("payload {size} B events"),
+            &format!("payload {size} B events ({events} per run)"),
             &tenant,
             &mut counts,
-            a.events,
+            events,
             &pad,
             |i| (i % accounts) as usize,
         )
         .await?;
+        if size >= 256 * 1024 {
+            println!(
+                "{}",
+                crate::goals::line(
+                    &format!("payload, runner peak anonymous memory with {size} B events"),
+                    anon,
+                    "MiB",
+                    crate::goals::Bound::Below,
+                    crate::goals::LARGE_EVENT_ANON_MIB,
+                )
+            );
+        }
     }
     Ok(())
 }

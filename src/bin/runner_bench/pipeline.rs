@@ -22,6 +22,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
 
+use crate::goals;
 use crate::harness::{Nats, Programs, Runner, Sampler, WorkDir};
 use crate::{Publisher, event, quantiles, tail};
 
@@ -51,7 +52,7 @@ pub(crate) struct Args {
         long,
         env = "BENCH_LOADS",
         value_delimiter = ',',
-        default_value = "0.5"
+        default_value = "0.5,0.8,1.2"
     )]
     loads: Vec<f64>,
 }
@@ -113,6 +114,68 @@ pub(crate) fn result_line(runner_tps: &[f64], limit_tps: &[f64]) -> String {
         median(limit_tps),
         ratios.len(),
     )
+}
+
+/// The pipeline's figures beside their goals: the median ratio; at half rate the p99s to
+/// the first output and to completion; up to 100 % of the maximum rate, whether completion
+/// p99 stays flat (within [`goals::FLAT_FACTOR`] of the lowest load's) and completions keep
+/// up with the offered rate. `open_loop` holds (load, offered orders/s, completed orders/s,
+/// first p99 ms, completed p99 ms) per open-loop run.
+pub(crate) fn goal_lines(
+    runner_tps: &[f64],
+    limit_tps: &[f64],
+    open_loop: &[(f64, f64, f64, f64, f64)],
+) -> Vec<String> {
+    use goals::{Bound, line};
+    let ratios: Vec<f64> = runner_tps
+        .iter()
+        .zip(limit_tps)
+        .map(|(r, l)| r / l)
+        .collect();
+    let mut out = vec![line(
+        "pipeline, median ratio to the messaging limit",
+        median(&ratios),
+        "",
+        Bound::AtLeast,
+        goals::PIPELINE_RATIO,
+    )];
+    if let Some((_, _, _, first, done)) = open_loop.iter().find(|l| (l.0 - 0.5).abs() < 1e-9) {
+        out.push(line(
+            "half rate, input->first output p99",
+            *first,
+            "ms",
+            Bound::Below,
+            goals::HALF_RATE_FIRST_P99_MS,
+        ));
+        out.push(line(
+            "half rate, input->saga completed p99",
+            *done,
+            "ms",
+            Bound::Below,
+            goals::HALF_RATE_COMPLETED_P99_MS,
+        ));
+    }
+    let upto: Vec<_> = open_loop.iter().filter(|l| l.0 <= 1.0 + 1e-9).collect();
+    if upto.len() >= 2 {
+        let lowest = upto.iter().map(|l| l.4).fold(f64::INFINITY, f64::min);
+        let highest = upto.iter().map(|l| l.4).fold(0.0, f64::max);
+        out.push(line(
+            "open loop up to 100%, completion p99 highest/lowest",
+            highest / lowest,
+            "",
+            Bound::Below,
+            goals::FLAT_FACTOR,
+        ));
+        let keeping = upto.iter().map(|l| l.2 / l.1).fold(f64::INFINITY, f64::min);
+        out.push(line(
+            "open loop up to 100%, completions/offered (lowest)",
+            keeping,
+            "",
+            Bound::AtLeast,
+            0.95,
+        ));
+    }
+    out
 }
 
 /// Where a drive sends orders and watches their outputs.
@@ -178,6 +241,15 @@ pub(crate) struct Drive {
 impl Drive {
     pub(crate) fn sagas_per_s(&self) -> f64 {
         self.completed as f64 / self.elapsed
+    }
+    /// p99 in ms of input → first output and of input → saga completed.
+    pub(crate) fn p99s(&mut self) -> (f64, f64) {
+        self.first.sort_by(f64::total_cmp);
+        self.done.sort_by(f64::total_cmp);
+        (
+            crate::percentile(&self.first, 0.99),
+            crate::percentile(&self.done, 0.99),
+        )
     }
     pub(crate) fn line(&mut self, label: &str, transitions: f64) -> String {
         format!(
@@ -366,6 +438,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     }
 
     // Open loop at fractions of the (median) maximum rate, for latency under load.
+    let mut open_loop = Vec::new();
     for (n, load) in a.loads.iter().enumerate() {
         let rate = median(&sagas) * load;
         let sampler = Sampler::start(runner.proc.pid());
@@ -389,6 +462,8 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         println!("{}", d.line(&label, transitions));
         println!("{}", usage.line("  runner", d.elapsed));
         println!("{breakdown}");
+        let (first_p99, done_p99) = d.p99s();
+        open_loop.push((*load, rate, d.sagas_per_s(), first_p99, done_p99));
         if d.completed as u64 != a.orders {
             bail!(
                 "only {} of {} orders completed at {label}; see the runner log in {} (run with --keep)",
@@ -405,6 +480,9 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         store as f64 / 1048576.0
     );
     println!("{}", result_line(&runner_tps, &limit_tps));
+    for line in goal_lines(&runner_tps, &limit_tps, &open_loop) {
+        println!("{line}");
+    }
     Ok(())
 }
 

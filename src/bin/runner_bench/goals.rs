@@ -1,0 +1,65 @@
+//! The performance goals (PRD §10a) and the line that prints a measured figure beside its
+//! goal, so a run says by itself what is met and what is not.
+//!
+//! Every line has the same shape, which tooling can read:
+//! `goal: <what>: <measured> <unit> (goal <op> <target>) met|NOT MET`.
+
+/// Which side of the target a figure must be on.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Bound {
+    /// The figure must be at least the target.
+    AtLeast,
+    /// The figure must be below the target.
+    Below,
+}
+
+/// Order pipeline, single node: runner over the messaging limit of the same run.
+pub(crate) const PIPELINE_RATIO: f64 = 0.85;
+/// Partitioned pipeline on the three-node cluster, three replicas: over the fenced limit.
+pub(crate) const CLUSTER_RATIO: f64 = 0.70;
+/// Half rate, single node: input → first output stored, p99 in ms.
+pub(crate) const HALF_RATE_FIRST_P99_MS: f64 = 20.0;
+/// Half rate, single node: input → saga completed, p99 in ms.
+pub(crate) const HALF_RATE_COMPLETED_P99_MS: f64 = 100.0;
+/// Ledger throughput with 1 000 000 live instances over that with 10 000.
+pub(crate) const SCALE_RATIO: f64 = 0.85;
+/// The runner's anonymous memory with 1 000 000 live instances, MiB.
+pub(crate) const SCALE_ANON_MIB: f64 = 150.0;
+/// The runner's peak anonymous memory with 256 KiB events, MiB: the batch and pull byte
+/// caps (`saga.max_batch_bytes`, `saga.max_pull_bytes`) keep it from reaching hundreds.
+pub(crate) const LARGE_EVENT_ANON_MIB: f64 = 256.0;
+/// Open loop up to 100 % of the maximum rate: completion p99 at most this many times the
+/// lowest load's ("flat").
+pub(crate) const FLAT_FACTOR: f64 = 1.5;
+
+/// One figure beside its goal.
+pub(crate) fn line(what: &str, measured: f64, unit: &str, bound: Bound, target: f64) -> String {
+    let (op, met) = match bound {
+        Bound::AtLeast => ("≥", measured >= target),
+        Bound::Below => ("<", measured < target),
+    };
+    let verdict = if met { "met" } else { "NOT MET" };
+    let unit = if unit.is_empty() {
+        String::new()
+    } else {
+        format!(" {unit}")
+    };
+    format!("goal: {what}: {measured:.2}{unit} (goal {op} {target}{unit}) {verdict}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_names_the_figure_its_goal_and_the_verdict() {
+        assert_eq!(
+            line("pipeline ratio", 0.6, "", Bound::AtLeast, PIPELINE_RATIO),
+            "goal: pipeline ratio: 0.60 (goal ≥ 0.85) NOT MET"
+        );
+        assert_eq!(
+            line("p99", 12.345, "ms", Bound::Below, 20.0),
+            "goal: p99: 12.35 ms (goal < 20 ms) met"
+        );
+    }
+}
