@@ -374,6 +374,13 @@ async fn failover(
                 let Ok(Some(m)) = tokio::time::timeout(quiet, seen.next()).await else {
                     break;
                 };
+                // The saga's own end event (SagaCompleted) shares the subject: only
+                // OrderFulfilled is the order's completion, or every order would count twice.
+                let fulfilled = serde_json::from_slice::<serde_json::Value>(&m.payload)
+                    .is_ok_and(|v| v["event_type"] == "OrderFulfilled");
+                if !fulfilled {
+                    continue;
+                }
                 let id = m.subject.rsplit('.').next().unwrap_or_default().to_string();
                 distinct.insert(id.clone());
                 done.store(distinct.len(), Ordering::SeqCst);
