@@ -8,14 +8,6 @@ use std::time::{Duration, Instant};
 use super::common;
 use super::markdown::{blocks, chapters, root, src_dir};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Runs the `run` blocks of one chapter, in order, as one bash script from the repository
 /// root, with `runner` and `nats-server` first on `PATH`. Returns the combined output; fails
 /// the test on a non-zero exit or after `limit`.
@@ -107,12 +99,13 @@ fn shape(v: &serde_json::Value) -> serde_json::Value {
 #[test]
 fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
     let work = tempfile::tempdir().unwrap();
+    let ports = common::cluster::free_ports(3);
     let out = run_chapter(
         "getting-started.md",
         &[
-            ("NATS_PORT", free_port().to_string()),
-            ("ADMIN_PORT", free_port().to_string()),
-            ("BUREAU_PORT", free_port().to_string()),
+            ("NATS_PORT", ports[0].to_string()),
+            ("ADMIN_PORT", ports[1].to_string()),
+            ("BUREAU_PORT", ports[2].to_string()),
             ("WORK", work.path().display().to_string()),
         ],
         // Below nextest's terminate-after (5 × 60 s), so this harness, not nextest, stops

@@ -27,23 +27,28 @@ pub struct Cluster {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// `k` distinct free ports. Every listener is held until all are chosen: a port freed at
+/// once can be handed out again by the next bind, and two nodes given the same port make
+/// one of them fail to start.
+pub fn free_ports(k: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..k)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
 }
 
 impl Cluster {
     /// A cluster of `n` nodes, none started yet.
     pub fn new(n: usize) -> Self {
+        let ports = free_ports(3 * n);
         let nodes = (0..n)
             .map(|i| Node {
                 name: format!("n{}", i + 1),
-                client: free_port(),
-                route: free_port(),
-                monitor: free_port(),
+                client: ports[3 * i],
+                route: ports[3 * i + 1],
+                monitor: ports[3 * i + 2],
                 child: None,
             })
             .collect();
