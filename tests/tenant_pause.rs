@@ -117,18 +117,7 @@ fn start(url: &str, dir: tempfile::TempDir, manifests: &str, partitioned: bool) 
             ("RUNNER__PARTITIONS__COUNT", "4"),
         ]);
     }
-    RunnerProc::start_in(
-        dir,
-        &[
-            "--mode",
-            "combined",
-            "--nats-url",
-            url,
-            "--manifest",
-            manifests,
-        ],
-        &envs,
-    )
+    RunnerProc::combined_in(dir, url, manifests, &envs)
 }
 
 async fn scenario(partitioned: bool) {

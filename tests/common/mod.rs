@@ -232,7 +232,19 @@ impl RunnerProc {
     /// `runner run --mode combined` against `url` with the manifests in `manifests` (a
     /// fresh data dir).
     pub fn combined(url: &str, manifests: &str, envs: &[(&str, &str)]) -> Self {
-        Self::start(
+        Self::combined_in(tempfile::tempdir().unwrap(), url, manifests, envs)
+    }
+
+    /// `runner run --mode combined` on `dir` (a data dir that may outlive a restart) against
+    /// `url` with the manifests in `manifests`.
+    pub fn combined_in(
+        dir: tempfile::TempDir,
+        url: &str,
+        manifests: &str,
+        envs: &[(&str, &str)],
+    ) -> Self {
+        Self::start_in(
+            dir,
             &[
                 "--mode",
                 "combined",

@@ -358,30 +358,26 @@ async fn failover(
     let effect_lease = a.effect_lease_ttl.unwrap_or(Duration::from_secs(15));
     let quiet = QUIET.max(a.lease_ttl * 3 + ack_wait + effect_lease + Duration::from_secs(30));
     // Every OrderFulfilled of this run, with the instant it was seen stored.
-    let mut seen = tail(
-        js,
-        "WORKFLOW_EVENTS",
-        &[format!("tenant.{tenant}.workflow_event.order.*")],
-    )
-    .await?;
+    let flow = Flow::Runner {
+        tenant: tenant.to_owned(),
+    };
+    let (stream, filter) = flow.final_output();
+    let mut seen = tail(js, stream, &[filter]).await?;
     let done = Arc::new(AtomicUsize::new(0));
     let completions: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
     let collector = tokio::spawn({
-        let (done, completions) = (done.clone(), completions.clone());
+        let (done, completions, flow) = (done.clone(), completions.clone(), flow.clone());
         async move {
             let mut distinct = HashSet::new();
             while distinct.len() < orders as usize {
                 let Ok(Some(m)) = tokio::time::timeout(quiet, seen.next()).await else {
                     break;
                 };
-                // The saga's own end event (SagaCompleted) shares the subject: only
-                // OrderFulfilled is the order's completion, or every order would count twice.
-                let fulfilled = serde_json::from_slice::<serde_json::Value>(&m.payload)
-                    .is_ok_and(|v| v["event_type"] == "OrderFulfilled");
-                if !fulfilled {
+                // Only OrderFulfilled completes an order (the saga's own SagaCompleted
+                // shares its subject).
+                let Some(id) = flow.order_of(m.subject.as_str(), &m.payload, false) else {
                     continue;
-                }
-                let id = m.subject.rsplit('.').next().unwrap_or_default().to_string();
+                };
                 distinct.insert(id.clone());
                 done.store(distinct.len(), Ordering::SeqCst);
                 if let Ok(mut c) = completions.lock() {
@@ -392,9 +388,6 @@ async fn failover(
     });
     let driver = tokio::spawn({
         let js = js.clone();
-        let flow = Flow::Runner {
-            tenant: tenant.into(),
-        };
         async move { drive(&js, &flow, orders, 0.0, quiet).await }
     });
 

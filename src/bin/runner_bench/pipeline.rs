@@ -88,15 +88,25 @@ pub(crate) fn median(xs: &[f64]) -> f64 {
     }
 }
 
+/// Each pair's runner throughput over its limit's.
+fn ratios(runner_tps: &[f64], limit_tps: &[f64]) -> Vec<f64> {
+    runner_tps
+        .iter()
+        .zip(limit_tps)
+        .map(|(r, l)| r / l)
+        .collect()
+}
+
+/// Whether an open-loop load is the half-rate run (whose line and goals tooling reads).
+fn is_half(load: f64) -> bool {
+    (load - 0.5).abs() < 1e-9
+}
+
 /// The `result:` line of alternated pairs: medians, the ratios' range, and a ratio above 1
 /// flagged as a measurement fault (the engine cannot beat the same message flow without it:
 /// the machine's load moved between the two halves of a pair).
 pub(crate) fn result_line(runner_tps: &[f64], limit_tps: &[f64]) -> String {
-    let ratios: Vec<f64> = runner_tps
-        .iter()
-        .zip(limit_tps)
-        .map(|(r, l)| r / l)
-        .collect();
+    let ratios = ratios(runner_tps, limit_tps);
     let (lo, hi) = ratios
         .iter()
         .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), r| {
@@ -127,19 +137,14 @@ pub(crate) fn goal_lines(
     open_loop: &[(f64, f64, f64, f64, f64)],
 ) -> Vec<String> {
     use goals::{Bound, line};
-    let ratios: Vec<f64> = runner_tps
-        .iter()
-        .zip(limit_tps)
-        .map(|(r, l)| r / l)
-        .collect();
     let mut out = vec![line(
         "pipeline, median ratio to the messaging limit",
-        median(&ratios),
+        median(&ratios(runner_tps, limit_tps)),
         "",
         Bound::AtLeast,
         goals::PIPELINE_RATIO,
     )];
-    if let Some((_, _, _, first, done)) = open_loop.iter().find(|l| (l.0 - 0.5).abs() < 1e-9) {
+    if let Some((_, _, _, first, done)) = open_loop.iter().find(|l| is_half(l.0)) {
         out.push(line(
             "half rate, input->first output p99",
             *first,
@@ -201,7 +206,7 @@ impl Flow {
             Flow::Limit => ("LIMIT_CMD", "limit.cmd.effect.charge_card.*".into()),
         }
     }
-    fn final_output(&self) -> (&'static str, String) {
+    pub(crate) fn final_output(&self) -> (&'static str, String) {
         match self {
             Flow::Runner { tenant } => (
                 "WORKFLOW_EVENTS",
@@ -211,7 +216,7 @@ impl Flow {
         }
     }
     /// The order a seen output belongs to.
-    fn order_of(&self, subject: &str, payload: &[u8], first: bool) -> Option<String> {
+    pub(crate) fn order_of(&self, subject: &str, payload: &[u8], first: bool) -> Option<String> {
         if matches!(self, Flow::Runner { .. }) {
             let v: Json = serde_json::from_slice(payload).ok()?;
             if first {
@@ -451,7 +456,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         let usage = sampler.finish().await;
         let transitions = applied().await? - before;
         let breakdown = where_time_goes(&scraped, &metrics.text().await?);
-        let label = if (*load - 0.5).abs() < f64::EPSILON {
+        let label = if is_half(*load) {
             format!("runner half rate ({rate:.0} orders/s offered)")
         } else {
             format!(
