@@ -4,7 +4,9 @@
 //! What it must keep: of two contenders exactly one holds a key; renewing keeps it past its
 //! TTL; a holder that stops renewing loses the key after the TTL, a later holder has a
 //! greater epoch, and the old holder's renew is then refused as lost; a release frees the
-//! key at once; the holder's deadline lies within one TTL of its acquire. Waits are on
+//! key at once; the holder's deadline lies within one TTL of its acquire. A kept lease
+//! (`runner::worker::keeper`) stays held while its holder is busy for several TTLs, and one
+//! taken from under it is reported lost. Waits are on
 //! conditions with generous bounds; nothing asserts how long something took.
 #![allow(clippy::unwrap_used)]
 
@@ -16,6 +18,7 @@ use async_nats::jetstream::kv;
 use common::{NatsServer, jetstream};
 use runner::broker::{BrokerError, ensure_leases_bucket};
 use runner::config::StreamStorage;
+use runner::worker::keeper::Kept;
 use runner::worker::lease::{Lease, LeaseError, holder};
 
 /// Short, and above the server's 1 s floor for limit markers.
@@ -220,4 +223,51 @@ async fn the_bucket_is_idempotent_and_an_incompatible_one_is_refused() {
             other.map(|_| ())
         ),
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_stays_held_while_its_holder_is_busy_for_several_ttls() {
+    let server = NatsServer::start();
+    let kv = bucket(&server).await;
+    let lease = Lease::acquire(&kv, "p.0", "a", TTL).await.unwrap().unwrap();
+    let first_deadline = lease.valid_until();
+    let kept = Kept::keep(lease, None);
+    let epoch = kept.epoch();
+    // The holder does something long (a flush, a snapshot) and renews nothing itself.
+    tokio::time::sleep(TTL * 3).await;
+    assert!(kept.is_valid(), "{kept:?}");
+    assert!(
+        kept.valid_until() > first_deadline,
+        "the keeper moved the deadline"
+    );
+    assert!(
+        Lease::acquire(&kv, "p.0", "b", TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "nobody else can take a kept lease"
+    );
+    let seen = holder(&kv, "p.0").await.unwrap().unwrap();
+    assert_eq!((seen.owner.as_str(), seen.epoch), ("a", epoch));
+    kept.release().await.unwrap();
+    let next = Lease::acquire(&kv, "p.0", "b", TTL).await.unwrap().unwrap();
+    assert!(next.epoch() > epoch, "released at once, to a greater epoch");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_lease_taken_from_under_it_is_reported_lost() {
+    let server = NatsServer::start();
+    let kv = bucket(&server).await;
+    let lease = Lease::acquire(&kv, "p.0", "a", TTL).await.unwrap().unwrap();
+    let kept = Kept::keep(lease, None);
+    // Someone deletes the key behind the holder's back and another contender takes it.
+    kv.delete("p.0").await.unwrap();
+    let rival = Lease::acquire(&kv, "p.0", "b", TTL).await.unwrap().unwrap();
+    tokio::time::timeout(EXPIRY_BOUND, kept.expired())
+        .await
+        .expect("the keeper's next renewal finds the lease lost");
+    assert!(!kept.is_valid());
+    assert!(matches!(kept.release().await, Err(LeaseError::Lost { .. })));
+    let seen = holder(&kv, "p.0").await.unwrap().unwrap();
+    assert_eq!((seen.owner.as_str(), seen.epoch), ("b", rival.epoch()));
 }

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
-use common::scaleout::{P, metric, replica, wait_balanced};
+use common::scaleout::{P, metric, print_warnings, replica, wait_balanced};
 use common::{aggregate_event, jetstream};
 
 /// A stored message: subject and JSON body.
@@ -432,9 +432,9 @@ async fn a_replica_restarted_empty_restores_a_snapshot_and_republishes_nothing()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drained_replica_hands_its_partitions_over_with_nothing_replayed() {
     let cluster = Cluster::start(3);
-    let r1 = replica(&cluster, "r1", tempfile::tempdir().unwrap(), &[]);
+    let mut r1 = replica(&cluster, "r1", tempfile::tempdir().unwrap(), &[]);
     let mut r2 = replica(&cluster, "r2", tempfile::tempdir().unwrap(), &[]);
-    let r3 = replica(&cluster, "r3", tempfile::tempdir().unwrap(), &[]);
+    let mut r3 = replica(&cluster, "r3", tempfile::tempdir().unwrap(), &[]);
     wait_balanced(&[&r1, &r2, &r3], Duration::from_secs(60)).await;
     let (accounts, k) = (24, 40);
     let url = cluster.url(0);
@@ -472,6 +472,11 @@ async fn a_drained_replica_hands_its_partitions_over_with_nothing_replayed() {
         from_snapshot >= 1.0,
         "the heirs took the drained partitions from snapshots"
     );
+    if replayed > 0.0 {
+        for (name, r) in [("r1", &mut r1), ("r2", &mut r2), ("r3", &mut r3)] {
+            print_warnings(name, r);
+        }
+    }
     assert_eq!(replayed, 0.0, "a drain hands over with nothing replayed");
     r1.stop();
     r3.stop();

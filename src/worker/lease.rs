@@ -345,6 +345,11 @@ impl Lease {
         self.epoch
     }
 
+    /// The TTL (the bucket's `max_age`).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// How often to renew: a third of the TTL, so two renewals can fail before the deadline.
     pub fn renew_every(&self) -> Duration {
         self.ttl / 3

@@ -46,8 +46,10 @@
 //! | [`partition`] | the partition of a saga instance, as the server's `partition()` transform computes it |
 //! | [`router`] | one router per source stream: leased, fenced, exact progress in its fence marker |
 //! | [`assign`] | sticky, balanced (±1) assignment of partitions to members |
-//! | [`ownership`] | membership, leases, hand-over and take-over of partitions |
+//! | [`ownership`] | leases, hand-over and take-over of partitions |
+//! | `members` | this replica's heartbeat and the watched view of members and holders |
 //! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline |
+//! | [`keeper`] | a held lease renewed by its own task, whatever its holder is busy with |
 //! | [`snapshot`] | partition snapshots in an Object Store: upload, prune, restore |
 //!
 //! Broker-side fencing itself is [`crate::broker::fence`]; the fenced relay of one partition
@@ -96,7 +98,9 @@ mod commit;
 mod consume;
 pub mod control;
 
+pub mod keeper;
 pub mod lease;
+mod members;
 pub mod ownership;
 pub mod partition;
 pub mod pause;

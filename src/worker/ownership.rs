@@ -1,14 +1,18 @@
-//! Partition ownership (partitioned mode, DESIGN §8.3–§8.7): membership heartbeats, the
-//! sticky assignment, one lease per owned partition, and the start and stop of each owned
+//! Partition ownership (partitioned mode, DESIGN §8.3–§8.7): the sticky assignment (over
+//! the members `members.rs` sees), one lease per owned partition, and the start and stop of each owned
 //! partition's consumer loop and fenced relay.
 //!
 //! **The bucket** (`partitions.leases_bucket`, `max_age` = `partitions.lease_ttl`) holds
 //! `m.<node>` — a member's heartbeat, written every TTL/3, gone TTL after the last one —
 //! and `p.<partition>` — a partition's lease ([`super::lease`]). Every replica watches the
-//! whole bucket, so it sees members come and go and leases expire at once (limit markers).
+//! whole bucket (`members.rs`), so it sees members come and go and leases expire at once (limit markers).
 //!
-//! **Each tick** (a twentieth of the TTL, and on every bucket change) the task renews what it
-//! holds when due, computes the target ([`super::assign::assign`]) from the live members and
+//! **Renewals run beside the task**, never in it: each held lease has its keeper
+//! ([`super::keeper`]) and the heartbeat a task of its own, so a slow step here (a
+//! hand-over's flush, a snapshot's upload or download) cannot let the other leases lapse.
+//!
+//! **Each tick** (a twentieth of the TTL, and on every bucket change) the task stops what
+//! it no longer holds, computes the target ([`super::assign::assign`]) from the live members and
 //! holders, takes every free partition assigned to it, and hands over at most one partition
 //! it holds beyond its share (stop reading, flush the outbox, release the lease; the heir
 //! sees the key disappear and takes it).
@@ -26,13 +30,15 @@
 //!   records are never published by this owner. The heir replays the inputs its copy lacks
 //!   and publishes only what the fence watermark shows is missing.
 //! - **Drain.** On cancellation every partition is handed over the same way as a rebalance
-//!   (stop reading, flush, release), then the heartbeat is deleted.
+//!   (stop reading, flush, snapshot, release), one after the other with every lease still
+//!   renewed, then the heartbeat is deleted. A hand-over whose flush completed leaves a
+//!   snapshot covering everything applied: the heir replays nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use async_nats::jetstream::kv::{self, Operation};
+use async_nats::jetstream::kv;
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +46,9 @@ use tokio_util::sync::CancellationToken;
 use super::assign::assign;
 use super::commit::{Committer, Scoped};
 use super::consume::{self, Input};
+use super::keeper::Kept;
 use super::lease::Lease;
+use super::members::{View, fresh_view, heartbeat, member_key};
 use super::snapshot::{self, partitioning};
 use crate::broker::fence::Fence;
 use crate::broker::stream_specs;
@@ -54,11 +62,6 @@ use async_nats::jetstream::object_store::ObjectStore;
 /// The lease key of partition `p`.
 pub fn partition_key(p: u32) -> String {
     format!("p.{p}")
-}
-
-/// The heartbeat key of member `node`.
-pub fn member_key(node: &str) -> String {
-    format!("m.{node}")
 }
 
 /// The checkpoint key of partition `p`: the last inbox sequence applied to it.
@@ -84,44 +87,11 @@ pub(crate) struct Ctx {
 
 /// A partition this replica works on.
 struct Running {
-    lease: Lease,
-    renewed: Instant,
+    lease: Kept,
     consume_stop: CancellationToken,
     consume: JoinHandle<()>,
     relay_stop: CancellationToken,
     relay: JoinHandle<Result<(), Fenced>>,
-}
-
-/// The bucket as watched: live members and partition holders.
-#[derive(Default)]
-struct View {
-    members: BTreeMap<String, String>,
-    holders: BTreeMap<u32, String>,
-}
-
-impl View {
-    fn apply(&mut self, e: &kv::Entry) {
-        let live = e.operation == Operation::Put;
-        if let Some(node) = e.key.strip_prefix("m.") {
-            if live {
-                self.members.insert(e.key.clone(), node.to_string());
-            } else {
-                self.members.remove(&e.key);
-            }
-        } else if let Some(p) = e.key.strip_prefix("p.").and_then(|p| p.parse().ok()) {
-            let owner = serde_json::from_slice::<serde_json::Value>(&e.value)
-                .ok()
-                .and_then(|v| v.get("owner").and_then(|o| o.as_str()).map(str::to_string));
-            match (live, owner) {
-                (true, Some(o)) => {
-                    self.holders.insert(p, o);
-                }
-                _ => {
-                    self.holders.remove(&p);
-                }
-            }
-        }
-    }
 }
 
 /// Runs partition ownership until `cancel` fires and every partition is handed over.
@@ -152,13 +122,21 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
     }
     let ttl = state.config.partitions.lease_ttl.get();
     let tick = ttl / 20;
-    let mut joined: Option<Instant> = None;
     let me = state.node_id.clone();
+    // The heartbeat has a task of its own too, so a long hand-over or start never lets it
+    // lapse (which would make the others rebalance around a member that is still here).
+    let beat_stop = CancellationToken::new();
+    let (joined_tx, joined) = tokio::sync::watch::channel(None);
+    let beat = tokio::spawn(heartbeat(
+        state.clone(),
+        leases.clone(),
+        joined_tx,
+        beat_stop.clone(),
+    ));
     let mut running: BTreeMap<u32, Running> = BTreeMap::new();
     let mut view = View::default();
     let mut watch = None;
     let mut watched_at = Instant::now();
-    let mut beat_at: Option<Instant> = None;
     let mut mode = state.placement.watch_mode();
     while !cancel.is_cancelled() {
         // The view is rebuilt from a fresh watch every TTL as well as after a failure: a
@@ -177,23 +155,12 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
             }
         }
         let member = state.placement.mode().owns_partitions();
-        if member && beat_at.is_none_or(|t| t.elapsed() >= ttl / 3) {
-            let beat = serde_json::json!({"node": me, "at_ms": now_ms()}).to_string();
-            match leases.put(member_key(&me), beat.into()).await {
-                Ok(_) => {
-                    beat_at = Some(Instant::now());
-                    joined.get_or_insert_with(Instant::now);
-                }
-                Err(e) => tracing::warn!(message = "Heartbeat failed.", error = %e),
-            }
-        } else if !member && beat_at.take().is_some() {
-            joined = None;
-            let _ = leases.delete(member_key(&me)).await;
-        }
         // Replicas started together first see each other for a moment before taking
         // anything, so they do not all take everything and then hand most of it back.
-        let settled = joined.is_some_and(|j| j.elapsed() >= ttl / 5);
-        renew_and_reap(&state, &mut running).await;
+        let settled = joined
+            .borrow()
+            .is_some_and(|j: Instant| j.elapsed() >= ttl / 5);
+        reap(&state, &mut running);
         if !member {
             if let Some(&p) = running.keys().next() {
                 hand_over(&state, &store_ctx, &mut running, p).await;
@@ -237,48 +204,20 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
     for p in owned {
         hand_over(&state, &store_ctx, &mut running, p).await;
     }
+    beat_stop.cancel();
+    let _ = beat.await;
     let _ = leases.delete(member_key(&me)).await;
     tracing::info!(message = "Partitions handed over.");
 }
 
-/// A new watch of the whole bucket and the view it gives once its history is delivered
-/// (or after a second, for an empty bucket), so a rebuilt view is never seen half-filled.
-async fn fresh_view(leases: &kv::Store) -> Result<(kv::Watch, View), kv::WatchError> {
-    let mut w = leases.watch_with_history(">").await?;
-    let mut view = View::default();
-    let until = tokio::time::Instant::now() + Duration::from_secs(1);
-    while let Ok(Some(Ok(entry))) = tokio::time::timeout_at(until, w.next()).await {
-        view.apply(&entry);
-        if entry.delta == 0 {
-            break;
-        }
-    }
-    Ok((w, view))
-}
-
-/// Renews leases that are due; stops partitions whose lease is gone or whose relay was
-/// fenced off or ended.
-async fn renew_and_reap(state: &AppState, running: &mut BTreeMap<u32, Running>) {
+/// Stops partitions whose lease is gone (its keeper renews it; see [`Kept`]) or whose relay
+/// was fenced off or ended. Never waits.
+fn reap(state: &AppState, running: &mut BTreeMap<u32, Running>) {
     let mut dead = Vec::new();
-    for (p, r) in running.iter_mut() {
+    for (p, r) in running.iter() {
         if r.relay.is_finished() {
             dead.push((*p, "fenced"));
             continue;
-        }
-        if r.renewed.elapsed() >= r.lease.renew_every() {
-            match r.lease.renew().await {
-                Ok(()) => {
-                    r.renewed = Instant::now();
-                    state
-                        .metrics
-                        .lease_events
-                        .with_label_values(&["renewed"])
-                        .inc();
-                }
-                Err(e) => {
-                    tracing::warn!(message = "Partition lease renewal failed.", partition = p, error = %e)
-                }
-            }
         }
         if !r.lease.is_valid() {
             dead.push((*p, "lost"));
@@ -331,6 +270,9 @@ async fn balance(
             let ttl = state.config.partitions.lease_ttl.get();
             match Lease::acquire(leases, &partition_key(p), me, ttl).await {
                 Ok(Some(lease)) => {
+                    // Renewed from now on by its own task, however long the start takes.
+                    let renewed = state.metrics.lease_events.with_label_values(&["renewed"]);
+                    let lease = Kept::keep(lease, Some(renewed));
                     if let Some(r) = start(state, snap, p, lease, committer).await {
                         running.insert(p, r);
                     }
@@ -357,7 +299,7 @@ async fn start(
     state: &Arc<AppState>,
     snap: &Snap,
     p: u32,
-    lease: Lease,
+    lease: Kept,
     committer: &Committer,
 ) -> Option<Running> {
     let started = Instant::now();
@@ -469,7 +411,6 @@ async fn start(
     );
     Some(Running {
         lease,
-        renewed: Instant::now(),
         consume_stop,
         consume,
         relay_stop,
@@ -478,7 +419,9 @@ async fn start(
 }
 
 /// Hands partition `p` over: stops reading (the batch in hand is committed), flushes its
-/// outbox, releases the lease. Gives up on the flush past the lease deadline.
+/// outbox, snapshots, releases the lease. The lease is renewed meanwhile by its keeper;
+/// the flush is given up once the lease's deadline passes (renewals failing) or after one
+/// TTL, so a relay that cannot publish never holds the ownership task.
 async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Running>, p: u32) {
     let Some(mut r) = running.remove(&p) else {
         return;
@@ -487,11 +430,11 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
     r.consume_stop.cancel();
     let _ = (&mut r.consume).await;
     r.relay_stop.cancel();
-    let budget = r
-        .lease
-        .valid_until()
-        .saturating_duration_since(Instant::now());
-    let flushed = tokio::time::timeout(budget.max(Duration::from_millis(1)), &mut r.relay).await;
+    let flushed = tokio::select! {
+        done = &mut r.relay => Ok(done),
+        () = r.lease.expired() => Err(()),
+        () = tokio::time::sleep(r.lease.ttl()) => Err(()),
+    };
     match flushed {
         // Flushed: the snapshot holds everything applied, so the heir replays nothing.
         Ok(Ok(Ok(()))) => snap.upload(state, p).await,
@@ -501,10 +444,10 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
                 partition = p
             )
         }
-        Err(_) => {
+        Err(()) => {
             r.relay.abort();
             tracing::warn!(
-                message = "Hand-over without a full flush: the lease deadline came first.",
+                message = "Hand-over without a full flush: the lease deadline or the flush limit came first.",
                 partition = p
             );
         }

@@ -11,7 +11,8 @@
 //!
 //! **Guarantees.**
 //! - **One router per source.** It runs only while holding the lease `r.<source>` in the
-//!   leases bucket; past its monotonic deadline it stops before the next batch.
+//!   leases bucket, renewed by a task of its own ([`super::keeper`]) so a slow batch never
+//!   lets it lapse; past its monotonic deadline it stops before the next batch.
 //! - **Fenced, atomic, exact progress.** Copies go out as atomic batches into the inbox,
 //!   fenced on `runner.fence.<inbox>.<source>`, each ending with a marker that records the
 //!   last source sequence it covers. So a batch and its progress are stored together or not
@@ -40,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Limits, RawInput};
 use super::consume::{Input, ORDERED_PULL_EXPIRY};
+use super::keeper::Kept;
 use super::lease::Lease;
 use super::partition::partition;
 use crate::backoff::Backoff;
@@ -123,6 +125,8 @@ pub(crate) async fn run(
         state
             .placement
             .set_routing(&source.stream, Some(lease.epoch()));
+        // Renewed by its own task: a slow batch never lets it lapse.
+        let lease = Kept::keep(lease, None);
         let why = route_while_held(&state, &source, lease, &cancel).await;
         state.placement.set_routing(&source.stream, None);
         tracing::info!(message = "Stopped routing.", source = %source.stream, reason = %why);
@@ -134,7 +138,7 @@ pub(crate) async fn run(
 async fn route_while_held(
     state: &AppState,
     source: &Input,
-    mut lease: Lease,
+    lease: Kept,
     cancel: &CancellationToken,
 ) -> String {
     let js = state.broker.jetstream();
@@ -144,7 +148,6 @@ async fn route_while_held(
             Ok(f) => f,
             Err(e) => return format!("cannot raise the fence: {e}"),
         };
-    let mut renewed = Instant::now();
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(2)).with_jitter();
     let liveness = Liveness::new(
@@ -187,14 +190,6 @@ async fn route_while_held(
         // Since when the consumer has delivered nothing (liveness, see broker/liveness.rs).
         let mut idle_since = Instant::now();
         loop {
-            if renewed.elapsed() >= lease.renew_every() {
-                match lease.renew().await {
-                    Ok(()) => renewed = Instant::now(),
-                    Err(e) => {
-                        tracing::warn!(message = "Router lease renewal failed.", source = %source.stream, error = %e)
-                    }
-                }
-            }
             if !lease.is_valid() {
                 return "the lease expired or was lost".into();
             }
@@ -207,7 +202,7 @@ async fn route_while_held(
                     let _ = lease.release().await;
                     return "drain".into();
                 }
-                _ = tokio::time::sleep(lease.renew_every() / 2) => {
+                _ = tokio::time::sleep(lease.ttl() / 6) => {
                     if idle_since.elapsed() >= liveness.stall_check() {
                         idle_since = Instant::now();
                         let after = fence.through().map_or(0, |p| p.seq);

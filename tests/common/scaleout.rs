@@ -107,3 +107,16 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Prints (to stderr) every warning and error `r` logged so far, prefixed with `name`: what a
+/// failed scale-out assertion needs to be read (lost leases, flushes cut short, fencing).
+pub fn print_warnings(name: &str, r: &mut RunnerProc) {
+    r.logged("");
+    for l in r
+        .log
+        .iter()
+        .filter(|l| l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))
+    {
+        eprintln!("{name}: {l}");
+    }
+}

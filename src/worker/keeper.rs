@@ -1,0 +1,182 @@
+//! A held [`Lease`] renewed by a task of its own, so that no work its holder does — a
+//! partition's hand-over flush, a snapshot upload or download, a router's publish — can
+//! delay a renewal past the lease's deadline.
+//!
+//! Before this, the partition ownership task and each router renewed their leases between
+//! their other steps. A step that took longer than two thirds of the TTL (a drain handing
+//! several partitions over one after the other on a loaded host, a large snapshot) let the
+//! other leases it held lapse: those partitions stopped without a flush and their heirs had
+//! to replay inputs. Renewal now never waits for anything but the bucket.
+//!
+//! **Guarantees.**
+//! - **Renewed on time.** The keeper renews every [`Lease::renew_every`] after the last
+//!   success and retries a failed renewal after a quarter of that, whatever its holder is
+//!   doing.
+//! - **One view of the deadline.** [`Kept::valid_until`] is the deadline of the last
+//!   successful write as [`Lease`] computes it (monotonic clock, TTL − margin); the keeper
+//!   only ever publishes what the lease says, so keeping a lease never extends trust
+//!   beyond what the bucket granted. Once the lease is lost the keeper stops and the
+//!   deadline stays in the past.
+//! - **Released once, by its holder.** [`Kept::release`] stops the keeper (waiting for a
+//!   renewal in flight, so the release compares against the newest revision) and deletes
+//!   the key. Dropping a `Kept` stops the keeper without releasing: the key then ages out
+//!   after one TTL.
+//!
+//! Fencing stays the safety net (see [`super::lease`]): a holder paused past its deadline
+//! can still write nothing a newer holder's fence refuses.
+
+use std::time::{Duration, Instant};
+
+use prometheus::IntCounter;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::lease::{Lease, LeaseError};
+
+/// A lease whose renewals run on their own task.
+pub struct Kept {
+    key: String,
+    epoch: u64,
+    ttl: Duration,
+    deadline: watch::Receiver<Instant>,
+    stop: CancellationToken,
+    task: Option<JoinHandle<Lease>>,
+}
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kept")
+            .field("key", &self.key)
+            .field("epoch", &self.epoch)
+            .field("valid_until", &self.valid_until())
+            .finish()
+    }
+}
+
+impl Kept {
+    /// Starts renewing `lease` (just acquired: its deadline is fresh); `renewed`, when
+    /// given, counts each successful renewal.
+    pub fn keep(lease: Lease, renewed: Option<IntCounter>) -> Self {
+        let (tx, deadline) = watch::channel(lease.valid_until());
+        let stop = CancellationToken::new();
+        let key = lease.key().to_string();
+        let epoch = lease.epoch();
+        let ttl = lease.ttl();
+        let task = tokio::spawn(renew(lease, tx, stop.clone(), renewed));
+        Self {
+            key,
+            epoch,
+            ttl,
+            deadline,
+            stop,
+            task: Some(task),
+        }
+    }
+
+    /// The lease key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lease's epoch.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The lease's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The deadline of the last successful write (see [`Lease::valid_until`]).
+    pub fn valid_until(&self) -> Instant {
+        *self.deadline.borrow()
+    }
+
+    /// Whether the deadline is still ahead.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until()
+    }
+
+    /// Resolves once the deadline has passed (a renewal that moves it meanwhile moves the
+    /// wait with it).
+    pub async fn expired(&self) {
+        let mut deadline = self.deadline.clone();
+        loop {
+            let until = *deadline.borrow_and_update();
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                changed = deadline.changed() => {
+                    if changed.is_err() {
+                        // The keeper ended (lost): the deadline no longer moves.
+                        let last = *deadline.borrow();
+                        tokio::time::sleep_until(last.into()).await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stops renewing and gives the key up ([`Lease::release`]).
+    pub async fn release(mut self) -> Result<(), LeaseError> {
+        self.stop.cancel();
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        match task.await {
+            Ok(lease) => lease.release().await,
+            Err(e) => Err(LeaseError::Kv {
+                key: self.key.clone(),
+                op: "renewal task",
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// The keeper: renews until `stop` fires or the lease is lost; hands the lease back.
+async fn renew(
+    mut lease: Lease,
+    deadline: watch::Sender<Instant>,
+    stop: CancellationToken,
+    renewed: Option<IntCounter>,
+) -> Lease {
+    let every = lease.renew_every();
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return lease,
+            _ = tokio::time::sleep_until(next.into()) => {}
+        }
+        match lease.renew().await {
+            Ok(()) => {
+                next = Instant::now() + every;
+                if let Some(c) = &renewed {
+                    c.inc();
+                }
+            }
+            Err(e @ LeaseError::Lost { .. }) => {
+                deadline.send_replace(lease.valid_until());
+                tracing::warn!(message = "Lease lost.", key = %lease.key(), epoch = lease.epoch(), error = %e);
+                stop.cancelled().await;
+                return lease;
+            }
+            Err(e) => {
+                next = Instant::now() + every / 4;
+                tracing::warn!(message = "Lease renewal failed; retrying.", key = %lease.key(), error = %e);
+            }
+        }
+        deadline.send_replace(lease.valid_until());
+    }
+}

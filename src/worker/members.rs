@@ -1,0 +1,119 @@
+//! Membership in partition ownership (DESIGN §8.3): this replica's heartbeat and the view
+//! of the leases bucket every replica keeps (who is a member, who holds which partition).
+//!
+//! **Guarantees.**
+//! - **The heartbeat never waits for ownership work.** It runs on a task of its own and is
+//!   written every TTL/3 while the node's mode owns partitions, so a long hand-over or start
+//!   never makes the others rebalance around a member that is still here. When the mode
+//!   stops owning partitions the key is deleted at once.
+//! - **A rebuilt view is never half-filled.** [`fresh_view`] returns only after the watch
+//!   delivered the bucket's history (or after a second for an empty bucket).
+//! - The view is advice: leases, not the view, decide who holds a partition (a stale view
+//!   at worst delays a take or proposes a take the bucket refuses).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::kv::{self, Operation};
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use crate::clock::now_ms;
+use crate::runtime::AppState;
+
+/// The heartbeat key of member `node`.
+pub(crate) fn member_key(node: &str) -> String {
+    format!("m.{node}")
+}
+
+/// The bucket as watched: live members and partition holders.
+#[derive(Default)]
+pub(crate) struct View {
+    pub(crate) members: BTreeMap<String, String>,
+    pub(crate) holders: BTreeMap<u32, String>,
+}
+
+impl View {
+    pub(crate) fn apply(&mut self, e: &kv::Entry) {
+        let live = e.operation == Operation::Put;
+        if let Some(node) = e.key.strip_prefix("m.") {
+            if live {
+                self.members.insert(e.key.clone(), node.to_string());
+            } else {
+                self.members.remove(&e.key);
+            }
+        } else if let Some(p) = e.key.strip_prefix("p.").and_then(|p| p.parse().ok()) {
+            let owner = serde_json::from_slice::<serde_json::Value>(&e.value)
+                .ok()
+                .and_then(|v| v.get("owner").and_then(|o| o.as_str()).map(str::to_string));
+            match (live, owner) {
+                (true, Some(o)) => {
+                    self.holders.insert(p, o);
+                }
+                _ => {
+                    self.holders.remove(&p);
+                }
+            }
+        }
+    }
+}
+
+/// Writes this member's heartbeat every TTL/3 while the node's mode owns partitions (and
+/// deletes it when the mode stops owning them), until `stop`; `joined` holds when the
+/// current membership's first heartbeat was stored.
+pub(crate) async fn heartbeat(
+    state: Arc<AppState>,
+    leases: kv::Store,
+    joined: tokio::sync::watch::Sender<Option<Instant>>,
+    stop: CancellationToken,
+) {
+    let every = state.config.partitions.lease_ttl.get() / 3;
+    let key = member_key(&state.node_id);
+    let mut mode = state.placement.watch_mode();
+    let mut beating = false;
+    loop {
+        let mut wait = every;
+        if state.placement.mode().owns_partitions() {
+            let beat = serde_json::json!({"node": state.node_id, "at_ms": now_ms()});
+            match leases.put(&key, beat.to_string().into()).await {
+                Ok(_) => {
+                    beating = true;
+                    joined.send_if_modified(|j| {
+                        let first = j.is_none();
+                        j.get_or_insert_with(Instant::now);
+                        first
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(message = "Heartbeat failed.", error = %e);
+                    wait = every / 4;
+                }
+            }
+        } else if beating {
+            beating = false;
+            joined.send_replace(None);
+            let _ = leases.delete(&key).await;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = mode.changed() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}
+
+/// A new watch of the whole bucket and the view it gives once its history is delivered
+/// (or after a second, for an empty bucket), so a rebuilt view is never seen half-filled.
+pub(crate) async fn fresh_view(leases: &kv::Store) -> Result<(kv::Watch, View), kv::WatchError> {
+    let mut w = leases.watch_with_history(">").await?;
+    let mut view = View::default();
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while let Ok(Some(Ok(entry))) = tokio::time::timeout_at(until, w.next()).await {
+        view.apply(&entry);
+        if entry.delta == 0 {
+            break;
+        }
+    }
+    Ok((w, view))
+}
