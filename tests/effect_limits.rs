@@ -1,7 +1,9 @@
 //! Effect concurrency limits, measured where they matter — at the upstream and on the
 //! effect's own consumer: at most `effect.concurrency` calls of one effect in flight per
 //! process, the commands beyond it left on the server (not pulled and handed back), so
-//! another replica takes them, while other effects keep running beside the full one.
+//! another replica takes them, while other effects keep running beside the full one; and
+//! at most `effect.max_inflight_bytes` of commands held at once, so large commands run
+//! fewer at a time while small ones still fill every slot.
 //!
 //! Every upstream call is held until the test releases it, so "the limit is full" is a
 //! state the test waits for and then inspects, not a race it hopes to win.
@@ -12,7 +14,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::effects::{EffectBed, command, one_per_command, own_consumer};
+use common::effects::{EffectBed, command, command_with, one_per_command, own_consumer};
 use common::metrics::{metric, metric_or_zero, wait_metric};
 use common::upstream::{Latch, Reply};
 use serde_json::json;
@@ -188,4 +190,91 @@ async fn a_full_effect_leaves_its_further_commands_to_other_replicas() {
     let completed = "runner_effect_claims_total{event=\"completed\"}";
     assert_eq!(metric(&full.admin, completed).await, 3.0);
     assert_eq!(metric(&other.admin, completed).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_commands_run_as_many_as_the_byte_budget_holds_and_small_ones_fill_the_slots() {
+    let release = Latch::new();
+    let bed = held_bed(&release).await;
+    // 64 slots, but a budget of 1 MiB (the least: the server's max_payload plus room for
+    // subjects), which two 400 KiB commands fill.
+    let w = bed.runner(&[
+        LEASE,
+        ACK_WAIT,
+        ("RUNNER__EFFECT__CONCURRENCY", "64"),
+        ("RUNNER__EFFECT__MAX_INFLIGHT_BYTES", "1MiB"),
+    ]);
+    const N: u64 = 6;
+    let big = "x".repeat(400 * 1024);
+    let cmds: Vec<_> = (0..N)
+        .map(|n| command_with("capped", json!({ "n": n, "blob": big }), n))
+        .collect();
+    let ids = bed.publish(&cmds).await;
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            bed.upstream.in_flight() == 2
+        })
+        .await,
+        "two large commands run"
+    );
+    // Held past the ack wait, so a command pulled and then held back would show as
+    // redelivered; the rest must still be on the server, never delivered.
+    wait_metric(
+        &w.admin,
+        "runner_effect_claims_total{event=\"renewed\"}",
+        |v| v >= 8.0,
+        Duration::from_secs(60),
+    )
+    .await;
+    let info = own_consumer(&bed.js, "capped").await;
+    assert_eq!(
+        (info.num_ack_pending, info.num_pending, info.num_redelivered),
+        (2, N - 2, 0),
+        "only what the budget holds is delivered; the rest waits on the server"
+    );
+    assert_eq!(
+        bed.upstream.max_in_flight(),
+        2,
+        "never more than the budget"
+    );
+    release.release();
+    let seen = bed.settle(N as usize, Duration::from_secs(120)).await;
+    let by = one_per_command(&seen);
+    for id in &ids {
+        assert_eq!(by[id]["result_type"], "Succeeded", "{}", by[id]);
+        assert_eq!(bed.upstream.count(id), 1, "each command called once");
+    }
+    assert_eq!(
+        bed.upstream.max_in_flight(),
+        2,
+        "the budget held to the end"
+    );
+
+    // Small commands are not held back by the budget: twenty run at once.
+    let again = Latch::new();
+    let hold = again.clone();
+    bed.upstream.set_script(Arc::new(move |_, key, _| {
+        Reply::ok(json!({ "key": key })).until(&hold)
+    }));
+    let small: Vec<_> = (100..120).map(|n| command("capped", n)).collect();
+    let small_ids = bed.publish(&small).await;
+    assert!(
+        common::eventually(Duration::from_secs(30), || async {
+            bed.upstream.in_flight() == 20
+        })
+        .await,
+        "twenty small commands run at once under the same budget"
+    );
+    again.release();
+    let seen = bed.settle(N as usize + 20, Duration::from_secs(120)).await;
+    let by = one_per_command(&seen);
+    for id in &small_ids {
+        assert_eq!(by[id]["result_type"], "Succeeded", "{}", by[id]);
+    }
+    let mut w = w;
+    assert!(
+        !w.logged("Effect consumer failed"),
+        "a pull ended by its byte limit is not a consumer failure"
+    );
+    println!("byte budget of 1 MiB: 2 of {N} 400 KiB commands at once; 20 small ones at once");
 }

@@ -168,6 +168,10 @@ pub struct EffectConfig {
     pub claim_retention: HumanDuration,
     /// Timeout of one call when the effect declares no `timeout_ms`.
     pub default_timeout: HumanDuration,
+    /// Most command bytes one effect's loop holds at once, pulled or executing (1MiB to
+    /// 16GiB; raised to the server's `max_payload` when that is larger, so any command
+    /// fits). Large commands then run fewer at a time instead of filling memory.
+    pub max_inflight_bytes: ByteSize,
 }
 
 impl Default for EffectConfig {
@@ -181,6 +185,7 @@ impl Default for EffectConfig {
             lease_ttl: HumanDuration::secs(15),
             claim_retention: HumanDuration::secs(7 * 24 * 3600),
             default_timeout: HumanDuration::secs(30),
+            max_inflight_bytes: ByteSize::mib(64),
         }
     }
 }

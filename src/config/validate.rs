@@ -304,6 +304,17 @@ impl Config {
                 ),
             );
         }
+        if self.effect.max_inflight_bytes < ByteSize::mib(1)
+            || self.effect.max_inflight_bytes > ByteSize::gib(16)
+        {
+            return invalid(
+                "effect.max_inflight_bytes",
+                format!(
+                    "{} is out of range; allowed 1MiB to 16GiB",
+                    self.effect.max_inflight_bytes
+                ),
+            );
+        }
         if !(1..=1_000_000).contains(&self.effect.max_ack_pending) {
             return invalid(
                 "effect.max_ack_pending",
@@ -517,6 +528,21 @@ mod tests {
         match c.validate() {
             Err(ConfigError::Invalid { key, .. }) => assert_eq!(key, "streams.replicas"),
             other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_effect_byte_budget_out_of_range_names_the_key_and_the_range() {
+        for bytes in [ByteSize(512 * 1024), ByteSize::gib(17)] {
+            let mut c = Config::default();
+            c.effect.max_inflight_bytes = bytes;
+            match c.validate() {
+                Err(ConfigError::Invalid { key, message }) => {
+                    assert_eq!(key, "effect.max_inflight_bytes");
+                    assert!(message.contains("1MiB to 16GiB"), "{message}");
+                }
+                other => panic!("unexpected {other:?}"),
+            }
         }
     }
 }

@@ -7,7 +7,9 @@
 //! its own fetch loop in each process, its own share of `effect.concurrency` slots and its
 //! own `effect.max_ack_pending` across the replicas, so a slow upstream fills only its own
 //! effect's slots and pending window; other effects go on. A loop asks JetStream for only
-//! as many commands as it has free slots, so a busy replica leaves the rest to the others.
+//! as many commands as it has free slots, and for no more bytes than its share of
+//! `effect.max_inflight_bytes` has free ([`budget`]), so a busy replica leaves the rest to
+//! the others and large commands cannot fill memory.
 //! A catch-all consumer (`consumers.effect` itself, every command, headers only) acks what
 //! an effect consumer of this process covers and handles the rest here: a command of an
 //! effect no loaded manifest declares gets a `Failed` result saying so, through its claim
@@ -62,6 +64,7 @@
 //! [`provider`] one concept each.
 
 pub mod breaker;
+mod budget;
 pub mod claim;
 pub mod command;
 pub mod consumers;
@@ -83,6 +86,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
 use crate::runtime::AppState;
+use budget::{Budget, Held};
 use consumers::{Coverage, Opened, Which};
 use context::Ctx;
 
@@ -211,6 +215,10 @@ impl Worker {
             coverage: self.coverage.clone(),
             in_flight: self.in_flight.clone(),
             permits: Arc::new(Semaphore::new(self.ctx.state.config.effect.concurrency)),
+            bytes: Budget::new(
+                self.ctx.state.config.effect.max_inflight_bytes.get(),
+                self.ctx.state.broker.max_payload(),
+            ),
             which,
         };
         self.loops.spawn(l.run(opened, self.cancel.clone()));
@@ -224,6 +232,8 @@ struct Loop {
     in_flight: TaskTracker,
     /// This loop's own share: at most `effect.concurrency` of its commands run at once.
     permits: Arc<Semaphore>,
+    /// And at most `effect.max_inflight_bytes` of them are held at once ([`budget`]).
+    bytes: Budget,
     which: Which,
 }
 
@@ -243,7 +253,7 @@ impl Loop {
             };
             let ended = match attempt {
                 Ok(o) => {
-                    tracing::info!(message = "Consuming effect commands.", consumer = %name, owner = self.ctx.claims.owner());
+                    tracing::info!(message = "Consuming effect commands.", consumer = %name, owner = self.ctx.claims.owner(), max_inflight_bytes = self.bytes.capacity_bytes());
                     match self.which {
                         Which::Effect(_) => self.pull_effect(&o, &cancel, &mut backoff).await,
                         Which::CatchAll => self.pull_catch_all(&o, &cancel, &mut backoff).await,
@@ -283,10 +293,14 @@ impl Loop {
                     Err(_) => break,
                 }
             }
+            let Some(mut room) = self.bytes.reserve().await else {
+                return Ok(());
+            };
             let pull = o
                 .consumer
                 .batch()
                 .max_messages(slots.len())
+                .max_bytes(room.bytes())
                 .expires(PULL_EXPIRES)
                 .messages();
             let mut batch = tokio::select! {
@@ -302,7 +316,10 @@ impl Loop {
                     Some(Ok(msg)) => {
                         backoff.reset();
                         match slots.pop() {
-                            Some(slot) => self.dispatch(msg, slot),
+                            Some(slot) => {
+                                let share = room.take(msg.length);
+                                self.dispatch(msg, slot, Some(share));
+                            }
                             // More than asked for: not expected; give it back.
                             None => {
                                 let why = "more commands arrived than were asked for";
@@ -310,6 +327,8 @@ impl Loop {
                             }
                         }
                     }
+                    // The byte limit ended the pull before the next command: not an error.
+                    Some(Err(e)) if ended_by_max_bytes(&*e) => break,
                     Some(Err(e)) => return Err(e),
                     None => break,
                 }
@@ -357,11 +376,12 @@ impl Loop {
     }
 
     /// Runs the handling of one command on the in-flight tracker, holding `permit`.
-    fn dispatch(&self, msg: jetstream::Message, permit: OwnedSemaphorePermit) {
+    fn dispatch(&self, msg: jetstream::Message, permit: OwnedSemaphorePermit, bytes: Option<Held>) {
         let ctx = self.ctx.clone();
         self.in_flight.spawn(async move {
             handle::handle(&ctx, msg).await;
             drop(permit);
+            drop(bytes);
         });
     }
 
@@ -398,6 +418,15 @@ impl Loop {
                 return;
             }
         }
-        self.dispatch(msg, permit);
+        self.dispatch(msg, permit, None);
     }
+}
+
+/// Whether a pull's error is the server ending it at its byte limit (status 409 "Message
+/// Size Exceeds MaxBytes"): the client reports that status as an error, but for a pull
+/// with `max_bytes` it only means the next command did not fit this time.
+fn ended_by_max_bytes(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.to_string()
+        .to_ascii_lowercase()
+        .contains("exceeds maxbytes")
 }
