@@ -210,3 +210,78 @@ async fn poison_is_dead_lettered_once_by_one_partition_and_the_rest_flows() {
     );
     runner.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_cuts_its_batches_of_copies_at_the_byte_limit_and_loses_nothing() {
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    let envs = [
+        PARTITIONED[0],
+        PARTITIONED[1],
+        PARTITIONED[2],
+        ("RUNNER__SAGA__MAX_BATCH_BYTES", "64KiB"),
+    ];
+    // A first run sets the streams up; the deposits then wait in the source, so the
+    // second run's router reads them all at once and must cut its batches by bytes.
+    let first = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "tests/manifests/ledger.yaml",
+        &envs,
+    );
+    let dir = first.stop();
+    let (accounts, k) = (4u64, 10u64);
+    let pad = "x".repeat(20 * 1024);
+    for n in 1..=k {
+        for a in 0..accounts {
+            let id = format!("a-{a}");
+            let mut ev = aggregate_event(
+                "bank",
+                "Account",
+                &id,
+                "Deposited",
+                TS + n,
+                json!({"n": n, "amount": 1, "pad": pad}),
+            );
+            ev["event_id"] = json!(format!("dep-{a}-{n}"));
+            publish_json(&js, &format!("tenant.bank.aggregate.Account.{id}"), &ev).await;
+        }
+    }
+    let fence = "runner.fence.SAGA_INBOX.AGGREGATE_EVENTS";
+    let markers_before = read_stream(&js, "SAGA_INBOX", fence).await.len();
+    let runner = RunnerProc::saga(dir, &nats.url(), "tests/manifests/ledger.yaml", &envs);
+    let total = (accounts * k) as usize;
+    let acks = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.bank.command.Account.*",
+        total,
+        Duration::from_secs(60),
+    )
+    .await;
+    // Every deposit applied once, in order, per account.
+    let mut per: HashMap<String, Vec<u64>> = HashMap::new();
+    for a in &acks {
+        let n = &a.body["payload"]["n"];
+        let n = n
+            .as_u64()
+            .or_else(|| n.as_str().and_then(|v| v.parse().ok()))
+            .unwrap();
+        per.entry(a.subject.clone()).or_default().push(n);
+    }
+    assert_eq!(per.len(), accounts as usize);
+    for (subject, ns) in &per {
+        assert_eq!(ns, &(1..=k).collect::<Vec<_>>(), "{subject}");
+    }
+    // One marker for the router's raise, then one per batch: each copy is ~20 KiB, so a
+    // 64 KiB batch holds three.
+    let batches = read_stream(&js, "SAGA_INBOX", fence).await.len() - markers_before - 1;
+    let copies = read_stream(&js, "SAGA_INBOX", "runner.inbox.>").await;
+    assert_eq!(copies.len(), total, "each deposit copied once");
+    println!("{total} copies of ~20 KiB in {batches} batches under a 64 KiB limit");
+    assert!(
+        batches >= total.div_ceil(3),
+        "{batches} batches: more than 64 KiB of copies went out in one"
+    );
+    runner.stop();
+}

@@ -199,10 +199,12 @@ pub struct SagaConfig {
     /// Largest input body accepted; larger ones are dead-lettered as `too_large`.
     pub max_message_bytes: ByteSize,
     /// Most input bytes applied in one transaction: a batch of large events is split so
-    /// (one larger input is a batch of its own).
+    /// (one larger input is a batch of its own). Partitioned mode: also the most bytes of
+    /// copies a router sends in one batch (one input's copies stay together).
     pub max_batch_bytes: ByteSize,
-    /// About the most input bytes one pull of a saga input consumer asks for: the pull's
-    /// message count follows the average input size (8 to 500 messages).
+    /// About the most input bytes one pull of a saga input consumer (or, partitioned, of a
+    /// router's source) asks for: the pull's message count follows the average input size
+    /// (8 to 500 messages).
     pub max_pull_bytes: ByteSize,
     /// Fetching pauses while the outbox holds more records than this (backpressure).
     pub max_outbox_depth: u64,

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
 use super::commit::{Committer, Scoped};
+use super::pull::PullSize;
 use crate::backoff::Backoff;
 use crate::broker::headers;
 use crate::broker::liveness::{Liveness, Probe};
@@ -234,7 +235,7 @@ pub(crate) async fn run(
             if let Some((seq, _)) = batch.last() {
                 position = position.max(*seq);
             }
-            pull.observe(&batch);
+            pull.observe(batch.iter().map(|(_, r)| r.body.len()));
             for batch in split_by_bytes(batch, max_batch_bytes) {
                 let n = batch.len();
                 let replayed = input.scope.as_ref().map_or(0, |s| {
@@ -299,56 +300,6 @@ pub(crate) async fn run(
                 continue 'connect;
             }
         }
-    }
-}
-
-/// Fewest and most messages one pull asks for (the client's own default is the most).
-const PULL_RANGE: (i64, i64) = (8, 500);
-
-/// The pull size of a saga input consumer: as many messages as fit in
-/// `saga.max_pull_bytes` at the average input size seen, within [`PULL_RANGE`]. The client's
-/// pull requests carry no byte limit, so the count is what bounds the bytes a pull buffers;
-/// a fixed count either lets large events fill hundreds of MiB or starves small ones.
-struct PullSize {
-    cap: f64,
-    avg: f64,
-    current: i64,
-}
-
-impl PullSize {
-    fn new(cap: u64) -> Self {
-        Self {
-            cap: cap as f64,
-            avg: 1024.0,
-            current: 0,
-        }
-    }
-
-    /// The count the average size calls for.
-    fn wanted(&self) -> i64 {
-        ((self.cap / self.avg.max(1.0)) as i64).clamp(PULL_RANGE.0, PULL_RANGE.1)
-    }
-
-    /// The count for a consumer opened now.
-    fn open(&mut self) -> i64 {
-        self.current = self.wanted();
-        self.current
-    }
-
-    /// Takes the sizes of a chunk read into the average.
-    fn observe(&mut self, batch: &[(u64, RawInput)]) {
-        if batch.is_empty() {
-            return;
-        }
-        let total: usize = batch.iter().map(|(_, r)| r.body.len()).sum();
-        self.avg = 0.5 * self.avg + 0.5 * (total as f64 / batch.len() as f64);
-    }
-
-    /// Whether the count called for is half as large again or smaller, or two thirds or less,
-    /// than the consumer's (a margin, so sizes near a boundary do not reopen it over and over).
-    fn should_reopen(&self) -> bool {
-        let (w, c) = (self.wanted(), self.current);
-        c > 0 && (w * 3 <= c * 2 || w * 2 >= c * 3)
     }
 }
 
@@ -466,25 +417,6 @@ mod tests {
                 source: format!("s:{seq}"),
             },
         )
-    }
-
-    #[test]
-    fn the_pull_size_follows_the_input_size_within_its_range() {
-        let mut p = PullSize::new(32 * 1024 * 1024);
-        assert_eq!(p.open(), 500, "small inputs: the client's full pull");
-        let big: Vec<_> = (0..50).map(|i| input(i, 256 * 1024)).collect();
-        p.observe(&big);
-        assert!(p.should_reopen());
-        p.observe(&big);
-        p.observe(&big);
-        let n = p.open();
-        assert!((128..=170).contains(&n), "{n} pulls of 256 KiB");
-        assert!(!p.should_reopen());
-        let huge: Vec<_> = (0..4).map(|i| input(i, 8 * 1024 * 1024)).collect();
-        for _ in 0..6 {
-            p.observe(&huge);
-        }
-        assert_eq!(p.open(), 8, "never fewer than the floor");
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //!   is copied twice or skipped, whatever the de-duplication window.
 //! - **Per-source order.** One batch in flight; the next starts after the answer, so the
 //!   inbox holds every partition's inputs in source order.
+//! - **Bounded bytes.** A pull of the source asks for as many messages as fit in
+//!   `saga.max_pull_bytes` at the sizes seen ([`super::pull`]), and a batch of copies is cut
+//!   before it would pass `saga.max_batch_bytes` (one input's copies stay together, so only
+//!   an input whose copies alone pass it makes a larger batch). Copies share the source
+//!   message's body rather than each holding its own.
 //!
 //! **What each failure costs.** A refused or unanswered batch is checked against the fence
 //! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
@@ -35,7 +40,6 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use async_nats::jetstream::kv;
-use bytes::Bytes;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +48,7 @@ use super::consume::{Input, ORDERED_PULL_EXPIRY};
 use super::keeper::Kept;
 use super::lease::Lease;
 use super::partition::partition;
+use super::pull::PullSize;
 use crate::backoff::Backoff;
 use crate::broker::batch::BatchMessage;
 use crate::broker::fence::{Fence, Position};
@@ -56,7 +61,7 @@ use crate::telemetry::otel;
 
 /// Most source inputs in one batch (each may add a few copies; the batch limit is 1000).
 const INPUTS_PER_BATCH: usize = 200;
-/// Most copies in one batch before it is cut.
+/// Most copies in one batch (the server's atomic batch limit is 1000).
 const COPIES_PER_BATCH: usize = 900;
 
 /// The lease key of a source's router.
@@ -157,6 +162,9 @@ async fn route_while_held(
         state.config.consumers.reopen_timeout.get(),
     );
     let label = format!("router:{}", source.stream);
+    // Bytes bounded on both sides: the pull's count follows the sizes read, and a batch of
+    // copies is cut at `saga.max_batch_bytes` (see `send`).
+    let mut pull = PullSize::new(state.config.saga.max_pull_bytes.get());
     'open: loop {
         let from = fence.through().map_or(1, |p| p.seq + 1);
         let consumer = async {
@@ -171,6 +179,7 @@ async fn route_while_held(
                     // died) is noticed by missed heartbeats within seconds, not after the
                     // default 30 s pull expiry.
                     max_expires: ORDERED_PULL_EXPIRY,
+                    max_batch: pull.open(),
                     ..OrderedConfig::default()
                 })
                 .await?;
@@ -233,8 +242,16 @@ async fn route_while_held(
                 }
             }
             if !inputs.is_empty() {
+                pull.observe(inputs.iter().map(|m| m.payload.len()));
                 match send(state, source, &mut fence, inputs).await {
-                    Ok(()) => backoff.reset(),
+                    Ok(()) => {
+                        backoff.reset();
+                        if pull.should_reopen() {
+                            // Everything read is routed and covered by the fence's
+                            // watermark, where the consumer reopens: nothing is lost.
+                            continue 'open;
+                        }
+                    }
                     Err(Stop::Fenced) => return "fenced off by a newer router".into(),
                     Err(Stop::Retry) => {
                         backoff.sleep(cancel).await;
@@ -269,7 +286,9 @@ async fn send(
     let catalog = state.catalog();
     let limits =
         Limits::from_config(&state.config).with_max_record_bytes(state.broker.max_record_bytes());
+    let max_bytes = usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
     let mut copies: Vec<BatchMessage> = Vec::new();
+    let mut bytes = 0usize;
     let mut last = None;
     for msg in inputs {
         let Ok(info) = msg.info() else { continue };
@@ -278,9 +297,10 @@ async fn send(
             continue;
         }
         let traceparent = headers::traceparent(msg.headers.as_ref());
+        let payload = msg.payload.clone();
         let raw = RawInput {
             subject: msg.subject.to_string(),
-            body: msg.payload.to_vec(),
+            body: payload.to_vec(),
             traceparent: traceparent.clone(),
             source: format!("{}:{seq}", source.stream),
         };
@@ -297,7 +317,20 @@ async fn send(
             },
         );
         let onward = otel::onward(hop.as_ref(), traceparent.as_deref());
-        for p in destinations(&catalog, &limits, &raw, seq, count) {
+        let to = destinations(&catalog, &limits, &raw, seq, count);
+        let adding = payload.len().saturating_mul(to.len());
+        // Cut before an input whose copies would pass a limit, so a batch passes
+        // `saga.max_batch_bytes` only when one input's copies alone do (they are never
+        // split across batches: a batch and its watermark cover whole inputs).
+        if let Some(prev) = last
+            && !copies.is_empty()
+            && (copies.len() + to.len() > COPIES_PER_BATCH
+                || bytes.saturating_add(adding) > max_bytes)
+        {
+            flush(state, fence, std::mem::take(&mut copies), prev).await?;
+            bytes = 0;
+        }
+        for p in to {
             let mut h = HeaderMap::new();
             h.insert(
                 async_nats::header::NATS_MESSAGE_ID,
@@ -311,13 +344,11 @@ async fn send(
             copies.push(BatchMessage {
                 subject: format!("runner.inbox.{p}.{}", source.stream),
                 headers: h,
-                payload: Bytes::from(raw.body.clone()),
+                payload: payload.clone(),
             });
         }
+        bytes = bytes.saturating_add(adding);
         last = Some(seq);
-        if copies.len() >= COPIES_PER_BATCH {
-            flush(state, fence, std::mem::take(&mut copies), seq).await?;
-        }
     }
     match last {
         Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
