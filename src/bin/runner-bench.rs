@@ -90,12 +90,19 @@ enum Cmd {
 
 /// Connects to `urls`: one NATS URL or several, comma-separated (a cluster's nodes).
 pub(crate) async fn connect(urls: &str) -> Result<async_nats::Client> {
+    connect_as(urls, "runner-bench").await
+}
+
+/// Connects naming the connection `name` (the cluster scenario reports traffic by name).
+pub(crate) async fn connect_as(urls: &str, name: &str) -> Result<async_nats::Client> {
     let addrs = urls
         .split(',')
         .map(|u| u.trim().parse::<async_nats::ServerAddr>())
         .collect::<Result<Vec<_>, _>>()
         .with_context(|| format!("reading NATS URLs {urls}"))?;
-    async_nats::connect(addrs)
+    async_nats::ConnectOptions::new()
+        .name(name)
+        .connect(addrs)
         .await
         .with_context(|| format!("connecting to {urls}"))
 }
@@ -191,7 +198,11 @@ async fn main() -> Result<()> {
         Cmd::Payload(a) => return ledger::payload(a).await,
         cmd => Cli { cmd, ..cli },
     };
-    let client = connect(&cli.nats_url).await?;
+    let name = match cli.cmd {
+        Cmd::Limit(_) => "limit",
+        _ => "runner-bench",
+    };
+    let client = connect_as(&cli.nats_url, name).await?;
     let js = jetstream::new(client.clone());
     match cli.cmd {
         Cmd::Orders {

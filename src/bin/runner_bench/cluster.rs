@@ -313,10 +313,12 @@ async fn measure(
         .collect();
     let nats_cpu = || cluster.pids().into_iter().map(cpu_seconds).sum::<f64>();
     let nats0 = nats_cpu();
+    let traffic0 = cluster.traffic().await;
     let flow = Flow::Runner {
         tenant: format!("c{n}"),
     };
     let mut d = drive(js, &flow, orders, 0.0, QUIET).await?;
+    let traffic = cluster.traffic().await.since(&traffic0);
     let (mut cpu, mut peak) = (0.0, 0u64);
     for s in samplers {
         let u = s.finish().await;
@@ -336,6 +338,8 @@ async fn measure(
         peak as f64 / 1024.0,
         share(nats),
     );
+    println!("  nats per order: {}", traffic.line(orders as f64));
+    println!("  stream leaders: {}", cluster.leaders().await);
     if d.completed as u64 != orders {
         bail!(
             "only {} of {orders} orders completed with {n} replica(s) (run with --keep for the logs)",
@@ -524,7 +528,12 @@ async fn limit(
     let log = dir.join(format!("limit-{}.log", label.replace([',', ' '], "")));
     let mut shadow = crate::limit::start(&cluster.urls, &args, &log)?;
     let sampler = Sampler::start(shadow.pid());
+    let nats_cpu = || cluster.pids().into_iter().map(cpu_seconds).sum::<f64>();
+    let nats0 = nats_cpu();
+    let traffic0 = cluster.traffic().await;
     let mut d = drive(js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
+    let traffic = cluster.traffic().await.since(&traffic0);
+    let nats = nats_cpu() - nats0;
     let usage = sampler.finish().await;
     let transitions = d.completed as f64 * TRANSITIONS_PER_ORDER;
     println!(
@@ -535,6 +544,10 @@ async fn limit(
         )
     );
     println!("{}", usage.line("  limit process", d.elapsed));
+    println!(
+        "  nats nodes: cpu_seconds={nats:.2}; per order: {}",
+        traffic.line(a.orders as f64)
+    );
     shadow.stop(Duration::from_secs(5));
     if d.completed as u64 != a.orders {
         // The scenario's directory goes with it (unless --keep): show the log's end here.

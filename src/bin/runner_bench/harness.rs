@@ -149,6 +149,60 @@ pub(crate) struct NatsCluster {
     /// Every node's client URL, comma-separated (what `--nats-url` takes).
     pub(crate) urls: String,
     nodes: Vec<Proc>,
+    monitors: Vec<u16>,
+}
+
+/// Messages and bytes the cluster's clients sent and received, by connection name, summed
+/// over every node (routes between the nodes are not counted).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Traffic {
+    pub(crate) by_name: std::collections::BTreeMap<String, [u64; 4]>,
+}
+
+impl Traffic {
+    /// What happened between `before` and `self`, per connection name.
+    pub(crate) fn since(&self, before: &Traffic) -> Traffic {
+        let mut out = Traffic::default();
+        for (name, now) in &self.by_name {
+            let was = before.by_name.get(name).copied().unwrap_or_default();
+            let d: Vec<u64> = now
+                .iter()
+                .zip(was)
+                .map(|(a, b)| a.saturating_sub(b))
+                .collect();
+            out.by_name.insert(name.clone(), [d[0], d[1], d[2], d[3]]);
+        }
+        out
+    }
+
+    /// One line: messages in (sent by the clients) and out (delivered to them) per `per`
+    /// unit of work, by connection name, and in total.
+    pub(crate) fn line(&self, per: f64) -> String {
+        let per = per.max(1.0);
+        let mut total = [0u64; 4];
+        let mut parts = Vec::new();
+        for (name, t) in &self.by_name {
+            if t[0] + t[1] == 0 {
+                continue;
+            }
+            for (a, b) in total.iter_mut().zip(t) {
+                *a += b;
+            }
+            parts.push(format!(
+                "{name} in={:.1} out={:.1}",
+                t[0] as f64 / per,
+                t[1] as f64 / per
+            ));
+        }
+        format!(
+            "msgs in={:.1} out={:.1}, KiB in={:.1} out={:.1} ({})",
+            total[0] as f64 / per,
+            total[1] as f64 / per,
+            total[2] as f64 / per / 1024.0,
+            total[3] as f64 / per / 1024.0,
+            parts.join("; ")
+        )
+    }
 }
 
 impl NatsCluster {
@@ -192,6 +246,7 @@ impl NatsCluster {
         let cluster = Self {
             urls: urls.join(","),
             nodes,
+            monitors: ports.iter().map(|p| p.2).collect(),
         };
         let http = reqwest::Client::new();
         let until = Instant::now() + Duration::from_secs(60);
@@ -230,6 +285,66 @@ impl NatsCluster {
     /// The nodes' process ids.
     pub(crate) fn pids(&self) -> Vec<u32> {
         self.nodes.iter().map(Proc::pid).collect()
+    }
+
+    /// A node's monitoring endpoint as JSON (Null when it does not answer).
+    async fn monitor(&self, node: usize, path: &str) -> serde_json::Value {
+        let url = format!("http://127.0.0.1:{}/{path}", self.monitors[node]);
+        match reqwest::Client::new()
+            .get(url)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+        {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => serde_json::Value::Null,
+        }
+    }
+
+    /// Client traffic so far, by connection name, over every node ([`Traffic`]).
+    pub(crate) async fn traffic(&self) -> Traffic {
+        let mut t = Traffic::default();
+        for node in 0..self.monitors.len() {
+            let connz = self.monitor(node, "connz?limit=4096").await;
+            for c in connz["connections"].as_array().into_iter().flatten() {
+                let name = c["name"].as_str().unwrap_or("").to_string();
+                let name = if name.is_empty() {
+                    "(unnamed)".into()
+                } else {
+                    name
+                };
+                let e = t.by_name.entry(name).or_default();
+                for (i, key) in ["in_msgs", "out_msgs", "in_bytes", "out_bytes"]
+                    .iter()
+                    .enumerate()
+                {
+                    e[i] += c[*key].as_u64().unwrap_or(0);
+                }
+            }
+        }
+        t
+    }
+
+    /// Where every stream's leader is: `STREAM=node` pairs, for reading a run's figures
+    /// (a leader beside or away from a client changes what its traffic costs).
+    pub(crate) async fn leaders(&self) -> String {
+        let mut out = std::collections::BTreeMap::new();
+        for node in 0..self.monitors.len() {
+            let jsz = self.monitor(node, "jsz?streams=true").await;
+            for acc in jsz["account_details"].as_array().into_iter().flatten() {
+                for st in acc["stream_detail"].as_array().into_iter().flatten() {
+                    if let (Some(name), Some(leader)) =
+                        (st["name"].as_str(), st["cluster"]["leader"].as_str())
+                    {
+                        out.insert(name.to_string(), leader.to_string());
+                    }
+                }
+            }
+        }
+        out.iter()
+            .map(|(s, l)| format!("{s}={l}"))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 }
 
