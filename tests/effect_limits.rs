@@ -132,6 +132,11 @@ async fn per_effect_limit_caps_calls_in_flight_and_leaves_the_rest_on_the_server
         LIMIT,
         "the limit held after the release too"
     );
+    let mut w = w;
+    assert!(
+        !w.logged("Effect consumer failed"),
+        "a pull that got all it asked for ended normally"
+    );
     println!("per-effect limit {LIMIT}: held through {renewed} lease renewals; {N} results");
 }
 

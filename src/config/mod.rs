@@ -170,7 +170,9 @@ pub struct EffectConfig {
     pub default_timeout: HumanDuration,
     /// Most command bytes one effect's loop holds at once, pulled or executing (1MiB to
     /// 16GiB; raised to the server's `max_payload` when that is larger, so any command
-    /// fits). Large commands then run fewer at a time instead of filling memory.
+    /// fits). Large commands then run fewer at a time instead of filling memory. The
+    /// default covers 64 slots of 1 MiB commands, so pulls carry a byte limit only when
+    /// the budget is set below `concurrency` × `max_payload`.
     pub max_inflight_bytes: ByteSize,
 }
 
@@ -185,7 +187,7 @@ impl Default for EffectConfig {
             lease_ttl: HumanDuration::secs(15),
             claim_retention: HumanDuration::secs(7 * 24 * 3600),
             default_timeout: HumanDuration::secs(30),
-            max_inflight_bytes: ByteSize::mib(64),
+            max_inflight_bytes: ByteSize::mib(128),
         }
     }
 }

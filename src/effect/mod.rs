@@ -300,7 +300,7 @@ impl Loop {
                 .consumer
                 .batch()
                 .max_messages(slots.len())
-                .max_bytes(room.bytes())
+                .max_bytes(room.limit_for(slots.len()))
                 .expires(PULL_EXPIRES)
                 .messages();
             let mut batch = tokio::select! {
@@ -327,8 +327,8 @@ impl Loop {
                             }
                         }
                     }
-                    // The byte limit ended the pull before the next command: not an error.
-                    Some(Err(e)) if ended_by_max_bytes(&*e) => break,
+                    // The server ended this pull (byte limit, batch over): not an error.
+                    Some(Err(e)) if ended_by_server(&*e) => break,
                     Some(Err(e)) => return Err(e),
                     None => break,
                 }
@@ -422,11 +422,45 @@ impl Loop {
     }
 }
 
-/// Whether a pull's error is the server ending it at its byte limit (status 409 "Message
-/// Size Exceeds MaxBytes"): the client reports that status as an error, but for a pull
-/// with `max_bytes` it only means the next command did not fit this time.
-fn ended_by_max_bytes(e: &(dyn std::error::Error + 'static)) -> bool {
-    e.to_string()
-        .to_ascii_lowercase()
-        .contains("exceeds maxbytes")
+/// Whether a pull's error is only the server ending that pull request (status 409 with
+/// "Message Size Exceeds MaxBytes": the next command did not fit the bytes asked for;
+/// "Batch Completed": the request is over with bytes left unused; "Leadership Change": the
+/// consumer moved). The client reports these as errors, but the consumer is fine: the loop
+/// pulls again, and only a failing pull reopens the consumer.
+fn ended_by_server(e: &(dyn std::error::Error + 'static)) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("409")
+        && ["exceeds maxbytes", "batch completed", "leadership change"]
+            .iter()
+            .any(|s| text.contains(s))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, description: &str) -> std::io::Error {
+        // The wording async-nats gives a pull's status, as seen in runs.
+        std::io::Error::other(format!(
+            "error while processing messages from the stream: {code}, Some({description:?})"
+        ))
+    }
+
+    #[test]
+    fn statuses_that_only_end_a_pull_are_told_from_failures() {
+        for d in [
+            "Message Size Exceeds MaxBytes",
+            "Batch Completed",
+            "Leadership Change",
+        ] {
+            assert!(ended_by_server(&status(409, d)), "{d}");
+        }
+        for (c, d) in [
+            (409, "Consumer Deleted"),
+            (409, "Exceeded MaxWaiting"),
+            (503, "No Responders"),
+        ] {
+            assert!(!ended_by_server(&status(c, d)), "{c} {d}");
+        }
+    }
 }
