@@ -52,7 +52,7 @@ use crate::config::NatsConfig;
 pub mod headers;
 
 pub use streams::{
-    StreamSpec, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, fence_subjects,
+    StreamSpec, covers, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, fence_subjects,
     stream_for, stream_specs,
 };
 

@@ -65,8 +65,9 @@ pub fn stream_for<'a>(specs: &'a [StreamSpec], subject: &str) -> Option<&'a Stre
         .find(|s| s.subjects.iter().any(|f| covers(f, subject)))
 }
 
-/// Whether subject filter `filter` matches every subject that `pattern` matches.
-pub(crate) fn covers(filter: &str, pattern: &str) -> bool {
+/// Whether subject filter `filter` matches every subject that `pattern` matches (for a
+/// concrete subject: whether the filter matches it).
+pub fn covers(filter: &str, pattern: &str) -> bool {
     let f: Vec<&str> = filter.split('.').collect();
     let p: Vec<&str> = pattern.split('.').collect();
     for (i, ft) in f.iter().enumerate() {

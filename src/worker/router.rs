@@ -44,7 +44,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Limits, RawInput};
-use super::consume::{Input, ORDERED_PULL_EXPIRY};
+use super::consume::{Input, ORDERED_PULL_EXPIRY, server_filters, wanted};
 use super::keeper::Kept;
 use super::lease::Lease;
 use super::partition::partition;
@@ -171,7 +171,7 @@ async fn route_while_held(
             let stream = liveness.context().get_stream(&source.stream).await?;
             let c = stream
                 .create_consumer(OrderedConfig {
-                    filter_subjects: source.filters.clone(),
+                    filter_subjects: server_filters(&source.filters),
                     deliver_policy: DeliverPolicy::ByStartSequence {
                         start_sequence: from,
                     },
@@ -294,6 +294,11 @@ async fn send(
         let Ok(info) = msg.info() else { continue };
         let seq = info.stream_sequence;
         if fence.through().is_some_and(|t| seq <= t.seq) {
+            continue;
+        }
+        if !wanted(&source.filters, msg.subject.as_str()) {
+            // Not an input (a fence marker of the source stream, say): covered, not copied.
+            last = Some(seq);
             continue;
         }
         let traceparent = headers::traceparent(msg.headers.as_ref());

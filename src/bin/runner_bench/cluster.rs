@@ -314,11 +314,13 @@ async fn measure(
     let nats_cpu = || cluster.pids().into_iter().map(cpu_seconds).sum::<f64>();
     let nats0 = nats_cpu();
     let traffic0 = cluster.traffic().await;
+    let counts0 = cluster.counts().await;
     let flow = Flow::Runner {
         tenant: format!("c{n}"),
     };
     let mut d = drive(js, &flow, orders, 0.0, QUIET).await?;
     let traffic = cluster.traffic().await.since(&traffic0);
+    let counts = cluster.counts().await;
     let (mut cpu, mut peak) = (0.0, 0u64);
     for s in samplers {
         let u = s.finish().await;
@@ -340,6 +342,25 @@ async fn measure(
     );
     println!("  nats per order: {}", traffic.line(orders as f64));
     println!("  stream leaders: {}", cluster.leaders().await);
+    // Ordered consumers come and go with their names: only durable ones and streams last.
+    let per: Vec<String> = counts
+        .iter()
+        .filter_map(|(k, v)| {
+            let was = counts0.get(k)?;
+            let (d, r) = (v[0].saturating_sub(was[0]), v[1].saturating_sub(was[1]));
+            (d > 0).then(|| {
+                format!(
+                    "{k}={:.2}/{:.2}",
+                    d as f64 / orders as f64,
+                    r as f64 / orders as f64
+                )
+            })
+        })
+        .collect();
+    println!(
+        "  per order, stored or delivered/redelivered: {}",
+        per.join(" ")
+    );
     if d.completed as u64 != orders {
         bail!(
             "only {} of {orders} orders completed with {n} replica(s) (run with --keep for the logs)",

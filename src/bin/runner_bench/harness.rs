@@ -325,6 +325,38 @@ impl NatsCluster {
         t
     }
 
+    /// Every stream's stored messages (its last sequence) and every consumer's deliveries
+    /// and redeliveries, keyed `stream` and `stream/consumer`, as the stream leaders say.
+    pub(crate) async fn counts(&self) -> std::collections::BTreeMap<String, [u64; 2]> {
+        let mut out = std::collections::BTreeMap::new();
+        for node in 0..self.monitors.len() {
+            let jsz = self.monitor(node, "jsz?streams=true&consumers=true").await;
+            for acc in jsz["account_details"].as_array().into_iter().flatten() {
+                for st in acc["stream_detail"].as_array().into_iter().flatten() {
+                    let Some(name) = st["name"].as_str() else {
+                        continue;
+                    };
+                    // Every node reports its copy; the leader's is the furthest along.
+                    let mut keep = |key: String, v: [u64; 2]| {
+                        let e = out.entry(key).or_insert([0, 0]);
+                        *e = [e[0].max(v[0]), e[1].max(v[1])];
+                    };
+                    keep(
+                        name.to_string(),
+                        [st["state"]["last_seq"].as_u64().unwrap_or(0), 0],
+                    );
+                    for c in st["consumer_detail"].as_array().into_iter().flatten() {
+                        let cname = c["name"].as_str().unwrap_or("?");
+                        let delivered = c["delivered"]["consumer_seq"].as_u64().unwrap_or(0);
+                        let redelivered = c["num_redelivered"].as_u64().unwrap_or(0);
+                        keep(format!("{name}/{cname}"), [delivered, redelivered]);
+                    }
+                }
+            }
+        }
+        out
+    }
+
     /// Where every stream's leader is: `STREAM=node` pairs, for reading a run's figures
     /// (a leader beside or away from a client changes what its traffic costs).
     pub(crate) async fn leaders(&self) -> String {
