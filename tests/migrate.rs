@@ -316,9 +316,14 @@ async fn v1_instances_are_migrated_explicitly_and_finish_on_v2() {
     )
     .await;
     assert_eq!(dead, 0.0, "nothing was dead-lettered");
-    let applied = common::metrics::metric(
+    // A loop counts its transitions right after its commit, and the relay may publish what
+    // another loop's batch in the same commit produced a moment before that loop counts:
+    // wait for the count rather than read it once.
+    let applied = common::metrics::wait_metric(
         &base,
         "runner_saga_transitions_total{outcome=\"applied\",saga=\"doc\"}",
+        |v| v >= 15.0,
+        Duration::from_secs(30),
     )
     .await;
     assert_eq!(applied, 15.0, "5 starts, 5 results, 5 approvals");

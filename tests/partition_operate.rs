@@ -95,9 +95,12 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
     .await;
     assert!(logged, "the doors never opened");
     let admin = &runner.admin.clone();
-    let applied = metric(
+    // Counted just after each commit; an output can be seen a moment before (group commit).
+    let applied = common::metrics::wait_metric(
         admin,
         "runner_saga_transitions_total{outcome=\"applied\",saga=\"door\"}",
+        |v| v >= doors.len() as f64,
+        Duration::from_secs(30),
     )
     .await;
     assert_eq!(applied, doors.len() as f64);
@@ -152,9 +155,11 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
         runner.log.join("\n")
     );
     // Events already applied were recognised: no transition, no second command.
-    let duplicates = metric(
+    let duplicates = common::metrics::wait_metric(
         admin,
         "runner_saga_transitions_total{outcome=\"duplicate\",saga=\"door\"}",
+        |v| v >= doors.len() as f64,
+        Duration::from_secs(30),
     )
     .await;
     assert_eq!(duplicates, doors.len() as f64);
