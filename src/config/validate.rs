@@ -19,11 +19,11 @@ pub fn is_subject_token(s: &str) -> bool {
 }
 
 /// `v` within `lo..=hi`, else an error naming `key`.
-fn range(
+fn range<T: PartialOrd + std::fmt::Display>(
     key: &str,
-    v: HumanDuration,
-    lo: HumanDuration,
-    hi: HumanDuration,
+    v: T,
+    lo: T,
+    hi: T,
 ) -> Result<(), ConfigError> {
     if v < lo || v > hi {
         Err(ConfigError::Invalid {
@@ -229,57 +229,26 @@ impl Config {
         if self.storage.data_dir.as_os_str().is_empty() {
             return invalid("storage.data_dir", "must not be empty".into());
         }
-        if !(1..=10_000).contains(&self.saga.batch_size) {
-            return invalid(
-                "saga.batch_size",
-                format!(
-                    "{} is out of range; allowed 1 to 10000",
-                    self.saga.batch_size
-                ),
-            );
-        }
-        if !(1..=10_000).contains(&self.saga.relay_window) {
-            return invalid(
-                "saga.relay_window",
-                format!(
-                    "{} is out of range; allowed 1 to 10000",
-                    self.saga.relay_window
-                ),
-            );
-        }
-        if self.saga.max_message_bytes < ByteSize(1024)
-            || self.saga.max_message_bytes > ByteSize::mib(64)
-        {
-            return invalid(
-                "saga.max_message_bytes",
-                format!(
-                    "{} is out of range; allowed 1KiB to 64MiB",
-                    self.saga.max_message_bytes
-                ),
-            );
-        }
-        if self.saga.max_batch_bytes < ByteSize(64 * 1024)
-            || self.saga.max_batch_bytes > ByteSize::gib(1)
-        {
-            return invalid(
-                "saga.max_batch_bytes",
-                format!(
-                    "{} is out of range; allowed 64KiB to 1GiB",
-                    self.saga.max_batch_bytes
-                ),
-            );
-        }
-        if self.saga.max_pull_bytes < ByteSize::mib(1)
-            || self.saga.max_pull_bytes > ByteSize::gib(1)
-        {
-            return invalid(
-                "saga.max_pull_bytes",
-                format!(
-                    "{} is out of range; allowed 1MiB to 1GiB",
-                    self.saga.max_pull_bytes
-                ),
-            );
-        }
+        range("saga.batch_size", self.saga.batch_size, 1, 10_000)?;
+        range("saga.relay_window", self.saga.relay_window, 1, 10_000)?;
+        range(
+            "saga.max_message_bytes",
+            self.saga.max_message_bytes,
+            ByteSize(1024),
+            ByteSize::mib(64),
+        )?;
+        range(
+            "saga.max_batch_bytes",
+            self.saga.max_batch_bytes,
+            ByteSize(64 * 1024),
+            ByteSize::gib(1),
+        )?;
+        range(
+            "saga.max_pull_bytes",
+            self.saga.max_pull_bytes,
+            ByteSize::mib(1),
+            ByteSize::gib(1),
+        )?;
         if self.saga.max_outbox_depth == 0 {
             return invalid("saga.max_outbox_depth", "must be at least 1".into());
         }
@@ -295,44 +264,20 @@ impl Config {
             HumanDuration::millis(10),
             HumanDuration::secs(60),
         )?;
-        if !(1..=10_000).contains(&self.effect.concurrency) {
-            return invalid(
-                "effect.concurrency",
-                format!(
-                    "{} is out of range; allowed 1 to 10000",
-                    self.effect.concurrency
-                ),
-            );
-        }
-        if self.effect.max_inflight_bytes < ByteSize::mib(1)
-            || self.effect.max_inflight_bytes > ByteSize::gib(16)
-        {
-            return invalid(
-                "effect.max_inflight_bytes",
-                format!(
-                    "{} is out of range; allowed 1MiB to 16GiB",
-                    self.effect.max_inflight_bytes
-                ),
-            );
-        }
-        if !(1..=1_000_000).contains(&self.effect.max_ack_pending) {
-            return invalid(
-                "effect.max_ack_pending",
-                format!(
-                    "{} is out of range; allowed 1 to 1000000",
-                    self.effect.max_ack_pending
-                ),
-            );
-        }
-        if !(2..=10_000).contains(&self.effect.max_deliver) {
-            return invalid(
-                "effect.max_deliver",
-                format!(
-                    "{} is out of range; allowed 2 to 10000",
-                    self.effect.max_deliver
-                ),
-            );
-        }
+        range("effect.concurrency", self.effect.concurrency, 1, 10_000)?;
+        range(
+            "effect.max_inflight_bytes",
+            self.effect.max_inflight_bytes,
+            ByteSize::mib(1),
+            ByteSize::gib(16),
+        )?;
+        range(
+            "effect.max_ack_pending",
+            self.effect.max_ack_pending,
+            1,
+            1_000_000,
+        )?;
+        range("effect.max_deliver", self.effect.max_deliver, 2, 10_000)?;
         range(
             "effect.ack_wait",
             self.effect.ack_wait,
@@ -405,15 +350,12 @@ impl Config {
                 ),
             );
         }
-        if !(1..=10_000).contains(&self.admin.max_connections) {
-            return invalid(
-                "admin.max_connections",
-                format!(
-                    "{} is out of range; allowed 1 to 10000",
-                    self.admin.max_connections
-                ),
-            );
-        }
+        range(
+            "admin.max_connections",
+            self.admin.max_connections,
+            1,
+            10_000,
+        )?;
         range(
             "admin.idle_timeout",
             self.admin.idle_timeout,
