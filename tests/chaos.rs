@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
 use common::*;
-use serde_json::json;
 
 /// The NATS side: one server or a three-node cluster.
 enum Nats {
@@ -180,18 +179,8 @@ async fn run(topology: &str, seconds: u64, seed: u64) -> Counts {
         tokio::spawn(async move {
             for n in 1..=per_account {
                 for a in 0..accounts {
-                    let id = format!("a-{a}");
-                    let mut ev = aggregate_event(
-                        "bank",
-                        "Account",
-                        &id,
-                        "Deposited",
-                        1_800_000_000_000 + n,
-                        json!({"n": n, "amount": 1}),
-                    );
+                    let (subject, ev) = common::ledger_deposit(a, n);
                     let mid = format!("dep-{a}-{n}");
-                    ev["event_id"] = json!(mid);
-                    let subject = format!("tenant.bank.aggregate.Account.{id}");
                     publish_until_stored(
                         &url_cell,
                         &subject,

@@ -234,17 +234,9 @@ async fn a_router_cuts_its_batches_of_copies_at_the_byte_limit_and_loses_nothing
     let pad = "x".repeat(20 * 1024);
     for n in 1..=k {
         for a in 0..accounts {
-            let id = format!("a-{a}");
-            let mut ev = aggregate_event(
-                "bank",
-                "Account",
-                &id,
-                "Deposited",
-                TS + n,
-                json!({"n": n, "amount": 1, "pad": pad}),
-            );
-            ev["event_id"] = json!(format!("dep-{a}-{n}"));
-            publish_json(&js, &format!("tenant.bank.aggregate.Account.{id}"), &ev).await;
+            let (subject, mut ev) = common::ledger_deposit(a, n);
+            ev["payload"]["pad"] = json!(pad);
+            publish_json(&js, &subject, &ev).await;
         }
     }
     let fence = "runner.fence.SAGA_INBOX.AGGREGATE_EVENTS";

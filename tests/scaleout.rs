@@ -20,17 +20,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::Cluster;
+use common::jetstream;
 use common::scaleout::{P, metric, print_warnings, replica, wait_balanced};
-use common::{aggregate_event, jetstream};
 
 /// A stored message: subject and JSON body.
 struct Seen {
     subject: String,
     body: serde_json::Value,
 }
-use serde_json::json;
-
-const TS: u64 = 1_800_000_000_000;
 
 /// Publishes deposits 1..=k for `accounts` accounts, interleaved, retrying each publish
 /// (a cluster node may be down meanwhile).
@@ -38,17 +35,7 @@ async fn deposit(url: &str, accounts: usize, from: u64, to: u64) {
     let js = jetstream(url).await;
     for n in from..=to {
         for a in 0..accounts {
-            let id = format!("a-{a}");
-            let mut ev = aggregate_event(
-                "bank",
-                "Account",
-                &id,
-                "Deposited",
-                TS + n,
-                json!({"n": n, "amount": 1}),
-            );
-            ev["event_id"] = json!(format!("dep-{a}-{n}"));
-            let subject = format!("tenant.bank.aggregate.Account.{id}");
+            let (subject, ev) = common::ledger_deposit(a, n);
             let body = serde_json::to_vec(&ev).unwrap();
             loop {
                 let mut h = async_nats::HeaderMap::new();

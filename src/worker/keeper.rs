@@ -74,11 +74,6 @@ impl Kept {
         }
     }
 
-    /// The lease key.
-    pub fn key(&self) -> &str {
-        &self.key
-    }
-
     /// The lease's epoch.
     pub fn epoch(&self) -> u64 {
         self.epoch

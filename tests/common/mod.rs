@@ -587,6 +587,23 @@ pub fn aggregate_event(
     })
 }
 
+/// Deposit number `n` into the ledger account `a-<account>` of tenant `bank`
+/// (tests/manifests/ledger.yaml): its subject and event, whose id `dep-<account>-<n>` also
+/// serves as the message id; payload `{n, amount: 1}`, timestamp 1 800 000 000 000 + `n`.
+pub fn ledger_deposit(account: impl std::fmt::Display, n: u64) -> (String, serde_json::Value) {
+    let id = format!("a-{account}");
+    let mut ev = aggregate_event(
+        "bank",
+        "Account",
+        &id,
+        "Deposited",
+        1_800_000_000_000 + n,
+        serde_json::json!({"n": n, "amount": 1}),
+    );
+    ev["event_id"] = serde_json::json!(format!("dep-{account}-{n}"));
+    (format!("tenant.bank.aggregate.Account.{id}"), ev)
+}
+
 /// The effect result for an effect command body, as an effect worker would publish it.
 pub fn effect_result(
     command: &serde_json::Value,
