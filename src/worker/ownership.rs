@@ -36,7 +36,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use futures::StreamExt;
@@ -407,7 +407,10 @@ async fn start(
     tracing::info!(
         message = "Partition taken.",
         partition = p,
-        epoch = lease.epoch()
+        epoch = lease.epoch(),
+        checkpoint = restored.checkpoint,
+        replay_until,
+        from_snapshot = restored.downloaded
     );
     Some(Running {
         lease,
@@ -437,7 +440,11 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
     };
     match flushed {
         // Flushed: the snapshot holds everything applied, so the heir replays nothing.
-        Ok(Ok(Ok(()))) => snap.upload(state, p).await,
+        Ok(Ok(Ok(()))) => {
+            if let Some(checkpoint) = snap.upload(state, p).await {
+                snap.wait_listed(p, checkpoint, r.lease.ttl() / 2).await;
+            }
+        }
         Ok(_) => {
             tracing::warn!(
                 message = "Hand-over after the partition was fenced off.",
@@ -483,7 +490,7 @@ struct Snap {
 impl Snap {
     /// Uploads a snapshot of partition `p` as it is committed now; failures are logged (the
     /// previous snapshot stays, and the heir replays a little more).
-    async fn upload(&self, state: &AppState, p: u32) {
+    async fn upload(&self, state: &AppState, p: u32) -> Option<u64> {
         match snapshot::snapshot(&state.store, &self.bucket, &self.how, p, self.keep).await {
             Ok(checkpoint) => {
                 state.metrics.snapshots.inc();
@@ -496,10 +503,46 @@ impl Snap {
                     .with_label_values(&[&p.to_string()])
                     .set(now);
                 tracing::debug!(message = "Snapshot uploaded.", partition = p, checkpoint);
+                Some(checkpoint)
             }
             Err(e) => {
-                tracing::warn!(message = "Snapshot upload failed.", partition = p, error = %e)
+                tracing::warn!(message = "Snapshot upload failed.", partition = p, error = %e);
+                None
             }
+        }
+    }
+
+    /// Waits (up to `within`) until the bucket's listing shows partition `p`'s snapshot at
+    /// `checkpoint`. A listing may be served by a replica of the bucket that has not applied
+    /// the newest write yet; the heir lists the snapshots as soon as the lease is released,
+    /// and one that missed the hand-over snapshot would restore an older one and replay.
+    async fn wait_listed(&self, p: u32, checkpoint: u64, within: Duration) {
+        let until = Instant::now() + within;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            if let Ok(listed) = snapshot::checkpoints(&self.bucket, p).await
+                && listed.contains(&checkpoint)
+            {
+                if tries > 1 {
+                    tracing::info!(
+                        message = "Hand-over snapshot listed after a wait.",
+                        partition = p,
+                        checkpoint,
+                        tries
+                    );
+                }
+                return;
+            }
+            if Instant::now() >= until {
+                tracing::warn!(
+                    message = "Hand-over snapshot not listed yet; the heir may restore an older one and replay.",
+                    partition = p,
+                    checkpoint
+                );
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

@@ -108,15 +108,18 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
-/// Prints (to stderr) every warning and error `r` logged so far, prefixed with `name`: what a
-/// failed scale-out assertion needs to be read (lost leases, flushes cut short, fencing).
+/// Prints (to stderr) every warning and error `r` logged so far, and every partition take
+/// and hand-over (with the restored checkpoint and the replay bound), prefixed with `name`:
+/// what a failed scale-out assertion needs to be read.
 pub fn print_warnings(name: &str, r: &mut RunnerProc) {
     r.logged("");
-    for l in r
-        .log
-        .iter()
-        .filter(|l| l.contains("\"level\":\"WARN\"") || l.contains("\"level\":\"ERROR\""))
-    {
+    for l in r.log.iter().filter(|l| {
+        l.contains("\"level\":\"WARN\"")
+            || l.contains("\"level\":\"ERROR\"")
+            || l.contains("Partition taken")
+            || l.contains("Partition handed over")
+            || l.contains("Hand-over snapshot")
+    }) {
         eprintln!("{name}: {l}");
     }
 }
