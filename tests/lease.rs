@@ -4,7 +4,9 @@
 //! What it must keep: of two contenders exactly one holds a key; renewing keeps it past its
 //! TTL; a holder that stops renewing loses the key after the TTL, a later holder has a
 //! greater epoch, and the old holder's renew is then refused as lost; a release frees the
-//! key at once; the holder's deadline lies within one TTL of its acquire. A kept lease
+//! key at once; a hand-over frees the key and tells the one next holder the snapshot it was
+//! left at, ages out unclaimed, and cannot be written by a holder that lost the key; the
+//! holder's deadline lies within one TTL of its acquire. A kept lease
 //! (`runner::worker::keeper`) stays held while its holder is busy for several TTLs, and one
 //! taken from under it is reported lost. Waits are on
 //! conditions with generous bounds; nothing asserts how long something took.
@@ -161,6 +163,83 @@ async fn release_lets_another_acquire_at_once() {
     assert_eq!(holder(&kv, "p.0").await.unwrap(), None);
     let next = Lease::acquire(&kv, "p.0", "b", TTL).await.unwrap().unwrap();
     assert!(next.epoch() > epoch);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_frees_the_key_and_tells_the_next_holder_its_snapshot() {
+    let server = NatsServer::start();
+    let kv = bucket(&server).await;
+    let mut lease = Lease::acquire(&kv, "p.0", "a", TTL).await.unwrap().unwrap();
+    assert_eq!(
+        lease.handed_over_at(),
+        None,
+        "a fresh key names no snapshot"
+    );
+    lease.renew().await.unwrap();
+    let epoch = lease.epoch();
+    lease.hand_over(4242).await.unwrap();
+    assert_eq!(
+        holder(&kv, "p.0").await.unwrap(),
+        None,
+        "a handed-over key is free"
+    );
+    // Two contenders for the handed-over key: exactly one swaps it.
+    let (b, c) = tokio::join!(
+        Lease::acquire(&kv, "p.0", "b", TTL),
+        Lease::acquire(&kv, "p.0", "c", TTL)
+    );
+    let (b, c) = (b.unwrap(), c.unwrap());
+    assert!(b.is_some() != c.is_some(), "b: {b:?}, c: {c:?}");
+    let mut next = b.or(c).unwrap();
+    assert_eq!(next.handed_over_at(), Some(4242));
+    assert!(next.epoch() > epoch);
+    let seen = holder(&kv, "p.0").await.unwrap().unwrap();
+    assert_eq!(seen.epoch, next.epoch());
+    next.renew().await.unwrap();
+    assert!(
+        Lease::acquire(&kv, "p.0", "d", TTL)
+            .await
+            .unwrap()
+            .is_none(),
+        "the heir holds it like any holder"
+    );
+    // Released plainly, the key names no snapshot to the one after.
+    next.release().await.unwrap();
+    let last = Lease::acquire(&kv, "p.0", "d", TTL).await.unwrap().unwrap();
+    assert_eq!(last.handed_over_at(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unclaimed_hand_over_ages_out_and_a_lost_holder_cannot_hand_over() {
+    let server = NatsServer::start();
+    let kv = bucket(&server).await;
+    let lease = Lease::acquire(&kv, "p.0", "a", TTL).await.unwrap().unwrap();
+    lease.hand_over(7).await.unwrap();
+    common::wait_until("the hand-over ages out", EXPIRY_BOUND, || async {
+        kv.entry("p.0")
+            .await
+            .unwrap()
+            .is_none_or(|e| e.operation != kv::Operation::Put)
+    })
+    .await;
+    let next = Lease::acquire(&kv, "p.0", "b", TTL).await.unwrap().unwrap();
+    assert_eq!(
+        next.handed_over_at(),
+        None,
+        "an aged-out hand-over names nothing"
+    );
+    // A former holder whose key was taken meanwhile cannot write a hand-over over it.
+    let stale = acquire_eventually(&kv, "p.1", "a").await;
+    let entry = kv.entry("p.1").await.unwrap().unwrap();
+    let rival = serde_json::json!({"owner": "b", "nonce": "rival"});
+    kv.update("p.1", rival.to_string().into(), entry.revision)
+        .await
+        .unwrap();
+    assert!(matches!(
+        stale.hand_over(9).await,
+        Err(LeaseError::Lost { .. })
+    ));
+    assert_eq!(holder(&kv, "p.1").await.unwrap().unwrap().owner, "b");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

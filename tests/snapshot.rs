@@ -5,6 +5,7 @@
 //! taken of (it exports the same bytes) and nothing of other partitions; only the newest
 //! few snapshots of a partition stay, never without the newest, and other partitions'
 //! snapshots are untouched; a local copy at least as new as the newest snapshot is kept; a
+//! heir handed a partition at a snapshot waits until the listing shows it; a
 //! damaged newest snapshot gives way to the next older one; the retention check reports a
 //! gap exactly when the input after the checkpoint has left the stream.
 #![allow(clippy::unwrap_used)]
@@ -12,6 +13,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use async_nats::jetstream::object_store::ObjectStore;
 use async_nats::jetstream::stream;
@@ -24,7 +26,7 @@ use runner::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 use runner::worker::partition::partition;
 use runner::worker::snapshot::{
     Restored, checkpoints, download, ensure_bucket, latest, object_name, partitioning, restore,
-    retention_gap, snapshot, upload,
+    restore_handed_over, retention_gap, snapshot, upload,
 };
 
 const P: u32 = 8;
@@ -260,6 +262,51 @@ async fn a_local_copy_at_least_as_new_as_the_snapshot_is_kept() {
         .unwrap()
         .state;
     assert_eq!(state, "paid");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_over_partition_waits_for_its_snapshot_to_be_listed() {
+    let server = NatsServer::start();
+    let bucket = bucket(&server).await;
+    let p = partition("acme", "order", "o-0", P);
+    upload(&bucket, &snapshot_bytes(p, 10), 3).await.unwrap();
+    // The hand-over snapshot shows up in the listing only after the heir first looks, as
+    // from a bucket replica that lags the write.
+    let late = bucket.clone();
+    let uploader = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        upload(&late, &snapshot_bytes(p, 42), 3).await.unwrap();
+    });
+    let (_b_dir, b) = store();
+    let restored = restore_handed_over(&b, &bucket, &how(), p, 42, Duration::from_secs(30))
+        .await
+        .unwrap();
+    uploader.await.unwrap();
+    assert_eq!(
+        restored,
+        Restored {
+            checkpoint: 42,
+            downloaded: true
+        },
+        "the heir restores the snapshot it was handed, not the older one listed first"
+    );
+    // A local copy already past the hand-over needs no listing of it.
+    set_checkpoint(&b, p, 50);
+    assert_eq!(
+        restore_handed_over(&b, &bucket, &how(), p, 45, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        Restored {
+            checkpoint: 50,
+            downloaded: false
+        }
+    );
+    // A hand-over snapshot that never appears: after the wait, the newest listed serves.
+    let (_c_dir, c) = store();
+    let restored = restore_handed_over(&c, &bucket, &how(), p, 99, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert_eq!(restored.checkpoint, 42);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,9 +17,9 @@
 //!   only ever publishes what the lease says, so keeping a lease never extends trust
 //!   beyond what the bucket granted. Once the lease is lost the keeper stops and the
 //!   deadline stays in the past.
-//! - **Released once, by its holder.** [`Kept::release`] stops the keeper (waiting for a
-//!   renewal in flight, so the release compares against the newest revision) and deletes
-//!   the key. Dropping a `Kept` stops the keeper without releasing: the key then ages out
+//! - **Released once, by its holder.** [`Kept::release`] (or [`Kept::hand_over`]) stops the
+//!   keeper (waiting for a renewal in flight, so the release compares against the newest
+//!   revision) and deletes the key (or writes the hand-over). Dropping a `Kept` stops the keeper without releasing: the key then ages out
 //!   after one TTL.
 //!
 //! Fencing stays the safety net (see [`super::lease`]): a holder paused past its deadline
@@ -38,6 +38,7 @@ use super::lease::{Lease, LeaseError};
 pub struct Kept {
     key: String,
     epoch: u64,
+    handed_over_at: Option<u64>,
     ttl: Duration,
     deadline: watch::Receiver<Instant>,
     stop: CancellationToken,
@@ -62,11 +63,13 @@ impl Kept {
         let stop = CancellationToken::new();
         let key = lease.key().to_string();
         let epoch = lease.epoch();
+        let handed_over_at = lease.handed_over_at();
         let ttl = lease.ttl();
         let task = tokio::spawn(renew(lease, tx, stop.clone(), renewed));
         Self {
             key,
             epoch,
+            handed_over_at,
             ttl,
             deadline,
             stop,
@@ -77,6 +80,11 @@ impl Kept {
     /// The lease's epoch.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The snapshot checkpoint the previous holder handed over with ([`Lease::handed_over_at`]).
+    pub fn handed_over_at(&self) -> Option<u64> {
+        self.handed_over_at
     }
 
     /// The lease's TTL.
@@ -118,19 +126,33 @@ impl Kept {
     }
 
     /// Stops renewing and gives the key up ([`Lease::release`]).
-    pub async fn release(mut self) -> Result<(), LeaseError> {
+    pub async fn release(self) -> Result<(), LeaseError> {
+        match self.stopped().await? {
+            Some(lease) => lease.release().await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops renewing and hands the key over with the snapshot at `checkpoint`
+    /// ([`Lease::hand_over`]).
+    pub async fn hand_over(self, checkpoint: u64) -> Result<(), LeaseError> {
+        match self.stopped().await? {
+            Some(lease) => lease.hand_over(checkpoint).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Stops the keeper, waiting for a renewal in flight; the lease back.
+    async fn stopped(mut self) -> Result<Option<Lease>, LeaseError> {
         self.stop.cancel();
         let Some(task) = self.task.take() else {
-            return Ok(());
+            return Ok(None);
         };
-        match task.await {
-            Ok(lease) => lease.release().await,
-            Err(e) => Err(LeaseError::Kv {
-                key: self.key.clone(),
-                op: "renewal task",
-                reason: e.to_string(),
-            }),
-        }
+        task.await.map(Some).map_err(|e| LeaseError::Kv {
+            key: self.key.clone(),
+            op: "renewal task",
+            reason: e.to_string(),
+        })
     }
 }
 

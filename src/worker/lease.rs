@@ -18,10 +18,18 @@
 //!    holds this holder's write: the lease is lost ([`LeaseError::Lost`]), for good.
 //! 3. *Release* ([`Lease::release`]): delete the key expecting the held revision; another
 //!    contender can create it at once.
+//! 4. *Hand over* ([`Lease::hand_over`]): instead of deleting, write `{handoff: N}` expecting
+//!    the held revision, where `N` is the checkpoint of the snapshot the holder stored last.
+//!    The key is free from then on ([`holder`] reads nobody); the next contender takes it
+//!    with a compare-and-set on that revision, and learns `N`
+//!    ([`Lease::handed_over_at`]), so it can wait for that snapshot instead of trusting a
+//!    listing that may lag the write. An unclaimed hand-over ages out like any entry. (A
+//!    replica of an older version reads a hand-over as held and waits for it to age out:
+//!    one TTL late, and it replays from the newest snapshot it lists.)
 //!
-//! The value is JSON `{owner, epoch, nonce}` (no `epoch` in the create itself, whose own
-//! revision is the epoch: read it with [`holder`]). Readers ignore fields they do not know,
-//! so a later hand-off can add `{handoff, snap, heir}` without a format change. The `nonce`
+//! The value is JSON `{owner, epoch, nonce}` (no `epoch` in the acquiring write itself, whose
+//! own revision is the epoch: read it with [`holder`]), plus `handoff` in a hand-over.
+//! Readers ignore fields they do not know. The `nonce`
 //! is random per acquisition: when the server's answer to a write is lost (a timeout) but the
 //! write landed, the holder recognises its own write by it and carries on, instead of taking
 //! its own write for a rival's. Safety does not rest on `owner` being unique.
@@ -71,6 +79,10 @@ struct LeaseValue {
     epoch: Option<u64>,
     /// Random per acquisition: lets a holder recognise its own write.
     nonce: String,
+    /// Set by a hand-over: the key is free, and the state it left is the snapshot at this
+    /// checkpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    handoff: Option<u64>,
 }
 
 /// Lease errors.
@@ -124,12 +136,15 @@ pub struct Holder {
     pub revision: u64,
 }
 
-/// The current holder of `key`, or `None` when nobody holds it (never created, released, or
-/// expired).
+/// The current holder of `key`, or `None` when nobody holds it (never created, released,
+/// handed over, or expired).
 pub async fn holder(kv: &kv::Store, key: &str) -> Result<Option<Holder>, LeaseError> {
     let Some(entry) = read(kv, key).await? else {
         return Ok(None);
     };
+    if entry.value.handoff.is_some() {
+        return Ok(None);
+    }
     Ok(Some(Holder {
         owner: entry.value.owner,
         epoch: entry.value.epoch.unwrap_or(entry.revision),
@@ -175,6 +190,25 @@ async fn own_write(kv: &kv::Store, key: &str, nonce: &str) -> Option<(u64, Optio
     }
 }
 
+/// Swaps a handed-over entry (at `revision`) for `value`: the new holder's revision, or `None`
+/// when another contender swapped it first.
+async fn take_handed_over(
+    kv: &kv::Store,
+    key: &str,
+    value: Bytes,
+    revision: u64,
+) -> Result<Option<u64>, LeaseError> {
+    match kv.update(key, value, revision).await {
+        Ok(revision) => Ok(Some(revision)),
+        Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => Ok(None),
+        Err(e) => Err(LeaseError::Kv {
+            key: key.to_string(),
+            op: "update",
+            reason: e.to_string(),
+        }),
+    }
+}
+
 /// The part of the TTL a holder gives up as a safety margin: it stops TTL/5 before the
 /// server could expire its lease (8 s of a 10 s TTL, as DESIGN §8.3).
 fn margin(ttl: Duration) -> Duration {
@@ -191,6 +225,7 @@ pub struct Lease {
     epoch: u64,
     revision: u64,
     valid_until: Instant,
+    handed_over_at: Option<u64>,
 }
 
 impl std::fmt::Debug for Lease {
@@ -209,6 +244,7 @@ impl std::fmt::Debug for Lease {
 /// The one write a holder makes after acquiring, each a compare-and-set on its revision.
 enum Write {
     Renew(Bytes),
+    HandOver(Bytes),
     Release,
 }
 
@@ -227,9 +263,11 @@ impl Lease {
             owner: owner.to_string(),
             epoch: None,
             nonce: nonce.clone(),
+            handoff: None,
         });
         let sent = Instant::now();
-        let (revision, epoch) = match kv.create(key, value).await {
+        let mut handed_over_at = None;
+        let (revision, epoch) = match kv.create(key, value.clone()).await {
             Ok(revision) => (revision, revision),
             Err(e) => match e.kind() {
                 CreateErrorKind::InvalidKey => {
@@ -239,9 +277,21 @@ impl Lease {
                 }
                 // Someone holds it — unless that someone is this very create, whose first
                 // answer was lost.
-                CreateErrorKind::AlreadyExists => match own_write(kv, key, &nonce).await {
-                    Some((revision, epoch)) => (revision, epoch.unwrap_or(revision)),
-                    None => return Ok(None),
+                CreateErrorKind::AlreadyExists => match read(kv, key).await.ok().flatten() {
+                    Some(r) if r.value.nonce == nonce => {
+                        (r.revision, r.value.epoch.unwrap_or(r.revision))
+                    }
+                    // Handed over: free to whoever swaps it first.
+                    Some(r) if r.value.handoff.is_some() => {
+                        match take_handed_over(kv, key, value, r.revision).await? {
+                            Some(revision) => {
+                                handed_over_at = r.value.handoff;
+                                (revision, revision)
+                            }
+                            None => return Ok(None),
+                        }
+                    }
+                    _ => return Ok(None),
                 },
                 _ => {
                     return Err(LeaseError::Kv {
@@ -261,6 +311,7 @@ impl Lease {
             epoch,
             revision,
             valid_until: sent + ttl - margin(ttl),
+            handed_over_at,
         }))
     }
 
@@ -273,6 +324,7 @@ impl Lease {
             owner: self.owner.clone(),
             epoch: Some(self.epoch),
             nonce: self.nonce.clone(),
+            handoff: None,
         });
         let (revision, sent) = self.write(Write::Renew(value)).await?;
         self.revision = revision;
@@ -286,6 +338,19 @@ impl Lease {
         self.write(Write::Release).await.map(|_| ())
     }
 
+    /// Gives the key up saying that the state it leaves is the snapshot at `checkpoint`: a
+    /// compare-and-set on the held revision. The next holder reads `checkpoint` from
+    /// [`Lease::handed_over_at`]. [`LeaseError::Lost`] means it was no longer held anyway.
+    pub async fn hand_over(mut self, checkpoint: u64) -> Result<(), LeaseError> {
+        let value = encode(&LeaseValue {
+            owner: self.owner.clone(),
+            epoch: Some(self.epoch),
+            nonce: self.nonce.clone(),
+            handoff: Some(checkpoint),
+        });
+        self.write(Write::HandOver(value)).await.map(|_| ())
+    }
+
     /// Runs `write` as a compare-and-set on the held revision. When the server answers
     /// "wrong revision" but the live entry is this holder's own later write (an earlier
     /// answer was lost), it retries once on that revision; otherwise the lease is lost.
@@ -295,7 +360,9 @@ impl Lease {
         for _ in 0..2 {
             let sent = Instant::now();
             let answer = match &write {
-                Write::Renew(value) => self.kv.update(&self.key, value.clone(), expected).await,
+                Write::Renew(value) | Write::HandOver(value) => {
+                    self.kv.update(&self.key, value.clone(), expected).await
+                }
                 Write::Release => self
                     .kv
                     .delete_expect_revision(&self.key, Some(expected))
@@ -319,7 +386,7 @@ impl Lease {
                     return Err(LeaseError::Kv {
                         key: self.key.clone(),
                         op: match write {
-                            Write::Renew(_) => "update",
+                            Write::Renew(_) | Write::HandOver(_) => "update",
                             Write::Release => "delete",
                         },
                         reason: e.to_string(),
@@ -343,6 +410,12 @@ impl Lease {
     /// holder of the same key.
     pub fn epoch(&self) -> u64 {
         self.epoch
+    }
+
+    /// The checkpoint of the snapshot the previous holder handed the key over with, when it
+    /// did ([`Lease::hand_over`]); `None` when the key was free, released or expired.
+    pub fn handed_over_at(&self) -> Option<u64> {
+        self.handed_over_at
     }
 
     /// The TTL (the bucket's `max_age`).
@@ -383,16 +456,18 @@ mod tests {
             owner: "r1".into(),
             epoch: None,
             nonce: "n".into(),
+            handoff: None,
         };
         let json: serde_json::Value = serde_json::from_slice(&encode(&v)).unwrap();
         assert_eq!(json, serde_json::json!({"owner": "r1", "nonce": "n"}));
         let later: LeaseValue = serde_json::from_value(serde_json::json!({
             "owner": "r1", "epoch": 7, "nonce": "n",
-            "handoff": true, "snap": 42, "heir": "r2"
+            "handoff": 42, "heir": "r2"
         }))
         .unwrap();
         assert_eq!(later.epoch, Some(7));
         assert_eq!(later.owner, "r1");
+        assert_eq!(later.handoff, Some(42));
     }
 
     #[test]

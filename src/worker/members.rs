@@ -44,8 +44,10 @@ impl View {
                 self.members.remove(&e.key);
             }
         } else if let Some(p) = e.key.strip_prefix("p.").and_then(|p| p.parse().ok()) {
+            // A handed-over lease is free (`worker/lease.rs`).
             let owner = serde_json::from_slice::<serde_json::Value>(&e.value)
                 .ok()
+                .filter(|v| v.get("handoff").is_none())
                 .and_then(|v| v.get("owner").and_then(|o| o.as_str()).map(str::to_string));
             match (live, owner) {
                 (true, Some(o)) => {

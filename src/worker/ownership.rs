@@ -14,8 +14,9 @@
 //! **Each tick** (a twentieth of the TTL, and on every bucket change) the task stops what
 //! it no longer holds, computes the target ([`super::assign::assign`]) from the live members and
 //! holders, takes every free partition assigned to it, and hands over at most one partition
-//! it holds beyond its share (stop reading, flush the outbox, release the lease; the heir
-//! sees the key disappear and takes it).
+//! it holds beyond its share (stop reading, flush the outbox, snapshot, hand the lease over
+//! naming the snapshot; the heir sees the key freed, takes it, and waits for that snapshot
+//! to be listed before restoring).
 //!
 //! **Guarantees.**
 //! - **Stop before the deadline.** A partition whose lease is lost (renewal refused) or
@@ -30,13 +31,15 @@
 //!   records are never published by this owner. The heir replays the inputs its copy lacks
 //!   and publishes only what the fence watermark shows is missing.
 //! - **Drain.** On cancellation every partition is handed over the same way as a rebalance
-//!   (stop reading, flush, snapshot, release), one after the other with every lease still
+//!   (stop reading, flush, snapshot, hand over), one after the other with every lease still
 //!   renewed, then the heartbeat is deleted. A hand-over whose flush completed leaves a
-//!   snapshot covering everything applied: the heir replays nothing.
+//!   snapshot covering everything applied and names it in the lease: the heir restores that
+//!   one (waiting, up to half a TTL, for a bucket listing that lags the upload) and replays
+//!   nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_nats::jetstream::kv;
 use futures::StreamExt;
@@ -326,7 +329,17 @@ async fn start(
         .filter_map(|f| f.through().map(|t| t.seq))
         .max()
         .unwrap_or(0);
-    let restored = match snapshot::restore(&state.store, &snap.bucket, &snap.how, p).await {
+    // A hand-over names its snapshot: wait for the listing to show it (half a TTL at most).
+    let restored = match snapshot::restore_handed_over(
+        &state.store,
+        &snap.bucket,
+        &snap.how,
+        p,
+        lease.handed_over_at().unwrap_or(0),
+        lease.ttl() / 2,
+    )
+    .await
+    {
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(message = "Cannot restore a partition; giving the lease back.", partition = p, error = %e);
@@ -410,7 +423,8 @@ async fn start(
         epoch = lease.epoch(),
         checkpoint = restored.checkpoint,
         replay_until,
-        from_snapshot = restored.downloaded
+        from_snapshot = restored.downloaded,
+        handed_over_at = ?lease.handed_over_at()
     );
     Some(Running {
         lease,
@@ -430,6 +444,7 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
         return;
     };
     let stopping = Instant::now();
+    let mut handed = None;
     r.consume_stop.cancel();
     let _ = (&mut r.consume).await;
     r.relay_stop.cancel();
@@ -440,11 +455,7 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
     };
     match flushed {
         // Flushed: the snapshot holds everything applied, so the heir replays nothing.
-        Ok(Ok(Ok(()))) => {
-            if let Some(checkpoint) = snap.upload(state, p).await {
-                snap.wait_listed(p, checkpoint, r.lease.ttl() / 2).await;
-            }
-        }
+        Ok(Ok(Ok(()))) => handed = snap.upload(state, p).await,
         Ok(_) => {
             tracing::warn!(
                 message = "Hand-over after the partition was fenced off.",
@@ -465,14 +476,20 @@ async fn hand_over(state: &AppState, snap: &Snap, running: &mut BTreeMap<u32, Ru
         .observe(stopping.elapsed().as_secs_f64());
     forget(state, p);
     let epoch = r.lease.epoch();
-    match r.lease.release().await {
+    // With the snapshot named in the lease, the heir waits for it rather than restoring an
+    // older one its first listing may show.
+    let released = match handed {
+        Some(checkpoint) => r.lease.hand_over(checkpoint).await,
+        None => r.lease.release().await,
+    };
+    match released {
         Ok(()) => {
             state
                 .metrics
                 .lease_events
                 .with_label_values(&["released"])
                 .inc();
-            tracing::info!(message = "Partition handed over.", partition = p, epoch);
+            tracing::info!(message = "Partition handed over.", partition = p, epoch, snapshot = ?handed);
         }
         Err(e) => {
             tracing::warn!(message = "Partition release failed; it expires on its own.", partition = p, error = %e)
@@ -509,40 +526,6 @@ impl Snap {
                 tracing::warn!(message = "Snapshot upload failed.", partition = p, error = %e);
                 None
             }
-        }
-    }
-
-    /// Waits (up to `within`) until the bucket's listing shows partition `p`'s snapshot at
-    /// `checkpoint`. A listing may be served by a replica of the bucket that has not applied
-    /// the newest write yet; the heir lists the snapshots as soon as the lease is released,
-    /// and one that missed the hand-over snapshot would restore an older one and replay.
-    async fn wait_listed(&self, p: u32, checkpoint: u64, within: Duration) {
-        let until = Instant::now() + within;
-        let mut tries = 0u32;
-        loop {
-            tries += 1;
-            if let Ok(listed) = snapshot::checkpoints(&self.bucket, p).await
-                && listed.contains(&checkpoint)
-            {
-                if tries > 1 {
-                    tracing::info!(
-                        message = "Hand-over snapshot listed after a wait.",
-                        partition = p,
-                        checkpoint,
-                        tries
-                    );
-                }
-                return;
-            }
-            if Instant::now() >= until {
-                tracing::warn!(
-                    message = "Hand-over snapshot not listed yet; the heir may restore an older one and replay.",
-                    partition = p,
-                    checkpoint
-                );
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 }

@@ -30,6 +30,7 @@
 //! may not be.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{
     self,
@@ -309,6 +310,23 @@ pub async fn restore(
     how: &Partitioning,
     p: u32,
 ) -> Result<Restored, TransferError> {
+    restore_handed_over(store, bucket, how, p, 0, Duration::ZERO).await
+}
+
+/// [`restore`] for a partition handed over with the snapshot at `handed`: when the local
+/// copy is older, the listing is read again (every 50 ms, for up to `within`) until it shows
+/// a snapshot at `handed` or newer. A listing may come from a bucket replica that has not
+/// applied the newest write yet; trusting the first one would restore an older snapshot and
+/// replay what the hand-over meant to spare. Past `within` it restores what is listed, with
+/// a warning.
+pub async fn restore_handed_over(
+    store: &Store,
+    bucket: &ObjectStore,
+    how: &Partitioning,
+    p: u32,
+    handed: u64,
+    within: Duration,
+) -> Result<Restored, TransferError> {
     let (s, h) = (store.clone(), how.clone());
     let local = tokio::task::spawn_blocking(move || s.partition_checkpoint(&h, p))
         .await
@@ -318,7 +336,27 @@ pub async fn restore(
         checkpoint: local,
         downloaded: false,
     };
-    for checkpoint in checkpoints(bucket, p).await?.into_iter().rev() {
+    let until = Instant::now() + within;
+    let mut listed = checkpoints(bucket, p).await?;
+    let mut reads = 1u32;
+    while handed > local && listed.last().is_none_or(|&newest| newest < handed) {
+        if Instant::now() >= until {
+            tracing::warn!(message = "The hand-over snapshot is not listed; restoring an older one, inputs after it will be replayed.", partition = p, handed, newest = ?listed.last());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        listed = checkpoints(bucket, p).await?;
+        reads += 1;
+    }
+    if reads > 1 {
+        tracing::info!(
+            message = "Snapshot listing read again until it showed the hand-over.",
+            partition = p,
+            handed,
+            reads
+        );
+    }
+    for checkpoint in listed.into_iter().rev() {
         if checkpoint <= local {
             break;
         }
