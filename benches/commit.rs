@@ -27,7 +27,7 @@ fn deposit(account: u64, n: u64, seq: u64) -> RawInput {
     });
     RawInput {
         subject: format!("tenant.bench.aggregate.Account.a{account}"),
-        body: serde_json::to_vec(&body).unwrap(),
+        body: serde_json::to_vec(&body).unwrap().into(),
         traceparent: None,
         source: format!("AGG:{seq}"),
     }

@@ -67,7 +67,7 @@ pub fn envelope(data: &[u8]) {
         let (subject, body) = split_line(one);
         let raw = RawInput {
             subject: String::from_utf8_lossy(subject).into_owned(),
-            body: body.to_vec(),
+            body: bytes::Bytes::copy_from_slice(body),
             traceparent: None,
             source: "FUZZ:1".into(),
         };
@@ -156,7 +156,9 @@ pub fn effect_command(data: &[u8]) {
     let result = cmd.result(ResultType::Failed, json!({"error": "fuzz"}), 1);
     let raw = RawInput {
         subject: result.subject,
-        body: serde_json::to_vec(&result.body).expect("a JSON value serialises"),
+        body: serde_json::to_vec(&result.body)
+            .expect("a JSON value serialises")
+            .into(),
         traceparent: None,
         source: "FUZZ:1".into(),
     };

@@ -75,7 +75,7 @@ fn order(tenant: &str, id: &str, items: serde_json::Value, seq: u64) -> RawInput
     }
     RawInput {
         subject: format!("tenant.{tenant}.aggregate.Order.{id}"),
-        body: serde_json::to_vec(&body).unwrap(),
+        body: serde_json::to_vec(&body).unwrap().into(),
         traceparent: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
     }
@@ -112,7 +112,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
         order("acme", "bad", json!({}), 3),  // finished (rejected); parked below
         RawInput {
             subject: "tenant.acme.aggregate.Order.x".into(),
-            body: b"not json".to_vec(),
+            body: b"not json".to_vec().into(),
             traceparent: None,
             source: "AGGREGATE_EVENTS:4".into(),
         },

@@ -23,7 +23,7 @@ fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
         seq,
         RawInput {
             subject: format!("tenant.bank.aggregate.Account.{account}"),
-            body: serde_json::to_vec(&ev).unwrap(),
+            body: serde_json::to_vec(&ev).unwrap().into(),
             traceparent: None,
             source: format!("AGGREGATE_EVENTS:{seq}"),
         },

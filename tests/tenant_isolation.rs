@@ -54,7 +54,7 @@ fn store() -> (tempfile::TempDir, Store) {
 fn raw(subject: String, body: &Json, seq: u64) -> RawInput {
     RawInput {
         subject,
-        body: serde_json::to_vec(body).expect("json"),
+        body: serde_json::to_vec(body).expect("json").into(),
         traceparent: None,
         source: format!("TEST:{seq}"),
     }
@@ -192,7 +192,7 @@ fn run(seed: u64, allowed: &[&str]) {
             } else {
                 batch.push(RawInput {
                     subject: format!("tenant.{t}.aggregate.Order.{id}"),
-                    body: b"\x00not json".to_vec(),
+                    body: b"\x00not json".to_vec().into(),
                     traceparent: None,
                     source: format!("TEST:{seq}"),
                 });

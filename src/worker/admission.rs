@@ -29,8 +29,8 @@ pub const MAX_ID_BYTES: usize = 512;
 pub struct RawInput {
     /// Full subject, `tenant.<t>.…`.
     pub subject: String,
-    /// Body bytes.
-    pub body: Vec<u8>,
+    /// Body bytes (shared with the message they came in: reading an input copies nothing).
+    pub body: bytes::Bytes,
     /// `traceparent` header, if any.
     pub traceparent: Option<String>,
     /// `stream:seq`, for dead letters.
@@ -201,7 +201,7 @@ mod tests {
     fn raw(subject: &str, body: &str) -> RawInput {
         RawInput {
             subject: subject.into(),
-            body: body.as_bytes().to_vec(),
+            body: bytes::Bytes::copy_from_slice(body.as_bytes()),
             traceparent: None,
             source: "AGG:1".into(),
         }

@@ -411,7 +411,7 @@ fn read_chunk<E>(
                     RawInput {
                         subject: routed(headers::ROUTED_SUBJECT)
                             .unwrap_or_else(|| msg.subject.to_string()),
-                        body: msg.payload.to_vec(),
+                        body: msg.payload.clone(),
                         traceparent,
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
@@ -436,7 +436,7 @@ mod tests {
             seq,
             RawInput {
                 subject: "s".into(),
-                body: vec![b'x'; bytes],
+                body: vec![b'x'; bytes].into(),
                 traceparent: None,
                 source: format!("s:{seq}"),
             },

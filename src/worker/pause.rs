@@ -83,7 +83,7 @@ pub fn hold_again(
 ) -> Result<(), StorageError> {
     let raw = RawInput {
         subject: dl.subject.clone(),
-        body: dl.body.clone().into_bytes(),
+        body: dl.body.clone().into_bytes().into(),
         traceparent: dl.traceparent.clone(),
         source: dl.source.clone(),
     };

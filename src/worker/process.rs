@@ -232,7 +232,7 @@ impl<'a> Processor<'a> {
         );
         let raw = RawInput {
             subject: format!("tenant.{}.{}", t.tenant, input.subject),
-            body: serde_json::to_vec(&input.body).unwrap_or_default(),
+            body: serde_json::to_vec(&input.body).unwrap_or_default().into(),
             traceparent: None,
             source: "timer".into(),
         };
@@ -494,7 +494,7 @@ impl Reapply for Processor<'_> {
     fn reapply(&mut self, tx: &Tables<'_, RW>, dl: &DeadLetter, hold: bool) -> Result<bool> {
         let raw = RawInput {
             subject: dl.subject.clone(),
-            body: dl.body.clone().into_bytes(),
+            body: dl.body.clone().into_bytes().into(),
             traceparent: dl.traceparent.clone(),
             source: format!("redrive:{}", dl.id),
         };
@@ -575,7 +575,7 @@ mod tests {
         );
         let raw = RawInput {
             subject: "tenant.acme.aggregate.Order.o-1".into(),
-            body: b"not json".to_vec(),
+            body: bytes::Bytes::from_static(b"not json"),
             traceparent: None,
             source: "AGGREGATE_EVENTS:7".into(),
         };

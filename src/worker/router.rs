@@ -305,7 +305,7 @@ async fn send(
         let payload = msg.payload.clone();
         let raw = RawInput {
             subject: msg.subject.to_string(),
-            body: payload.to_vec(),
+            body: payload.clone(),
             traceparent: traceparent.clone(),
             source: format!("{}:{seq}", source.stream),
         };
