@@ -29,7 +29,7 @@ pub const MAX_ID_BYTES: usize = 512;
 pub struct RawInput {
     /// Full subject, `tenant.<t>.…`.
     pub subject: String,
-    /// Body bytes (shared with the message they came in: reading an input copies nothing).
+    /// Body bytes; a large body is shared with the message it came in (see `consume.rs`).
     pub body: bytes::Bytes,
     /// `traceparent` header, if any.
     pub traceparent: Option<String>,

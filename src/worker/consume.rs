@@ -371,6 +371,20 @@ struct Chunk<E> {
     lag: Option<u64>,
 }
 
+/// Payloads from this size on are kept as the client received them; smaller ones are copied.
+const SHARE_FROM: usize = 16 * 1024;
+
+/// An input's body. A large payload is shared with the message, so a batch never holds its
+/// bytes twice. A small one is copied: sharing would keep the client's whole read buffer
+/// (tens of KiB, holding other traffic) alive for as long as the input waits.
+fn body_of(payload: &bytes::Bytes) -> bytes::Bytes {
+    if payload.len() >= SHARE_FROM {
+        payload.clone()
+    } else {
+        bytes::Bytes::copy_from_slice(payload)
+    }
+}
+
 /// Turns a chunk of consumer items into inputs, stopping at the first error.
 fn read_chunk<E>(
     stream: &str,
@@ -411,7 +425,7 @@ fn read_chunk<E>(
                     RawInput {
                         subject: routed(headers::ROUTED_SUBJECT)
                             .unwrap_or_else(|| msg.subject.to_string()),
-                        body: msg.payload.clone(),
+                        body: body_of(&msg.payload),
                         traceparent,
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
@@ -457,6 +471,22 @@ mod tests {
         assert!(wanted(&two, "tenant.a.workflow_event.order.o1"));
         assert!(!wanted(&two, "runner.fence.WORKFLOW_EVENTS.7"));
         assert!(!wanted(&two, "tenant.a.other.x.y"));
+    }
+
+    #[test]
+    fn large_bodies_share_the_message_bytes_and_small_ones_are_copied() {
+        // A read buffer holding a small payload and a large one.
+        let buffer = bytes::Bytes::from(vec![7u8; 100 + SHARE_FROM]);
+        let small = buffer.slice(0..100);
+        let large = buffer.slice(100..);
+        assert_eq!(
+            body_of(&large).as_ptr(),
+            large.as_ptr(),
+            "shared, not copied"
+        );
+        let copied = body_of(&small);
+        assert_eq!(copied, small);
+        assert_ne!(copied.as_ptr(), small.as_ptr(), "copied out of the buffer");
     }
 
     #[test]
