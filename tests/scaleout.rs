@@ -444,6 +444,7 @@ async fn a_drained_replica_hands_its_partitions_over_with_nothing_replayed() {
     assert_exactly_once(&cluster.url(2), accounts, k, Duration::from_secs(180)).await;
     let mut replayed = 0.0;
     let mut from_snapshot = 0.0;
+    let mut inherited = 0.0;
     for r in [&r1, &r3] {
         let text = common::get_text(&format!("{}/metrics", r.admin)).await;
         replayed += metric(&text, "runner_partition_replayed_inputs_total");
@@ -451,13 +452,20 @@ async fn a_drained_replica_hands_its_partitions_over_with_nothing_replayed() {
             &text,
             "runner_partition_restores_total{source=\"snapshot\"}",
         );
+        inherited += metric(&text, "runner_lease_events_total{event=\"inherited\"}");
     }
     println!(
-        "drain hand-over: {from_snapshot} partitions restored from snapshots, {replayed} inputs replayed"
+        "drain hand-over: {from_snapshot} partitions restored from snapshots, {inherited} leases inherited from hand-overs, {replayed} inputs replayed"
     );
     assert!(
         from_snapshot >= 1.0,
         "the heirs took the drained partitions from snapshots"
+    );
+    // Every drained partition was taken through a hand-over that named its snapshot (the
+    // count also holds the hand-overs of the start-up balancing, restored locally).
+    assert!(
+        inherited >= from_snapshot,
+        "{inherited} leases inherited, {from_snapshot} restored from snapshots"
     );
     if replayed > 0.0 {
         for (name, r) in [("r1", &mut r1), ("r2", &mut r2), ("r3", &mut r3)] {

@@ -396,7 +396,14 @@ impl Metrics {
                 &["event"],
             )?,
         )?;
-        for e in ["acquired", "renewed", "lost", "released", "fenced"] {
+        for e in [
+            "acquired",
+            "inherited",
+            "renewed",
+            "lost",
+            "released",
+            "fenced",
+        ] {
             lease_events.with_label_values(&[e]);
         }
         let fenced_rejections = reg(

@@ -59,7 +59,8 @@ pub const PARTITIONS_OWNED: &str = "runner_partitions_owned";
 pub const PARTITION_EPOCH: &str = "runner_partition_epoch";
 /// Inbox messages after the last one read, by owned partition.
 pub const PARTITION_LAG: &str = "runner_partition_lag";
-/// Partition lease events (`acquired`, `renewed`, `lost`, `released`, `fenced`).
+/// Partition lease events (`acquired`; `inherited`, an acquire from a hand-over that named its
+/// snapshot; `renewed`, `lost`, `released`, `fenced`).
 pub const LEASE_EVENTS_TOTAL: &str = "runner_lease_events_total";
 /// Fenced publishes the broker refused because a newer owner raised the fence.
 pub const FENCED_REJECTIONS_TOTAL: &str = "runner_fenced_rejections_total";

@@ -408,6 +408,13 @@ async fn start(
         .lease_events
         .with_label_values(&["acquired"])
         .inc();
+    if lease.handed_over_at().is_some() {
+        state
+            .metrics
+            .lease_events
+            .with_label_values(&["inherited"])
+            .inc();
+    }
     state
         .metrics
         .partition_epoch
