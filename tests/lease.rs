@@ -5,7 +5,8 @@
 //! TTL; a holder that stops renewing loses the key after the TTL, a later holder has a
 //! greater epoch, and the old holder's renew is then refused as lost; a release frees the
 //! key at once; a hand-over frees the key and tells the one next holder the snapshot it was
-//! left at, ages out unclaimed, and cannot be written by a holder that lost the key; the
+//! left at, ages out unclaimed, can be handed on again by a kept heir, and cannot be written
+//! by a holder that lost the key; the
 //! holder's deadline lies within one TTL of its acquire. A kept lease
 //! (`runner::worker::keeper`) stays held while its holder is busy for several TTLs, and one
 //! taken from under it is reported lost. Waits are on
@@ -349,4 +350,33 @@ async fn a_kept_lease_taken_from_under_it_is_reported_lost() {
     assert!(matches!(kept.release().await, Err(LeaseError::Lost { .. })));
     let seen = holder(&kv, "p.0").await.unwrap().unwrap();
     assert_eq!((seen.owner.as_str(), seen.epoch), ("b", rival.epoch()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inherited_kept_lease_can_be_handed_on_with_the_same_snapshot() {
+    let server = NatsServer::start();
+    let kv = bucket(&server).await;
+    let first = Kept::keep(
+        Lease::acquire(&kv, "p.0", "a", TTL).await.unwrap().unwrap(),
+        None,
+    );
+    assert_eq!(first.handed_over_at(), None);
+    first.hand_over(77).await.unwrap();
+    // An heir that cannot start gives the key back naming the same snapshot, after its
+    // keeper renewed it at least once.
+    let heir = Kept::keep(
+        Lease::acquire(&kv, "p.0", "b", TTL).await.unwrap().unwrap(),
+        None,
+    );
+    assert_eq!(heir.handed_over_at(), Some(77));
+    tokio::time::sleep(TTL / 2).await;
+    assert!(heir.is_valid());
+    heir.hand_over(77).await.unwrap();
+    assert_eq!(holder(&kv, "p.0").await.unwrap(), None);
+    let next = Lease::acquire(&kv, "p.0", "c", TTL).await.unwrap().unwrap();
+    assert_eq!(
+        next.handed_over_at(),
+        Some(77),
+        "the next taker still knows it"
+    );
 }

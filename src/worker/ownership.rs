@@ -318,7 +318,7 @@ async fn start(
             }
             Err(e) => {
                 tracing::warn!(message = "Cannot raise a partition fence; giving the lease back.", partition = p, stream = %spec.name, error = %e);
-                let _ = lease.release().await;
+                give_back(lease).await;
                 return None;
             }
         }
@@ -343,7 +343,7 @@ async fn start(
         Ok(r) => r,
         Err(e) => {
             tracing::warn!(message = "Cannot restore a partition; giving the lease back.", partition = p, error = %e);
-            let _ = lease.release().await;
+            give_back(lease).await;
             return None;
         }
     };
@@ -440,6 +440,16 @@ async fn start(
         relay_stop,
         relay,
     })
+}
+
+/// Gives back a lease whose partition could not be started. Nothing was applied under it,
+/// so a lease inherited from a hand-over is handed over again with the same snapshot: the
+/// next taker still knows which one to wait for.
+async fn give_back(lease: Kept) {
+    let _ = match lease.handed_over_at() {
+        Some(checkpoint) => lease.hand_over(checkpoint).await,
+        None => lease.release().await,
+    };
 }
 
 /// Hands partition `p` over: stops reading (the batch in hand is committed), flushes its
