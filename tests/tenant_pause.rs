@@ -151,6 +151,10 @@ async fn scenario(partitioned: bool) {
     }
     assert_eq!(state_of(&runner.admin, "a", "d1").await, None);
     assert!(locks(&js, "a").await.is_empty());
+    common::eventually(Duration::from_secs(30), || async {
+        !locks(&js, "b").await.is_empty()
+    })
+    .await;
     assert_eq!(locks(&js, "b").await.len(), 1);
     assert_eq!(
         metric(
@@ -204,6 +208,11 @@ async fn scenario(partitioned: bool) {
     // Later inputs flow at once.
     door(&js, "a", "d3", "Opened", 7, "").await;
     wait_state(&runner.admin, "a", "d3", "open").await;
+    // A state is committed before the relay publishes its outputs: wait for them.
+    common::eventually(Duration::from_secs(30), || async {
+        locks(&js, "a").await.len() >= 2
+    })
+    .await;
     let sent = locks(&js, "a").await;
     assert_eq!(sent.len(), 2, "each held Closed applied once: {sent:?}");
     let d1 = sent.iter().find(|c| c["aggregate_id"] == "d1").unwrap();
