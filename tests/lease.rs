@@ -51,6 +51,14 @@ async fn acquire_eventually(kv: &kv::Store, key: &str, owner: &str) -> Lease {
     }
 }
 
+/// Whether `owner` could take `p.0` now (the asserts expect it cannot).
+async fn can_acquire(kv: &kv::Store, owner: &str) -> bool {
+    Lease::acquire(kv, "p.0", owner, TTL)
+        .await
+        .unwrap()
+        .is_some()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_two_contenders_exactly_one_acquires() {
     let server = NatsServer::start();
@@ -65,12 +73,7 @@ async fn of_two_contenders_exactly_one_acquires() {
     let seen = holder(&kv, "p.0").await.unwrap().unwrap();
     assert_eq!(seen.epoch, won.epoch());
     // The holder still holds it: a third try loses too.
-    assert!(
-        Lease::acquire(&kv, "p.0", "c", TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!can_acquire(&kv, "c").await);
     // Other keys are independent.
     assert!(
         Lease::acquire(&kv, "p.1", "c", TTL)
@@ -92,12 +95,7 @@ async fn renewing_keeps_the_lease_past_its_ttl() {
         tokio::time::sleep(lease.renew_every()).await;
         lease.renew().await.unwrap();
         assert!(lease.is_valid());
-        assert!(
-            Lease::acquire(&kv, "p.0", "b", TTL)
-                .await
-                .unwrap()
-                .is_none()
-        );
+        assert!(!can_acquire(&kv, "b").await);
     }
     assert_eq!(lease.epoch(), epoch, "renewing keeps the epoch");
     assert!(
@@ -154,12 +152,7 @@ async fn release_lets_another_acquire_at_once() {
     let mut lease = Lease::acquire(&kv, "p.0", "a", TTL).await.unwrap().unwrap();
     lease.renew().await.unwrap();
     let epoch = lease.epoch();
-    assert!(
-        Lease::acquire(&kv, "p.0", "b", TTL)
-            .await
-            .unwrap()
-            .is_none()
-    );
+    assert!(!can_acquire(&kv, "b").await);
     lease.release().await.unwrap();
     assert_eq!(holder(&kv, "p.0").await.unwrap(), None);
     let next = Lease::acquire(&kv, "p.0", "b", TTL).await.unwrap().unwrap();
@@ -198,10 +191,7 @@ async fn a_hand_over_frees_the_key_and_tells_the_next_holder_its_snapshot() {
     assert_eq!(seen.epoch, next.epoch());
     next.renew().await.unwrap();
     assert!(
-        Lease::acquire(&kv, "p.0", "d", TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        !can_acquire(&kv, "d").await,
         "the heir holds it like any holder"
     );
     // Released plainly, the key names no snapshot to the one after.
@@ -321,10 +311,7 @@ async fn a_kept_lease_stays_held_while_its_holder_is_busy_for_several_ttls() {
         "the keeper moved the deadline"
     );
     assert!(
-        Lease::acquire(&kv, "p.0", "b", TTL)
-            .await
-            .unwrap()
-            .is_none(),
+        !can_acquire(&kv, "b").await,
         "nobody else can take a kept lease"
     );
     let seen = holder(&kv, "p.0").await.unwrap().unwrap();

@@ -19,8 +19,8 @@
 //!   deadline stays in the past.
 //! - **Released once, by its holder.** [`Kept::release`] (or [`Kept::hand_over`]) stops the
 //!   keeper (waiting for a renewal in flight, so the release compares against the newest
-//!   revision) and deletes the key (or writes the hand-over). Dropping a `Kept` stops the keeper without releasing: the key then ages out
-//!   after one TTL.
+//!   revision) and deletes the key (or writes the hand-over). Dropping a `Kept` stops the
+//!   keeper without releasing: the key then ages out after one TTL.
 //!
 //! Fencing stays the safety net (see [`super::lease`]): a holder paused past its deadline
 //! can still write nothing a newer holder's fence refuses.

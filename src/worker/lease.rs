@@ -320,12 +320,7 @@ impl Lease {
     /// lease is gone for good (and [`Lease::is_valid`] is false from then on);
     /// [`LeaseError::Kv`] leaves the deadline where it was.
     pub async fn renew(&mut self) -> Result<(), LeaseError> {
-        let value = encode(&LeaseValue {
-            owner: self.owner.clone(),
-            epoch: Some(self.epoch),
-            nonce: self.nonce.clone(),
-            handoff: None,
-        });
+        let value = self.value(None);
         let (revision, sent) = self.write(Write::Renew(value)).await?;
         self.revision = revision;
         self.valid_until = sent + self.ttl - margin(self.ttl);
@@ -342,13 +337,18 @@ impl Lease {
     /// compare-and-set on the held revision. The next holder reads `checkpoint` from
     /// [`Lease::handed_over_at`]. [`LeaseError::Lost`] means it was no longer held anyway.
     pub async fn hand_over(mut self, checkpoint: u64) -> Result<(), LeaseError> {
-        let value = encode(&LeaseValue {
+        let value = self.value(Some(checkpoint));
+        self.write(Write::HandOver(value)).await.map(|_| ())
+    }
+
+    /// This holder's value for a renewal (`handoff` none) or a hand-over.
+    fn value(&self, handoff: Option<u64>) -> Bytes {
+        encode(&LeaseValue {
             owner: self.owner.clone(),
             epoch: Some(self.epoch),
             nonce: self.nonce.clone(),
-            handoff: Some(checkpoint),
-        });
-        self.write(Write::HandOver(value)).await.map(|_| ())
+            handoff,
+        })
     }
 
     /// Runs `write` as a compare-and-set on the held revision. When the server answers
