@@ -1,7 +1,8 @@
 //! Work under way goes first (`saga.max_queued_work`), against the real binary in combined
-//! mode with a real HTTP upstream: while the effect commands of sagas already started are
-//! queued (the upstream holds its answers), a new batch of triggers is not taken; once the
-//! queue drains, every saga — old and new — completes, and the wait is counted.
+//! mode with a real HTTP upstream, single-active and partitioned: while the effect commands
+//! of sagas already started are queued (the upstream holds its answers), a new batch of
+//! triggers is not taken (partitioned: not routed into the inbox); once the queue drains,
+//! every saga — old and new — completes, and the wait is counted.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -62,6 +63,28 @@ async fn start_jobs(js: &async_nats::jetstream::Context, from: u64, to: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_triggers_wait_while_started_work_is_queued() {
+    held_while_started_work_is_queued(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_new_triggers_are_not_routed_while_started_work_is_queued() {
+    let copies = held_while_started_work_is_queued(&[
+        ("RUNNER__PARTITIONS__ENABLED", "true"),
+        ("RUNNER__PARTITIONS__COUNT", "8"),
+        ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
+    ])
+    .await;
+    // Ten triggers, then (once held) nothing; then ten results, ten triggers, ten results.
+    assert_eq!(
+        copies,
+        vec![10.0, 40.0],
+        "inbox copies while held, then in all"
+    );
+}
+
+/// Runs the scenario with `envs` added; returns the inbox copies routed while the new
+/// triggers were held and in all (empty when not partitioned).
+async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     let nats = NatsServer::start();
     let hold = Latch::new();
     let upstream = {
@@ -74,10 +97,17 @@ async fn new_triggers_wait_while_started_work_is_queued() {
         &nats.url(),
         manifests.path().to_str().unwrap(),
         &[
-            ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
-            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
-        ],
+            &[
+                ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
+                ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+            ],
+            envs,
+        ]
+        .concat(),
     );
+    let partitioned = !envs.is_empty();
+    let copies = "runner_router_copies_total";
+    let mut seen = Vec::new();
     let admin = runner.admin.clone();
     let js = jetstream(&nats.url()).await;
     let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
@@ -99,6 +129,9 @@ async fn new_triggers_wait_while_started_work_is_queued() {
         10.0,
         "new triggers were taken while started work was queued"
     );
+    if partitioned {
+        seen.push(metric(&admin, copies).await);
+    }
 
     // The queue drains: every saga, old and new, completes; the wait was counted.
     hold.release();
@@ -113,5 +146,9 @@ async fn new_triggers_wait_while_started_work_is_queued() {
     assert_eq!(metric(&admin, started).await, 40.0);
     let waited = metric(&admin, "runner_saga_admission_wait_seconds_count").await;
     assert!(waited >= 1.0, "the wait was not counted: {waited}");
+    if partitioned {
+        seen.push(metric(&admin, copies).await);
+    }
     runner.stop();
+    seen
 }

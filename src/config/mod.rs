@@ -229,9 +229,10 @@ pub struct SagaConfig {
     /// JetStream KV bucket of operator controls shared by every saga node (created when
     /// missing): which tenants are paused (`runner tenants pause`).
     pub control_bucket: String,
-    /// Work under way goes first (single-active mode): while more than this many effect
-    /// results and effect commands are queued behind sagas already started, the worker
-    /// takes no new batch of aggregate events (new triggers wait in their stream). 0: off.
+    /// Work under way goes first: while more than this many effect commands (and, in
+    /// single-active mode, effect results) are queued behind sagas already started, no new
+    /// batch of aggregate events is taken (single-active) or routed into the saga inbox
+    /// (partitioned); new triggers wait in their stream. 0: off.
     pub max_queued_work: u64,
 }
 

@@ -1,20 +1,32 @@
-//! Work under way goes first (single-active mode): new triggers wait while the work already
-//! started is queued deep.
+//! Work under way goes first: new triggers wait while the work already started is queued
+//! deep.
 //!
-//! Before the aggregate-events loop hands a batch to the commit, it reads how much work is
-//! queued behind sagas already under way: effect results not yet applied (the results
-//! loop's lag) plus effect commands not yet finished (pending and unacknowledged on every
-//! effect consumer). While that is above `saga.max_queued_work`, the loop waits, polling
-//! every [`POLL`]. The results loop is never held, so completions go on and the queue
-//! drains; the backlog of an overload stays in the aggregate stream, as new triggers.
+//! What counts as queued: effect commands not yet finished (pending and unacknowledged on
+//! every effect consumer, read from the broker) and, in single-active mode, effect results
+//! not yet applied (the results loop's lag). While that is above `saga.max_queued_work`,
+//! new triggers are held, polling every [`POLL`]:
+//! - **Single-active**: the aggregate-events loop takes no new batch to the commit.
+//! - **Partitioned**: the router of the aggregate stream copies no new batch into the
+//!   saga inbox ([`super::router`]), so the inbox partitions, which also carry the effect
+//!   results, do not fill with new triggers ahead of them. The results router is never
+//!   held. The results not yet applied are not counted here: they sit in partitions other
+//!   replicas may own, whose progress this router does not see.
+//!
+//! Either way the results are never held, so completions go on and the queue drains; the
+//! backlog of an overload stays in the aggregate stream, as new triggers.
 //!
 //! Guarantees:
-//! - New triggers are never starved: they are held only while the queue is above the bound,
-//!   and the queue is made of work the runner drains without them.
+//! - New triggers are never starved by work the runner can drain: they are held only while
+//!   the queue is above the bound, and the queue is made of work that completes without
+//!   them. (Effect commands that no effect worker consumes do not drain: with no effect
+//!   worker running, triggers wait until one is, or set the bound to 0.)
 //! - The count is read from the broker (consumer state), so it covers every effect worker
 //!   and holds across restarts; a failed read counts as nothing queued, so an API error
-//!   never holds the loop.
-//! - `saga.max_queued_work = 0` turns it off. Partitioned mode does not use it yet.
+//!   never holds new triggers.
+//! - Holding moves no checkpoint and writes nothing: a held batch is taken as it is once
+//!   the queue drains, and a router that stops while holding (drain, lost lease) leaves it
+//!   to the next router, which resumes at its fence's watermark.
+//! - `saga.max_queued_work = 0` turns it off.
 
 use std::time::{Duration, Instant};
 
@@ -29,43 +41,61 @@ pub(crate) const POLL: Duration = Duration::from_millis(20);
 /// How long a read of the effect consumers is reused.
 const FRESH: Duration = Duration::from_millis(50);
 
-/// The aggregate loop's gate, with its last reading of the effect consumers.
+/// The gate of new triggers, with its last reading of the effect consumers.
 pub(crate) struct Admission {
+    /// Whether the results loop's lag counts (single-active mode only).
+    results: bool,
     commands: u64,
     read_at: Option<Instant>,
 }
 
 impl Admission {
-    pub(crate) fn new() -> Self {
+    /// The gate of the single-active aggregate loop: counts results not yet applied too.
+    pub(crate) fn single_active() -> Self {
         Self {
+            results: true,
             commands: 0,
             read_at: None,
+        }
+    }
+
+    /// The gate of the aggregate stream's router (partitioned mode): effect commands only.
+    pub(crate) fn router() -> Self {
+        Self {
+            results: false,
+            ..Self::single_active()
         }
     }
 
     /// Waits while the queued work is above the bound (or until `cancel`). Returns how
     /// long it held.
     pub(crate) async fn wait(&mut self, state: &AppState, cancel: &CancellationToken) -> Duration {
-        let limit = state.config.saga.max_queued_work;
         let started = Instant::now();
-        if limit == 0 {
-            return Duration::ZERO;
-        }
-        while !cancel.is_cancelled() && self.queued(state).await > limit {
+        while !cancel.is_cancelled() && self.over(state).await {
             tokio::time::sleep(POLL).await;
         }
         started.elapsed()
     }
 
-    /// Results not yet applied plus effect commands not yet finished.
+    /// Whether the queued work is above `saga.max_queued_work` now (never when it is 0).
+    pub(crate) async fn over(&mut self, state: &AppState) -> bool {
+        let limit = state.config.saga.max_queued_work;
+        limit != 0 && self.queued(state).await > limit
+    }
+
+    /// Effect commands not yet finished, plus results not yet applied when counted.
     async fn queued(&mut self, state: &AppState) -> u64 {
         let c = &state.config;
-        let results = state
-            .metrics
-            .consumer_lag
-            .with_label_values(&[&c.streams.workflow_events])
-            .get()
-            .max(0) as u64;
+        let results = if self.results {
+            state
+                .metrics
+                .consumer_lag
+                .with_label_values(&[&c.streams.workflow_events])
+                .get()
+                .max(0) as u64
+        } else {
+            0
+        };
         if self.read_at.is_none_or(|at| at.elapsed() >= FRESH) {
             self.commands = effect_backlog(state).await;
             self.read_at = Some(Instant::now());

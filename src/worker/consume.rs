@@ -122,7 +122,7 @@ pub(crate) async fn run(
     // New triggers (the aggregate stream, single-active mode) wait behind work under way.
     let mut admission = (input.scope.is_none()
         && input.stream == state.config.streams.aggregate_events)
-        .then(super::admit::Admission::new);
+        .then(super::admit::Admission::single_active);
     'connect: while !cancel.is_cancelled() {
         connections.mark_unchanged();
         let key = input.checkpoint.clone();

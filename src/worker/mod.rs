@@ -24,7 +24,7 @@
 //! | [`tally`] | what a batch did, turned into metrics after its commit |
 //! | `timers.rs` | the timer loop |
 //! | `sweep.rs` | expiry of dedupe markers |
-//! | `admit.rs` | work under way first: new triggers wait while results and commands are queued deep |
+//! | `admit.rs` | work under way first: new triggers wait (single-active loop, or the aggregate router) while work under way is queued deep |
 //! | [`pause`] | paused tenants: their inputs held whole, released in order on resume |
 //! | [`control`] | operator actions sent through a partition's inbox (resume, redrive) |
 //! | [`replay`] | an operator's replay of a partition from an inbox sequence |

@@ -27,6 +27,10 @@
 //!   an input whose copies alone pass it makes a larger batch). Copies share the source
 //!   message's body rather than each holding its own.
 //!
+//! - **Work under way first.** The aggregate stream's router holds its next batch while
+//!   effect commands are queued above `saga.max_queued_work` (`admit.rs`); the results
+//!   router never waits, so inbox partitions do not fill with new triggers ahead of them.
+//!
 //! **What each failure costs.** A refused or unanswered batch is checked against the fence
 //! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
 //! routing; contend for the lease again). A source message larger than the inbox accepts
@@ -44,6 +48,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Limits, RawInput};
+use super::admit::{Admission, POLL};
 use super::consume::{Input, ORDERED_PULL_EXPIRY, server_filters, wanted};
 use super::keeper::Kept;
 use super::lease::Lease;
@@ -165,6 +170,9 @@ async fn route_while_held(
     // Bytes bounded on both sides: the pull's count follows the sizes read, and a batch of
     // copies is cut at `saga.max_batch_bytes` (see `send`).
     let mut pull = PullSize::new(state.config.saga.max_pull_bytes.get());
+    // New triggers wait behind work under way (admit.rs); results are never held.
+    let mut admission =
+        (source.stream == state.config.streams.aggregate_events).then(Admission::router);
     'open: loop {
         let from = fence.through().map_or(1, |p| p.seq + 1);
         let consumer = async {
@@ -243,6 +251,23 @@ async fn route_while_held(
             }
             if !inputs.is_empty() {
                 pull.observe(inputs.iter().map(|m| m.payload.len()));
+                if let Some(a) = admission.as_mut() {
+                    match hold(state, a, &lease, cancel).await {
+                        Ok(held) if !held.is_zero() => {
+                            state.metrics.admission_wait.observe(held.as_secs_f64());
+                        }
+                        Ok(_) => {}
+                        Err(Unheld::Lost) => return "the lease expired or was lost".into(),
+                        Err(Unheld::NotRouting) => {
+                            let _ = lease.release().await;
+                            return "node mode excludes routing".into();
+                        }
+                        Err(Unheld::Drain) => {
+                            let _ = lease.release().await;
+                            return "drain".into();
+                        }
+                    }
+                }
                 match send(state, source, &mut fence, inputs).await {
                     Ok(()) => {
                         backoff.reset();
@@ -265,6 +290,42 @@ async fn route_while_held(
             }
         }
     }
+}
+
+/// Why holding new triggers ended before the queue drained.
+enum Unheld {
+    /// The lease lapsed: another router may hold the source by now.
+    Lost,
+    /// The node's mode no longer routes.
+    NotRouting,
+    /// The replica drains.
+    Drain,
+}
+
+/// Holds the next batch of new triggers while the work under way is queued above
+/// `saga.max_queued_work` (see `admit.rs`); returns how long it held. Nothing is read or
+/// written meanwhile: the batch waits in the consumer, and a router that stops here leaves
+/// it to the next one, which resumes at the fence's watermark.
+async fn hold(
+    state: &AppState,
+    admission: &mut Admission,
+    lease: &Kept,
+    cancel: &CancellationToken,
+) -> Result<Duration, Unheld> {
+    let started = Instant::now();
+    while admission.over(state).await {
+        if !lease.is_valid() {
+            return Err(Unheld::Lost);
+        }
+        if !state.placement.mode().routes() {
+            return Err(Unheld::NotRouting);
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return Err(Unheld::Drain),
+            _ = tokio::time::sleep(POLL) => {}
+        }
+    }
+    Ok(started.elapsed())
 }
 
 /// Why a batch did not go through.
