@@ -17,9 +17,12 @@
 //!   - `scale`: the ledger saga with 10 000 … 1 000 000 live instances.
 //!   - `timers`: many pending timers coming due; fire lag.
 //!   - `payload`: the ledger saga with small and large event bodies.
+//!   - `batches`: the broker's cost of one atomic batch against plain publishes.
 //!
 //! Timing is measured here, by a separate process, never inside tests.
 
+#[path = "runner_bench/batches.rs"]
+mod batches;
 #[path = "runner_bench/cluster.rs"]
 mod cluster;
 #[path = "runner_bench/goals.rs"]
@@ -74,6 +77,8 @@ enum Cmd {
     Timers(ledger::TimerArgs),
     /// Ledger saga throughput and latency by event size (own servers).
     Payload(ledger::PayloadArgs),
+    /// What one atomic batch costs the broker, against plain publishes (own server).
+    Batches(batches::Args),
     /// Publish sample orders and answer their payment commands.
     Orders {
         /// Orders per tenant.
@@ -196,6 +201,7 @@ async fn main() -> Result<()> {
         Cmd::Scale(a) => return ledger::scale(a).await,
         Cmd::Timers(a) => return ledger::timers(a).await,
         Cmd::Payload(a) => return ledger::payload(a).await,
+        Cmd::Batches(a) => return batches::run(a).await,
         cmd => Cli { cmd, ..cli },
     };
     let name = match cli.cmd {
@@ -217,6 +223,7 @@ async fn main() -> Result<()> {
         Cmd::Scale(a) => ledger::scale(a).await,
         Cmd::Timers(a) => ledger::timers(a).await,
         Cmd::Payload(a) => ledger::payload(a).await,
+        Cmd::Batches(a) => batches::run(a).await,
     }
 }
 

@@ -99,7 +99,7 @@ impl Drop for Proc {
 /// A nats-server with JetStream on a free loopback port.
 pub(crate) struct Nats {
     pub(crate) url: String,
-    _proc: Proc,
+    proc: Proc,
 }
 
 impl Nats {
@@ -128,7 +128,12 @@ impl Nats {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        Ok(Self { url, _proc: proc })
+        Ok(Self { url, proc })
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     pub(crate) fn version(bin: &Path) -> String {
