@@ -2,7 +2,9 @@
 //! mode with a real HTTP upstream, single-active and partitioned: while the effect commands
 //! of sagas already started are queued (the upstream holds its answers), a new batch of
 //! triggers is not taken (partitioned: not routed into the inbox); once the queue drains,
-//! every saga — old and new — completes, and the wait is counted.
+//! every saga — old and new — completes, and the wait is counted. Partitioned, a replica
+//! drained while its router holds leaves the held triggers to the next router, which holds
+//! them too; nothing is lost or applied twice.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -151,4 +153,119 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     }
     runner.stop();
     seen
+}
+
+/// Effect commands stored for the `ping` effect (one per saga started).
+async fn pings(js: &async_nats::jetstream::Context) -> usize {
+    read_stream(js, "WORKFLOW_COMMANDS", "tenant.t.effect.ping.*")
+        .await
+        .len()
+}
+
+/// Whether the replica at `admin` routes the aggregate stream now.
+async fn routes_aggregates(admin: &str) -> bool {
+    let info = common::get_text(&format!("{admin}/info")).await;
+    serde_json::from_str::<serde_json::Value>(&info)
+        .ok()
+        .and_then(|v| v.pointer("/partitions/routing/AGGREGATE_EVENTS").cloned())
+        .is_some_and(|e| !e.is_null())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_nothing() {
+    let nats = NatsServer::start();
+    let hold = Latch::new();
+    let upstream = {
+        let hold = hold.clone();
+        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
+    };
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let m = manifests.path().to_str().unwrap();
+    let env = [
+        ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
+        ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+        ("RUNNER__PARTITIONS__ENABLED", "true"),
+        ("RUNNER__PARTITIONS__COUNT", "8"),
+        ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
+    ];
+    // Two saga replicas share the partitions; a third process runs the effects, so
+    // draining a saga replica does not wait on the held calls.
+    let url = nats.url();
+    let _effects = RunnerProc::start(
+        &["--mode", "effect", "--nats-url", &url, "--manifest", m],
+        &env,
+    );
+    let mut a = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
+    let mut b = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
+    let js = jetstream(&url).await;
+
+    start_jobs(&js, 0, 10).await;
+    let queued = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() == 10
+    })
+    .await;
+    assert!(queued, "in flight: {}", upstream.in_flight());
+    start_jobs(&js, 10, 20).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        pings(&js).await,
+        10,
+        "new triggers routed while work was queued"
+    );
+
+    // Drain the replica that routes (and holds) the aggregate stream.
+    let a_routes = routes_aggregates(&a.admin).await;
+    assert!(
+        a_routes || routes_aggregates(&b.admin).await,
+        "one replica routes the aggregate stream"
+    );
+    let (gone, heir) = if a_routes { (&mut a, &b) } else { (&mut b, &a) };
+    let resp = reqwest::Client::new()
+        .post(format!("{}/admin/drain", gone.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    assert_eq!(gone.wait_exit(Duration::from_secs(60)), Some(0));
+
+    // The other replica takes the router over and holds too.
+    let took = common::eventually(Duration::from_secs(30), || routes_aggregates(&heir.admin)).await;
+    assert!(
+        took,
+        "the remaining replica did not take the aggregate router over"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        pings(&js).await,
+        10,
+        "the successor routed new triggers while work was queued"
+    );
+
+    // The queue drains: every saga finishes exactly once.
+    hold.release();
+    let done = common::eventually(Duration::from_secs(60), || async {
+        read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*")
+            .await
+            .len()
+            >= 20
+    })
+    .await;
+    assert!(done, "not every saga finished");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let finished = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*").await;
+    let mut ids: Vec<&str> = finished.iter().map(|s| s.subject.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (finished.len(), ids.len()),
+        (20, 20),
+        "each saga finished once"
+    );
+    assert_eq!(pings(&js).await, 20, "each saga called its effect once");
+    let waited = metric(&heir.admin, "runner_saga_admission_wait_seconds_count").await;
+    assert!(
+        waited >= 1.0,
+        "the successor's wait was not counted: {waited}"
+    );
 }
