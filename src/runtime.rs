@@ -101,6 +101,8 @@ pub struct AppState {
     pub paused: crate::asked::Paused,
     /// Partition replays asked for by an operator (`worker/replay.rs`).
     pub replays: crate::asked::Replays,
+    /// Fenced batches shared by this process's partition relays (`relay/combine.rs`).
+    pub shared_batches: Arc<crate::relay::combine::Combiner>,
 }
 
 /// Result of a manifest reload.
@@ -143,6 +145,7 @@ impl AppState {
             placement: Placement::default(),
             paused: Default::default(),
             replays: Default::default(),
+            shared_batches: Default::default(),
         }
     }
 

@@ -90,3 +90,64 @@ pub async fn publish(
     }
     Outcome::Retry(last_error)
 }
+
+/// One publisher's part of a shared batch ([`publish_together`]).
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// The publisher's fence, as it stands (a copy: the publisher keeps its own).
+    pub fence: Fence,
+    /// Its messages (at least one).
+    pub messages: Vec<BatchMessage>,
+    /// The watermark its marker records.
+    pub position: Position,
+}
+
+/// How a part of a shared batch ended.
+#[derive(Debug)]
+pub enum PartOutcome {
+    /// Stored in the shared batch: the publisher moves its fence to its marker, stored at
+    /// this stream sequence, covering the part's position.
+    Stored(u64),
+    /// Not stored together: the publisher sends its part alone through [`publish`], which
+    /// finds out from its fence whether the shared batch landed after all.
+    Alone,
+}
+
+/// Publishes several publishers' parts — each its messages, the first carrying its fence
+/// headers, then its marker — as one atomic batch, so the broker's fixed cost per batch is
+/// paid once for all of them. All or nothing, like any batch: when one part's fence is
+/// stale the whole batch is refused, and every part is answered [`PartOutcome::Alone`];
+/// so is any failure or lost answer. Nothing is decided here that [`publish`] would decide
+/// otherwise: a part answered `Alone` is sent alone, whose recheck of the fence tells
+/// whether the shared batch was stored (our marker covering the part) or not.
+///
+/// The parts must go to one stream, name distinct fences, and hold together at most
+/// [`batch::MAX_MESSAGES`] messages, markers included.
+pub async fn publish_together(
+    client: &Client,
+    parts: &[Part],
+    timeout: Duration,
+) -> Vec<PartOutcome> {
+    let mut messages = Vec::new();
+    let mut markers = Vec::with_capacity(parts.len());
+    for part in parts {
+        let start = messages.len();
+        messages.extend(part.messages.iter().cloned());
+        if let Some(first) = messages.get_mut(start) {
+            first.headers = part.fence.headers(first.headers.clone());
+        }
+        messages.push(part.fence.marker(part.position));
+        markers.push(messages.len() - 1);
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    match batch::publish(client, &id, messages, timeout).await {
+        Ok(stored) => markers
+            .into_iter()
+            .map(|i| PartOutcome::Stored(stored.sequence_of(i)))
+            .collect(),
+        Err(e) => {
+            tracing::debug!(message = "Shared fenced batch not stored; its parts go alone.", parts = parts.len(), error = %e);
+            parts.iter().map(|_| PartOutcome::Alone).collect()
+        }
+    }
+}

@@ -5,7 +5,9 @@
 //! records bound for the same stream. Each run goes out as one atomic batch (cut at the
 //! batch limit): the records, the first carrying this owner's fence headers for that
 //! stream (`runner.fence.<stream>.<p>`), then a marker whose watermark is the cause of the
-//! run's last record. One batch is in flight per partition; runs go out in order.
+//! run's last record. One batch is in flight per partition; runs go out in order. Runs of
+//! several partitions ready at once share one atomic batch (`combine.rs`), each part with
+//! its own fence headers and marker.
 //!
 //! **Guarantees.**
 //! - **Nothing from a former owner.** Once a newer owner raised its fence, every batch of
@@ -22,6 +24,7 @@
 //! On `stop` it publishes until the partition's outbox is empty, then returns.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -29,11 +32,12 @@ use async_nats::Client;
 use async_nats::jetstream::Context;
 use tokio_util::sync::CancellationToken;
 
+use super::combine::Combiner;
 use super::{RelayHandle, headers};
 use crate::backoff::Backoff;
 use crate::broker::batch::{BatchMessage, MAX_MESSAGES};
 use crate::broker::fence::{Fence, Position};
-use crate::broker::fenced_batch;
+use crate::broker::fenced_batch::{self, Part, PartOutcome};
 use crate::storage::Store;
 use crate::storage::tables::OutboxRecord;
 use crate::telemetry::Metrics;
@@ -75,6 +79,8 @@ pub struct PartitionRelay {
     pub poll: Duration,
     /// How long to wait for a batch's answer.
     pub timeout: Duration,
+    /// Batches shared with this process's other partition relays.
+    pub shared: Arc<Combiner>,
 }
 
 impl PartitionRelay {
@@ -199,16 +205,35 @@ impl PartitionRelay {
     ) -> Result<(), Outcome> {
         let fence = self.fences.get_mut(stream).ok_or(Outcome::Retry)?;
         let started = std::time::Instant::now();
-        match fenced_batch::publish(
-            &self.js,
-            &self.client,
-            fence,
-            &messages,
+        // Shared with the other partitions' relays when they publish at the same time
+        // (`combine.rs`); a part that did not go out shared goes alone, decided by the fence.
+        let part = Part {
+            fence: fence.clone(),
+            messages: messages.clone(),
             position,
-            self.timeout,
-        )
-        .await
+        };
+        let outcome = match self
+            .shared
+            .publish(&self.client, stream, part, self.timeout)
+            .await
         {
+            PartOutcome::Stored(seq) => {
+                fence.advance(seq, Some(position));
+                fenced_batch::Outcome::Stored
+            }
+            PartOutcome::Alone => {
+                fenced_batch::publish(
+                    &self.js,
+                    &self.client,
+                    fence,
+                    &messages,
+                    position,
+                    self.timeout,
+                )
+                .await
+            }
+        };
+        match outcome {
             fenced_batch::Outcome::Stored => {
                 self.metrics
                     .relay_window_seconds

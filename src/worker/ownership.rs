@@ -380,6 +380,7 @@ async fn start(
         window: state.config.saga.relay_window,
         poll: state.config.saga.relay_poll.get(),
         timeout: state.config.nats.request_timeout.get(),
+        shared: state.shared_batches.clone(),
     };
     let relay_stop = CancellationToken::new();
     let relay = tokio::spawn(relay.run(relay_stop.clone()));
