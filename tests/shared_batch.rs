@@ -74,11 +74,13 @@ async fn several_fences_share_one_batch_each_behind_its_own_marker() {
                 fence: a.clone(),
                 messages: messages("a", round, 2),
                 position: at(10 * round),
+                expect: true,
             },
             Part {
                 fence: b.clone(),
                 messages: messages("b", round, 1),
                 position: at(20 * round),
+                expect: true,
             },
         ];
         let out = fenced_batch::publish_together(&client, &parts, TIMEOUT).await;
@@ -126,11 +128,13 @@ async fn one_stale_fence_refuses_the_shared_batch_and_each_part_then_goes_alone(
             fence: a.clone(),
             messages: messages("a", 1, 2),
             position: at(10),
+            expect: true,
         },
         Part {
             fence: b.clone(),
             messages: messages("b", 1, 1),
             position: at(20),
+            expect: true,
         },
     ];
     let out = fenced_batch::publish_together(&client, &parts, TIMEOUT).await;
@@ -173,6 +177,7 @@ async fn relays_publishing_at_once_through_one_combiner_are_each_answered() {
                     fence: fence.clone(),
                     messages: msgs.clone(),
                     position: at(round),
+                    expect: true,
                 };
                 match combiner.publish(&client, STREAM, part, TIMEOUT).await {
                     PartOutcome::Stored(seq) => fence.advance(seq, Some(at(round))),

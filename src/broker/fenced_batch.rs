@@ -100,6 +100,9 @@ pub struct Part {
     pub messages: Vec<BatchMessage>,
     /// The watermark its marker records.
     pub position: Position,
+    /// Whether its first message carries the fence's expected-sequence headers (always, for
+    /// a relay; the bench's shadow leaves them out to measure what the check costs).
+    pub expect: bool,
 }
 
 /// How a part of a shared batch ended.
@@ -133,7 +136,9 @@ pub async fn publish_together(
     for part in parts {
         let start = messages.len();
         messages.extend(part.messages.iter().cloned());
-        if let Some(first) = messages.get_mut(start) {
+        if part.expect
+            && let Some(first) = messages.get_mut(start)
+        {
             first.headers = part.fence.headers(first.headers.clone());
         }
         messages.push(part.fence.marker(part.position));

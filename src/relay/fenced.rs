@@ -211,6 +211,7 @@ impl PartitionRelay {
             fence: fence.clone(),
             messages: messages.clone(),
             position,
+            expect: true,
         };
         let outcome = match self
             .shared

@@ -400,6 +400,8 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
         finished: tokio::sync::Notify::new(),
     });
     let mut tasks = tokio::task::JoinSet::new();
+    // The partition relays share batches, like the runner's (publish.rs).
+    let shared = Arc::new(runner::relay::combine::Combiner::default());
     // One relay per partition (one in all when not routing), each with a sink per output
     // stream under the partition's fence key, fed by the partition's saga consumer.
     for p in 0..a.partitions.max(1) {
@@ -408,7 +410,7 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
         for stream in ["LIMIT_CMD", "LIMIT_EVT"] {
             sinks.insert(
                 stream,
-                Sink::open(a.publish, &client, &js, stream, p).await?,
+                Sink::open(a.publish, &client, &js, stream, p, Some(shared.clone())).await?,
             );
         }
         tasks.spawn(relay(rx, a.publish, sinks, stream_of));
@@ -424,7 +426,7 @@ pub(crate) async fn run(client: async_nats::Client, js: jetstream::Context, a: A
     }
     if a.partitions > 0 {
         for (source, filter) in inputs {
-            let sink = Sink::open(a.publish, &client, &js, "LIMIT_INBOX", source).await?;
+            let sink = Sink::open(a.publish, &client, &js, "LIMIT_INBOX", source, None).await?;
             let msgs = ordered(&js, source, filter.into()).await?;
             tasks.spawn(route(msgs, source, a.partitions, sink, done.clone()));
         }

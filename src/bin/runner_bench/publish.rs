@@ -13,17 +13,25 @@
 //!   first and advanced to each batch's marker ([`runner::broker::fence`]): exactly what the
 //!   fenced relay and the routers of partitioned mode do, retries aside.
 //!
+//! In the batch modes the shadow's partition relays share batches the way the runner's do
+//! ([`runner::relay::combine`]): parts of several partitions ready at once go out as one
+//! batch, each behind its own marker (and, fenced, its own expected-sequence headers). The
+//! routers do not share, like the runner's.
+//!
 //! Batches keep one publish in flight per fence subject (the broker's rule for replicated
 //! streams, which the runner keeps too); a shadow relay or router owns one [`Sink`] per
 //! stream and never sends while its previous batch is unanswered.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use async_nats::jetstream;
 use runner::broker::batch::{self, BatchMessage, MAX_MESSAGES};
 use runner::broker::fence::{Fence, Position, Recheck};
+use runner::broker::fenced_batch::{Part, PartOutcome};
+use runner::relay::combine::Combiner;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// How long a batch's answer is awaited.
@@ -58,16 +66,22 @@ pub(crate) struct Sink {
     fence: Option<Fence>,
     /// Batches stored so far, the watermark each marker records.
     batches: u64,
+    /// The stream it stores into.
+    stream: String,
+    /// Batches shared with the shadow's other partition relays (none for a router).
+    shared: Option<Arc<Combiner>>,
 }
 
 impl Sink {
     /// A sink into `stream` whose fence key is `key`; raises the fence in the batch modes.
+    /// Its batches go through `shared` when given.
     pub(crate) async fn open(
         mode: Publish,
         client: &async_nats::Client,
         js: &jetstream::Context,
         stream: &str,
         key: impl std::fmt::Display,
+        shared: Option<Arc<Combiner>>,
     ) -> Result<Self> {
         let fence = if mode.batches() {
             Some(
@@ -84,6 +98,8 @@ impl Sink {
             js: js.clone(),
             fence,
             batches: 0,
+            stream: stream.to_string(),
+            shared,
         })
     }
 
@@ -140,6 +156,22 @@ impl Sink {
             .fence
             .as_mut()
             .context("a batch sink without a fence")?;
+        if let Some(shared) = &self.shared {
+            let part = Part {
+                fence: fence.clone(),
+                messages: chunk.clone(),
+                position: through,
+                expect: self.mode == Publish::Fenced,
+            };
+            // Not stored shared: sent alone below, the fence telling whether it landed.
+            if let PartOutcome::Stored(seq) = shared
+                .publish(&self.client, &self.stream, part, BATCH_TIMEOUT)
+                .await
+            {
+                fence.advance(seq, Some(through));
+                return Ok(());
+            }
+        }
         for attempt in 1..=ATTEMPTS {
             let mut batch_msgs = chunk.clone();
             if self.mode == Publish::Fenced
