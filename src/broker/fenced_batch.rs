@@ -1,6 +1,7 @@
 //! A fenced atomic batch: messages plus the publisher's new fence marker, stored together
 //! under the publisher's fence, or not at all (DESIGN §8.4). The routers and the fenced relay
-//! both publish through [`publish`].
+//! both publish through [`publish`]; the fenced relays of one process first try to share a
+//! batch ([`publish_together`], driven by `relay/combine.rs`) and fall back to [`publish`].
 //!
 //! **Guarantee.** The outcome is decided by the fence, never guessed from an error: after
 //! any failure the fence subject is read again ([`Fence::recheck`]). A marker of ours that
