@@ -114,6 +114,23 @@ impl Liveness {
         first.map_or(Probe::Idle, Probe::Pending)
     }
 
+    /// Records that the loop of `consumer` reopens its consumer because it delivered a
+    /// message at or before what the loop already read: async-nats recreates an ordered
+    /// consumer that lost its way before delivering anything from the stream's start
+    /// (`DeliverPolicy::All`), not from the start it was opened at. One log line and the
+    /// counter, reason `rewound`.
+    pub fn rewound(&self, consumer: &str, detail: &str) {
+        tracing::warn!(
+            message = "Consumer went back before what was read; reopening it at the checkpoint.",
+            consumer,
+            reason = "rewound",
+            detail,
+        );
+        self.recreated
+            .with_label_values(&[consumer, "rewound"])
+            .inc();
+    }
+
     /// Records that the loop of `consumer` (a bounded label, e.g. `saga:<stream>`) reopens
     /// its consumer for `reason`: one log line and the counter.
     pub fn recreating(&self, consumer: &str, reason: &'static str, detail: &str) {

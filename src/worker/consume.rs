@@ -252,6 +252,16 @@ pub(crate) async fn run(
                 chunk,
                 &metrics.input_wait,
             );
+            // A consumer that went back (async-nats restarts an ordered consumer from the
+            // stream's start when it had delivered nothing yet) would have the whole stream
+            // read again: reopen at the checkpoint instead.
+            if let Some((seq, _)) = batch.first()
+                && *seq <= position
+            {
+                let detail = format!("delivered {seq} after {position}");
+                liveness.rewound(&label, &detail);
+                continue 'connect;
+            }
             if let Some((seq, _)) = batch.last() {
                 position = position.max(*seq);
             }

@@ -249,6 +249,19 @@ async fn route_while_held(
                     }
                 }
             }
+            // A consumer that went back to the stream's start (see `Liveness::rewound`)
+            // would have everything read again: reopen at the fence's watermark instead.
+            let first = inputs
+                .first()
+                .and_then(|m| m.info().ok())
+                .map(|i| i.stream_sequence);
+            if let (Some(first), Some(through)) = (first, fence.through())
+                && first <= through.seq
+            {
+                let detail = format!("delivered {first} after {}", through.seq);
+                liveness.rewound(&label, &detail);
+                continue 'open;
+            }
             if !inputs.is_empty() {
                 pull.observe(inputs.iter().map(|m| m.payload.len()));
                 if let Some(a) = admission.as_mut() {

@@ -1,0 +1,87 @@
+//! A consumer that goes back, against the real binary and a real nats-server: async-nats
+//! recreates an ordered consumer that lost its way before delivering anything from the
+//! stream's start, not from the sequence it was opened at. A saga loop whose consumer was
+//! opened past its checkpoint and then deleted before any new input must notice the
+//! rewind, reopen at its checkpoint (counted as `reason="rewound"`), read nothing twice,
+//! and go on with new inputs.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use common::{NatsServer, RunnerProc, saga_progress};
+use futures::TryStreamExt;
+use serde_json::json;
+
+async fn deposit(js: &jetstream::Context, i: u64) {
+    let ev = common::aggregate_event(
+        "bank",
+        "Account",
+        &format!("a{i}"),
+        "Deposited",
+        1_800_000_000_000 + i,
+        json!({"n": 1, "amount": 10}),
+    );
+    common::publish_json(js, &format!("tenant.bank.aggregate.Account.a{i}"), &ev).await;
+}
+
+/// The sum of the samples of `name` (exact, labels included) in `admin`'s metrics; 0 when
+/// it has none yet.
+async fn metric(admin: &str, name: &str) -> f64 {
+    common::get_text(&format!("{admin}/metrics"))
+        .await
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_rewound_to_the_stream_start_is_reopened_at_the_checkpoint() {
+    let nats = NatsServer::start();
+    let envs = [("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync")];
+    let manifest = "tests/manifests/ledger.yaml";
+    let js = common::jetstream(&nats.url()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let runner = RunnerProc::saga(dir, &nats.url(), manifest, &envs);
+    for i in 0..5 {
+        deposit(&js, i).await;
+    }
+    common::wait_until("five deposits applied", Duration::from_secs(30), || {
+        let admin = runner.admin.clone();
+        async move { saga_progress(&admin, "AGGREGATE_EVENTS").await.0 >= 5 }
+    })
+    .await;
+    // Restarted, the loop opens its consumer at 6 and nothing new comes: delete it under
+    // the client, which recreates it having delivered nothing.
+    let dir = runner.stop();
+    let runner = RunnerProc::saga(dir, &nats.url(), manifest, &envs);
+    // Inputs taken to a commit (a re-read input would count here even when skipped).
+    let applied = "runner_saga_inputs_total{stream=\"AGGREGATE_EVENTS\"}";
+    let before = metric(&runner.admin, applied).await;
+    let stream = js.get_stream("AGGREGATE_EVENTS").await.unwrap();
+    let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+    assert!(!names.is_empty(), "the runner's consumer exists");
+    for name in &names {
+        stream.delete_consumer(name).await.unwrap();
+    }
+    let rewound =
+        "runner_consumer_recreated_total{consumer=\"saga:AGGREGATE_EVENTS\",reason=\"rewound\"}";
+    common::wait_until("the rewind noticed", Duration::from_secs(60), || {
+        let admin = runner.admin.clone();
+        async move { metric(&admin, rewound).await >= 1.0 }
+    })
+    .await;
+    // Nothing was applied again, and new inputs still flow.
+    assert_eq!(metric(&runner.admin, applied).await, before);
+    deposit(&js, 5).await;
+    common::wait_until("the sixth deposit applied", Duration::from_secs(30), || {
+        let admin = runner.admin.clone();
+        async move { saga_progress(&admin, "AGGREGATE_EVENTS").await.0 >= 6 }
+    })
+    .await;
+    assert_eq!(metric(&runner.admin, applied).await, before + 1.0);
+    runner.stop();
+}
