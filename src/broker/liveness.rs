@@ -67,7 +67,7 @@ impl Liveness {
                 let c = IntCounterVec::new(
                     Opts::new(
                         CONSUMER_RECREATED_TOTAL,
-                        "Consumers a loop recreated because they stopped delivering, by consumer and reason",
+                        "Consumers a loop recreated because they stopped delivering (reason stalled) or went back before what was read (rewound), by consumer and reason",
                     ),
                     &["consumer", "reason"],
                 )
