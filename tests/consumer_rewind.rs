@@ -27,15 +27,9 @@ async fn deposit(js: &jetstream::Context, i: u64) {
     common::publish_json(js, &format!("tenant.bank.aggregate.Account.a{i}"), &ev).await;
 }
 
-/// The sum of the samples of `name` (exact, labels included) in `admin`'s metrics; 0 when
-/// it has none yet.
+/// The sum of the samples of `name` in `admin`'s metrics; 0 when it has none yet.
 async fn metric(admin: &str, name: &str) -> f64 {
-    common::get_text(&format!("{admin}/metrics"))
-        .await
-        .lines()
-        .filter(|l| l.starts_with(name))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    common::scaleout::metric(&common::get_text(&format!("{admin}/metrics")).await, name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -63,6 +63,34 @@ async fn start_jobs(js: &async_nats::jetstream::Context, from: u64, to: u64) {
     }
 }
 
+/// An upstream whose answers wait for the returned latch, and a manifest directory whose
+/// `job` saga calls it.
+async fn held_upstream() -> (Latch, Upstream, tempfile::TempDir) {
+    let hold = Latch::new();
+    let upstream = {
+        let hold = hold.clone();
+        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
+    };
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    (hold, upstream, manifests)
+}
+
+/// Starts ten sagas and waits until their ten calls hang: ten commands queued.
+async fn start_queued(js: &async_nats::jetstream::Context, upstream: &Upstream) {
+    start_jobs(js, 0, 10).await;
+    let queued = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() == 10
+    })
+    .await;
+    assert!(queued, "in flight: {}", upstream.in_flight());
+}
+
+/// The `Finish` commands of the sagas that completed.
+async fn finished_jobs(js: &async_nats::jetstream::Context) -> Vec<common::Seen> {
+    read_stream(js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*").await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_triggers_wait_while_started_work_is_queued() {
     held_while_started_work_is_queued(&[]).await;
@@ -88,13 +116,7 @@ async fn partitioned_new_triggers_are_not_routed_while_started_work_is_queued() 
 /// triggers were held and in all (empty when not partitioned).
 async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     let nats = NatsServer::start();
-    let hold = Latch::new();
-    let upstream = {
-        let hold = hold.clone();
-        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
-    };
-    let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let (hold, upstream, manifests) = held_upstream().await;
     let runner = RunnerProc::combined(
         &nats.url(),
         manifests.path().to_str().unwrap(),
@@ -115,12 +137,7 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
 
     // Ten sagas start; their ten calls are held by the upstream: ten commands queued.
-    start_jobs(&js, 0, 10).await;
-    let queued = common::eventually(Duration::from_secs(30), || async {
-        upstream.in_flight() == 10
-    })
-    .await;
-    assert!(queued, "in flight: {}", upstream.in_flight());
+    start_queued(&js, &upstream).await;
     assert_eq!(metric(&admin, started).await, 10.0);
 
     // Ten more triggers: above the bound, their batch is not taken while the calls hang.
@@ -138,10 +155,7 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     // The queue drains: every saga, old and new, completes; the wait was counted.
     hold.release();
     let done = common::eventually(Duration::from_secs(60), || async {
-        read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*")
-            .await
-            .len()
-            == 20
+        finished_jobs(&js).await.len() == 20
     })
     .await;
     assert!(done, "not every saga finished");
@@ -174,13 +188,7 @@ async fn routes_aggregates(admin: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_nothing() {
     let nats = NatsServer::start();
-    let hold = Latch::new();
-    let upstream = {
-        let hold = hold.clone();
-        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
-    };
-    let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let (hold, upstream, manifests) = held_upstream().await;
     let m = manifests.path().to_str().unwrap();
     let env = [
         ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
@@ -200,12 +208,7 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     let mut b = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
     let js = jetstream(&url).await;
 
-    start_jobs(&js, 0, 10).await;
-    let queued = common::eventually(Duration::from_secs(30), || async {
-        upstream.in_flight() == 10
-    })
-    .await;
-    assert!(queued, "in flight: {}", upstream.in_flight());
+    start_queued(&js, &upstream).await;
     start_jobs(&js, 10, 20).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -245,15 +248,12 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     // The queue drains: every saga finishes exactly once.
     hold.release();
     let done = common::eventually(Duration::from_secs(60), || async {
-        read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*")
-            .await
-            .len()
-            >= 20
+        finished_jobs(&js).await.len() >= 20
     })
     .await;
     assert!(done, "not every saga finished");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let finished = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*").await;
+    let finished = finished_jobs(&js).await;
     let mut ids: Vec<&str> = finished.iter().map(|s| s.subject.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();

@@ -83,7 +83,7 @@ async fn several_fences_share_one_batch_each_behind_its_own_marker() {
                 expect: true,
             },
         ];
-        let out = fenced_batch::publish_together(&client, &parts, TIMEOUT).await;
+        let out = fenced_batch::publish_together(&client, parts, TIMEOUT).await;
         let (PartOutcome::Stored(sa), PartOutcome::Stored(sb)) = (&out[0], &out[1]) else {
             panic!("round {round}: {out:?}");
         };
@@ -123,21 +123,22 @@ async fn one_stale_fence_refuses_the_shared_batch_and_each_part_then_goes_alone(
     let mut b = Fence::raise(&js, STREAM, "b", 1, "me").await.unwrap();
     // Another owner takes b over.
     Fence::raise(&js, STREAM, "b", 2, "other").await.unwrap();
+    let (a_messages, b_messages) = (messages("a", 1, 2), messages("b", 1, 1));
     let parts = vec![
         Part {
             fence: a.clone(),
-            messages: messages("a", 1, 2),
+            messages: a_messages.clone(),
             position: at(10),
             expect: true,
         },
         Part {
             fence: b.clone(),
-            messages: messages("b", 1, 1),
+            messages: b_messages.clone(),
             position: at(20),
             expect: true,
         },
     ];
-    let out = fenced_batch::publish_together(&client, &parts, TIMEOUT).await;
+    let out = fenced_batch::publish_together(&client, parts, TIMEOUT).await;
     assert!(
         out.iter().all(|o| matches!(o, PartOutcome::Alone)),
         "{out:?}"
@@ -147,11 +148,9 @@ async fn one_stale_fence_refuses_the_shared_batch_and_each_part_then_goes_alone(
         "nothing of it stored"
     );
     // Alone, a is stored and b learns it is fenced off.
-    let outcome =
-        fenced_batch::publish(&js, &client, &mut a, &parts[0].messages, at(10), TIMEOUT).await;
+    let outcome = fenced_batch::publish(&js, &client, &mut a, &a_messages, at(10), TIMEOUT).await;
     assert!(matches!(outcome, Outcome::Stored), "{outcome:?}");
-    let outcome =
-        fenced_batch::publish(&js, &client, &mut b, &parts[1].messages, at(20), TIMEOUT).await;
+    let outcome = fenced_batch::publish(&js, &client, &mut b, &b_messages, at(20), TIMEOUT).await;
     assert!(matches!(outcome, Outcome::Fenced), "{outcome:?}");
     let stored = read_stream(&js, STREAM, "out.>").await;
     assert_eq!(stored.len(), 2);

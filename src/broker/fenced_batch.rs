@@ -129,18 +129,19 @@ pub enum PartOutcome {
 /// [`batch::MAX_MESSAGES`] messages, markers included.
 pub async fn publish_together(
     client: &Client,
-    parts: &[Part],
+    parts: Vec<Part>,
     timeout: Duration,
 ) -> Vec<PartOutcome> {
+    let count = parts.len();
     let mut messages = Vec::new();
-    let mut markers = Vec::with_capacity(parts.len());
+    let mut markers = Vec::with_capacity(count);
     for part in parts {
         let start = messages.len();
-        messages.extend(part.messages.iter().cloned());
+        messages.extend(part.messages);
         if part.expect
             && let Some(first) = messages.get_mut(start)
         {
-            first.headers = part.fence.headers(first.headers.clone());
+            first.headers = part.fence.headers(std::mem::take(&mut first.headers));
         }
         messages.push(part.fence.marker(part.position));
         markers.push(messages.len() - 1);
@@ -152,8 +153,8 @@ pub async fn publish_together(
             .map(|i| PartOutcome::Stored(stored.sequence_of(i)))
             .collect(),
         Err(e) => {
-            tracing::debug!(message = "Shared fenced batch not stored; its parts go alone.", parts = parts.len(), error = %e);
-            parts.iter().map(|_| PartOutcome::Alone).collect()
+            tracing::debug!(message = "Shared fenced batch not stored; its parts go alone.", parts = count, error = %e);
+            (0..count).map(|_| PartOutcome::Alone).collect()
         }
     }
 }

@@ -80,7 +80,7 @@ impl Combiner {
             let (parts, replies): (Vec<Part>, Vec<_>) =
                 lane.take().into_iter().map(|w| (w.part, w.reply)).unzip();
             if !parts.is_empty() {
-                let outcomes = fenced_batch::publish_together(client, &parts, timeout).await;
+                let outcomes = fenced_batch::publish_together(client, parts, timeout).await;
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     // A relay stopped meanwhile no longer listens.
                     let _ = reply.send(outcome);

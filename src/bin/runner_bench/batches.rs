@@ -22,8 +22,9 @@ use crate::percentile;
 pub(crate) struct Args {
     #[command(flatten)]
     programs: Programs,
-    /// Batches per size (and as many plain publishes).
-    #[arg(long, env = "BENCH_BATCHES", default_value_t = 500)]
+    /// Batches per size (and as many plain publishes), at least 1.
+    #[arg(long, env = "BENCH_BATCHES", default_value_t = 500,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     count: usize,
 }
 
