@@ -123,11 +123,18 @@ fn run(catalog: &Catalog, seed: u64, steps: usize, round_trip: bool) -> String {
             };
             match applied {
                 Ok(a) => {
+                    // Bodies are written as text; they must be exactly what serializing
+                    // their value gives (keys in order, canonical numbers and escapes).
+                    for w in a.work.iter().chain(&a.finished) {
+                        let value: serde_json::Value = serde_json::from_str(w.body.as_str())
+                            .expect("a body is one JSON value");
+                        assert_eq!(w.body.as_str(), value.to_string(), "{}", w.subject);
+                    }
                     commands.extend(
                         a.work
                             .iter()
                             .filter(|w| w.subject.starts_with("effect."))
-                            .map(|w| w.body.clone()),
+                            .map(|w| w.body.json().clone()),
                     );
                     instances.insert(key, serde_json::to_string(&a.instance).unwrap());
                     out.push_str(&serde_json::to_string(&a).unwrap());

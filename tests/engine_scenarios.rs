@@ -594,10 +594,10 @@ fn state_machine_sagas_accept_only_results_for_commands_they_issued() {
     };
     let mut victim = Scenario::new(&c, "order");
     let start = victim.send(placed("o-1", 0));
-    let charge = start.work[0].body.clone();
+    let charge = start.work[0].body.json().clone();
     assert_eq!(charge["effect_name"], "charge_card");
     let mut other = Scenario::new(&c, "order");
-    let other_charge = other.send(placed("o-2", 1)).work[0].body.clone();
+    let other_charge = other.send(placed("o-2", 1)).work[0].body.json().clone();
 
     let before = victim.instance().clone();
     let mut forged = charge.clone();

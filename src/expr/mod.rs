@@ -133,6 +133,20 @@ impl Expr {
         self.eval_program(vars)
     }
 
+    /// Writes this expression's value as JSON text when it is a plain path that finds its
+    /// field; `false` (nothing written) when the caller must evaluate it.
+    pub(crate) fn write_path(&self, vars: &Vars<'_>, out: &mut Vec<u8>) -> bool {
+        let Some(path) = &self.path else {
+            return false;
+        };
+        let written = match path.find(vars.event, vars.extra, vars.state, vars.saga) {
+            Some(path::Found::Json(v)) => serde_json::to_writer(out, v),
+            Some(path::Found::Str(s)) => serde_json::to_writer(out, s),
+            None => return false,
+        };
+        written.is_ok()
+    }
+
     /// Evaluates with the interpreter, whatever the expression is.
     fn eval_program(&self, vars: &Vars<'_>) -> Result<Json, ExprError> {
         let ctx = vars.ctx();

@@ -70,12 +70,26 @@ impl Path {
         state: &Json,
         saga: &Json,
     ) -> Option<Json> {
+        Some(match self.find(event, extra, state, saga)? {
+            Found::Json(v) => v.clone(),
+            Found::Str(s) => Json::String(s.to_owned()),
+        })
+    }
+
+    /// Where the value at this path is, without copying it; `None` as for [`Path::read`].
+    pub(super) fn find<'j>(
+        &self,
+        event: &'j Json,
+        extra: &[(&str, &'j str)],
+        state: &'j Json,
+        saga: &'j Json,
+    ) -> Option<Found<'j>> {
         let (first, rest) = self.fields.split_first()?;
         let start = match self.root {
             Root::Event => {
                 if let Some((_, v)) = extra.iter().find(|(k, _)| k == first) {
                     // A string has no fields: selecting into it is the program's error.
-                    return rest.is_empty().then(|| Json::String((*v).to_owned()));
+                    return rest.is_empty().then_some(Found::Str(v));
                 }
                 event
             }
@@ -86,8 +100,14 @@ impl Path {
         for field in rest {
             cur = cur.as_object()?.get(field)?;
         }
-        Some(cur.clone())
+        Some(Found::Json(cur))
     }
+}
+
+/// A value a path found: a part of a variable, or one of the event's extra string fields.
+pub(super) enum Found<'j> {
+    Json(&'j Json),
+    Str(&'j str),
 }
 
 #[cfg(test)]

@@ -22,7 +22,8 @@ pub enum Template {
     Interpolate(Vec<Piece>),
     /// A list of templates.
     List(Vec<Template>),
-    /// An object of templates (keys are literal).
+    /// An object of templates (keys are literal), in the keys' byte order, each key once:
+    /// build it with [`Template::object`].
     Object(Vec<(String, Template)>),
 }
 
@@ -53,6 +54,16 @@ impl Template {
                     .collect::<Result<_, _>>()?,
             ),
         })
+    }
+
+    /// An object template. Fields are put in the keys' byte order (the order a JSON object
+    /// is written in); of two fields with the same key the later one is kept, as when
+    /// building the object field by field.
+    pub fn object(mut fields: Vec<(String, Template)>) -> Template {
+        fields.reverse();
+        fields.sort_by(|a, b| a.0.cmp(&b.0));
+        fields.dedup_by(|later, earlier| later.0 == earlier.0);
+        Template::Object(fields)
     }
 
     /// Adds what this template's expressions read to `needs`.
@@ -110,6 +121,52 @@ impl Template {
             }
         })
     }
+}
+
+impl Template {
+    /// Writes the value [`Template::render`] builds, as JSON text, straight into `out`:
+    /// the same bytes as serializing the rendered value, without building it. Plain paths
+    /// are written from the variables they point into, not copied first.
+    pub fn write(&self, vars: &Vars<'_>, out: &mut Vec<u8>) -> Result<(), ExprError> {
+        match self {
+            Template::Literal(v) => put(out, v),
+            Template::Expr(e) => {
+                if !e.write_path(vars, out) {
+                    put(out, &e.eval(vars)?);
+                }
+            }
+            Template::Interpolate(_) => put(out, &self.render(vars)?),
+            Template::List(items) => {
+                out.push(b'[');
+                for (i, t) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    t.write(vars, out)?;
+                }
+                out.push(b']');
+            }
+            Template::Object(fields) => {
+                out.push(b'{');
+                for (i, (k, t)) in fields.iter().enumerate() {
+                    debug_assert!(i == 0 || fields[i - 1].0 < *k, "template keys out of order");
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    put(out, k);
+                    out.push(b':');
+                    t.write(vars, out)?;
+                }
+                out.push(b'}');
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Serializes into a byte buffer, which cannot fail for JSON values and strings.
+fn put<T: serde::Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    let _ = serde_json::to_writer(out, v);
 }
 
 enum RawPiece {

@@ -5,11 +5,12 @@
 //! of one application in emission order and derives each id from (tenant, saga, correlation
 //! id, input event id, input time, index) through [`ids`], so replaying the same
 //! input on the same instance emits the same messages with the same ids, which JetStream's
-//! deduplication then drops. Envelopes are built as ordered JSON objects, byte for byte the
-//! same on every run.
+//! deduplication then drops. Envelopes are written as JSON text with ordered keys
+//! (`body.rs`), byte for byte the same on every run.
 
 use serde_json::Value as Json;
 
+use super::body::ObjectWriter;
 use super::ids;
 use super::types::{
     ENVELOPE_VERSION, Input, Instance, Parsed, ScheduledTimer, StepError, TimerCancel, TimerSet,
@@ -74,22 +75,10 @@ fn text(s: &str) -> Json {
     Json::String(s.to_owned())
 }
 
-fn retry_json(r: &RetryPolicy) -> Json {
-    obj([
-        ("retry_limit", Json::from(r.retry_limit)),
-        (
-            "base_backoff",
-            r.base_backoff.map_or(Json::Null, Json::from),
-        ),
-        ("max_backoff", Json::from(r.max_backoff)),
-        ("enable_jitter", Json::Bool(r.enable_jitter)),
-    ])
-}
-
 /// Accumulates what one application emits, numbering ids in emission order.
 pub(crate) struct Emitter<'a> {
     pub(crate) catalog: &'a Catalog,
-    pub(crate) p: &'a Parsed,
+    pub(crate) p: &'a Parsed<'a>,
     pub(crate) saga: &'a Saga,
     pub(crate) correlation_id: &'a str,
     pub(crate) index: u32,
@@ -101,10 +90,10 @@ pub(crate) struct Emitter<'a> {
 impl Emitter<'_> {
     pub(crate) fn next_id(&mut self) -> String {
         let seed = ids::IdSeed {
-            tenant: &self.p.tenant,
+            tenant: self.p.tenant,
             saga: &self.saga.name,
             correlation_id: self.correlation_id,
-            input_event_id: &self.p.event_id,
+            input_event_id: self.p.event_id,
             timestamp_ms: self.p.timestamp_ms,
         };
         let id = ids::derive(&seed, self.index);
@@ -112,55 +101,59 @@ impl Emitter<'_> {
         id.to_string()
     }
 
-    fn metadata(&self, extra: Option<&RetryPolicy>) -> Json {
-        let mut m = serde_json::Map::new();
-        m.insert(
-            "correlation_id".into(),
-            Json::String(self.correlation_id.to_owned()),
-        );
-        m.insert("saga".into(), Json::String(self.saga.name.clone()));
-        m.insert("saga_version".into(), Json::from(self.saga.version));
-        m.insert("causation_id".into(), Json::String(self.p.event_id.clone()));
+    /// Writes the `metadata` object every output carries.
+    fn metadata(&self, w: &mut ObjectWriter, retry: Option<&RetryPolicy>) {
+        w.open("metadata");
+        w.str("causation_id", self.p.event_id);
+        w.str("correlation_id", self.correlation_id);
+        if let Some(r) = retry {
+            w.open("retry");
+            match r.base_backoff {
+                Some(b) => w.uint("base_backoff", b),
+                None => w.null("base_backoff"),
+            }
+            w.bool("enable_jitter", r.enable_jitter);
+            w.uint("max_backoff", r.max_backoff);
+            w.uint("retry_limit", u64::from(r.retry_limit));
+            w.close();
+        }
+        w.str("saga", &self.saga.name);
+        w.uint("saga_version", u64::from(self.saga.version));
         if let Some(t) = &self.p.trace_id {
-            m.insert("trace_id".into(), Json::String(t.clone()));
+            w.str("trace_id", t);
         }
-        if let Some(r) = extra {
-            m.insert("retry".into(), retry_json(r));
-        }
-        Json::Object(m)
+        w.close();
     }
 
     /// Renders and records one work item; returns its id.
     pub(crate) fn emit(&mut self, e: &Emit, vars: &Vars<'_>) -> Result<String, StepError> {
         let fail = |what: &str, err: ExprError| StepError::poison(format!("{what}: {err}"));
         let id = self.next_id();
+        let v = u64::from(ENVELOPE_VERSION);
         let item = match e {
             Emit::Effect {
                 name,
                 payload,
                 retry,
             } => {
-                let payload = payload
-                    .render(vars)
-                    .map_err(|x| fail("effect payload", x))?;
                 let effect = self.catalog.effect(name);
                 let retry = retry.or_else(|| effect.and_then(|e| e.retry));
-                let mut body = obj([
-                    ("v", Json::from(ENVELOPE_VERSION)),
-                    ("tenant_id", text(&self.p.tenant)),
-                    ("command_id", text(&id)),
-                    ("effect_name", text(name)),
-                    ("payload", payload),
-                    ("metadata", self.metadata(retry.as_ref())),
-                ]);
-                if let (Some(t), Json::Object(m)) = (effect.and_then(|e| e.timeout_ms), &mut body) {
-                    m.insert("timeout_ms".into(), Json::from(t));
+                let mut w = ObjectWriter::new();
+                w.str("command_id", &id);
+                w.str("effect_name", name);
+                self.metadata(&mut w, retry.as_ref());
+                w.template("payload", payload, vars)
+                    .map_err(|x| fail("effect payload", x))?;
+                w.str("tenant_id", self.p.tenant);
+                if let Some(t) = effect.and_then(|e| e.timeout_ms) {
+                    w.uint("timeout_ms", t);
                 }
+                w.uint("v", v);
                 WorkItem {
                     kind: WorkKind::EffectCommand,
                     subject: format!("effect.{name}.{id}"),
                     msg_id: id.clone(),
-                    body,
+                    body: w.finish(),
                 }
             }
             Emit::Command {
@@ -187,50 +180,59 @@ impl Emitter<'_> {
                         "aggregate id `{agg_id}` is not a valid subject token"
                     )));
                 }
-                let payload = payload
-                    .render(vars)
+                let mut w = ObjectWriter::new();
+                w.str("aggregate_id", &agg_id);
+                w.str("aggregate_type", aggregate_type);
+                w.str("command_id", &id);
+                w.str("command_type", command);
+                self.metadata(&mut w, None);
+                w.template("payload", payload, vars)
                     .map_err(|x| fail("command payload", x))?;
+                w.str("tenant_id", self.p.tenant);
+                w.uint("v", v);
                 WorkItem {
                     kind: WorkKind::AggregateCommand,
                     subject: format!("command.{aggregate_type}.{agg_id}"),
                     msg_id: id.clone(),
-                    body: obj([
-                        ("v", Json::from(ENVELOPE_VERSION)),
-                        ("tenant_id", text(&self.p.tenant)),
-                        ("command_id", text(&id)),
-                        ("command_type", text(command)),
-                        ("aggregate_type", text(aggregate_type)),
-                        ("aggregate_id", Json::String(agg_id)),
-                        ("payload", payload),
-                        ("metadata", self.metadata(None)),
-                    ]),
+                    body: w.finish(),
                 }
             }
             Emit::Event {
                 event_type,
                 payload,
             } => {
-                let payload = payload.render(vars).map_err(|x| fail("event payload", x))?;
+                let mut w = self.workflow_event(&id, event_type);
+                w.template("payload", payload, vars)
+                    .map_err(|x| fail("event payload", x))?;
+                self.end_workflow_event(&mut w);
                 WorkItem {
                     kind: WorkKind::WorkflowEvent,
                     subject: format!("workflow_event.{}.{}", self.saga.name, self.correlation_id),
                     msg_id: id.clone(),
-                    body: obj([
-                        ("v", Json::from(ENVELOPE_VERSION)),
-                        ("event_id", text(&id)),
-                        ("tenant_id", text(&self.p.tenant)),
-                        ("event_type", text(event_type)),
-                        ("saga", text(&self.saga.name)),
-                        ("correlation_id", text(self.correlation_id)),
-                        ("timestamp_ms", Json::from(self.p.timestamp_ms)),
-                        ("payload", payload),
-                        ("metadata", self.metadata(None)),
-                    ]),
+                    body: w.finish(),
                 }
             }
         };
         self.work.push(item);
         Ok(id)
+    }
+
+    /// A workflow event's fields up to its `payload`, which the caller writes next.
+    fn workflow_event(&self, id: &str, event_type: &str) -> ObjectWriter {
+        let mut w = ObjectWriter::new();
+        w.str("correlation_id", self.correlation_id);
+        w.str("event_id", id);
+        w.str("event_type", event_type);
+        self.metadata(&mut w, None);
+        w
+    }
+
+    /// A workflow event's fields after its `payload`.
+    fn end_workflow_event(&self, w: &mut ObjectWriter) {
+        w.str("saga", &self.saga.name);
+        w.str("tenant_id", self.p.tenant);
+        w.uint("timestamp_ms", self.p.timestamp_ms);
+        w.uint("v", u64::from(ENVELOPE_VERSION));
     }
 
     /// The workflow event announcing that `inst` has just ended (or stopped for an
@@ -248,38 +250,24 @@ impl Emitter<'_> {
             Status::Compensated => TERMINAL_EVENTS[2],
             Status::NeedsOperator => TERMINAL_EVENTS[3],
         };
-        let status = serde_json::to_value(inst.status).unwrap_or(Json::Null);
         let id = self.next_id();
         let finished = self.p.timestamp_ms;
+        let mut w = self.workflow_event(&id, event_type);
+        w.open("payload");
+        w.uint("duration_ms", finished.saturating_sub(inst.started_ms));
+        w.uint("finished_ms", finished);
+        w.uint("inputs_applied", inst.applied + 1);
+        w.uint("saga_version", u64::from(inst.version));
+        w.uint("started_ms", inst.started_ms);
+        w.str("state", &inst.state);
+        w.value("status", &inst.status);
+        w.close();
+        self.end_workflow_event(&mut w);
         Some(WorkItem {
             kind: WorkKind::WorkflowEvent,
             subject: format!("workflow_event.{}.{}", self.saga.name, self.correlation_id),
-            msg_id: id.clone(),
-            body: obj([
-                ("v", Json::from(ENVELOPE_VERSION)),
-                ("event_id", text(&id)),
-                ("tenant_id", text(&self.p.tenant)),
-                ("event_type", text(event_type)),
-                ("saga", text(&self.saga.name)),
-                ("correlation_id", text(self.correlation_id)),
-                ("timestamp_ms", Json::from(finished)),
-                (
-                    "payload",
-                    obj([
-                        ("state", text(&inst.state)),
-                        ("status", status),
-                        ("saga_version", Json::from(inst.version)),
-                        ("started_ms", Json::from(inst.started_ms)),
-                        ("finished_ms", Json::from(finished)),
-                        (
-                            "duration_ms",
-                            Json::from(finished.saturating_sub(inst.started_ms)),
-                        ),
-                        ("inputs_applied", Json::from(inst.applied + 1)),
-                    ]),
-                ),
-                ("metadata", self.metadata(None)),
-            ]),
+            msg_id: id,
+            body: w.finish(),
         })
     }
 

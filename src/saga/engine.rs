@@ -52,7 +52,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
         let Some((saga, trigger)) = found else {
             continue;
         };
-        let sj = saga_json(name, &p.tenant, "", saga.version, "");
+        let sj = saga_json(name, p.tenant, "", saga.version, "");
         let vars = event.vars(&state, &sj, trigger.correlation.needs());
         let corr = trigger
             .correlation
@@ -79,14 +79,16 @@ fn answer_command(inst: &mut Instance, p: &Parsed) -> Result<(), StepError> {
     let Some(awaiting) = &mut inst.awaiting else {
         return Ok(());
     };
-    let command_id = p.command_id.clone().unwrap_or_default();
+    let command_id = p.command_id.unwrap_or_default();
     let effect = p.name.rsplit_once('.').map_or("", |(e, _)| e);
-    match awaiting.get(&command_id) {
+    match awaiting.get(command_id) {
         Some(issued) if issued == effect => {
-            awaiting.remove(&command_id);
+            awaiting.remove(command_id);
             Ok(())
         }
-        _ => Err(StepError::UnansweredCommand { command_id }),
+        _ => Err(StepError::UnansweredCommand {
+            command_id: command_id.to_owned(),
+        }),
     }
 }
 
@@ -150,7 +152,7 @@ pub fn apply_owned(
                 return Err(StepError::NotStarting);
             }
             let inst = Instance {
-                tenant: p.tenant.clone(),
+                tenant: p.tenant.to_owned(),
                 saga: saga.to_owned(),
                 version: def.version,
                 correlation_id: correlation_id.to_owned(),
@@ -197,7 +199,7 @@ pub fn apply_owned(
         timers_cancelled: Vec::new(),
     };
     if started && let Some(t) = &def.data {
-        let sj = saga_json(saga, &p.tenant, correlation_id, def.version, "");
+        let sj = saga_json(saga, p.tenant, correlation_id, def.version, "");
         let empty = json!({});
         let vars = event.vars(&empty, &sj, &def.needs);
         inst.data = t
@@ -215,8 +217,9 @@ pub fn apply_owned(
     }
     if let Some(awaiting) = &mut inst.awaiting {
         for w in em.work.iter().filter(|w| w.kind == WorkKind::EffectCommand) {
-            let effect = w.body.get("effect_name").and_then(Json::as_str);
-            awaiting.insert(w.msg_id.clone(), effect.unwrap_or_default().to_owned());
+            // `effect.<name>.<command id>`: names and ids are single tokens.
+            let effect = w.subject.split('.').nth(1).unwrap_or_default();
+            awaiting.insert(w.msg_id.clone(), effect.to_owned());
         }
     }
     let finished = em.terminal_event(&inst);
@@ -232,7 +235,7 @@ pub fn apply_owned(
     Ok(Applied {
         instance: inst,
         started,
-        event: p.name.clone(),
+        event: p.name.to_string(),
         work: em.work,
         finished,
         timers_set: em.timers_set,

@@ -29,7 +29,7 @@ pub(super) fn step(
 ) -> Result<(), StepError> {
     let no_transition = || StepError::NoTransition {
         state: inst.state.clone(),
-        event: p.name.clone(),
+        event: p.name.to_string(),
     };
     let state = m.states.get(&inst.state).ok_or_else(|| {
         StepError::poison(format!(
@@ -37,10 +37,10 @@ pub(super) fn step(
             inst.state
         ))
     })?;
-    let candidates = state.on.get(&p.name).ok_or_else(no_transition)?;
+    let candidates = state.on.get(p.name.as_ref()).ok_or_else(no_transition)?;
     // Guards and updates read only what this event's transitions can read; the `saga`
     // variable is only built when one of them reads it.
-    let on_needs = state.on_needs.get(&p.name).unwrap_or(needs);
+    let on_needs = state.on_needs.get(p.name.as_ref()).unwrap_or(needs);
     let sj = saga_var(inst, on_needs);
     let chosen = {
         let vars = event.vars(&inst.data, &sj, on_needs);

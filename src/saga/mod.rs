@@ -29,6 +29,7 @@
 //! | file | owns |
 //! |---|---|
 //! | `types.rs` | inputs, instances, work items, timer changes, [`StepError`] |
+//! | `body.rs` | [`Body`]: a work item's envelope as the JSON text it is published as |
 //! | `engine.rs` | [`route`] and [`apply`]: what every saga style shares |
 //! | `machine.rs` | a state-machine saga's transition |
 //! | `orchestrate.rs` | an orchestration's steps, retries and compensations |
@@ -38,6 +39,7 @@
 //! | [`migrate`] | explicit migration from version N to N+1 |
 //! | [`scenario`] | `runner test`: scenario files run against the engine |
 
+mod body;
 mod emitter;
 mod engine;
 pub mod ids;
@@ -48,6 +50,7 @@ pub mod retry;
 pub mod scenario;
 mod types;
 
+pub use body::Body;
 pub use engine::{apply, apply_owned, route};
 pub use types::{
     Applied, ENVELOPE_VERSION, Input, InputKind, Instance, Route, ScheduledTimer, Status,

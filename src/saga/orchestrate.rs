@@ -36,7 +36,7 @@ struct Run<'a, 'b> {
     inst: &'a mut Instance,
     pr: Progress,
     event: &'a Ev<'a>,
-    p: &'a Parsed,
+    p: &'a Parsed<'a>,
     em: &'a mut Emitter<'b>,
 }
 
@@ -163,7 +163,7 @@ impl<'a> Run<'a, '_> {
     fn no_transition(&self) -> StepError {
         StepError::NoTransition {
             state: self.inst.state.clone(),
-            event: self.p.name.clone(),
+            event: self.p.name.to_string(),
         }
     }
 
@@ -173,15 +173,15 @@ impl<'a> Run<'a, '_> {
 
     fn handle(&mut self) -> Result<(), StepError> {
         let o = self.o;
-        let name = self.p.name.clone();
+        let name = self.p.name.to_string();
         if let Some(timer) = name.strip_prefix("timer.") {
             return self.handle_timer(timer);
         }
         let is_effect_result = self.p.kind == InputKind::EffectResult;
         let matches_command = |s: &Step, pr: &Progress| {
             !is_effect_result
-                || pr.steps.get(&s.name).map(|x| Some(&x.command_id))
-                    == Some(self.p.command_id.as_ref())
+                || pr.steps.get(&s.name).map(|x| Some(x.command_id.as_str()))
+                    == Some(self.p.command_id)
         };
         if self.pr.compensating {
             let current = self

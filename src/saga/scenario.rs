@@ -317,7 +317,7 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
                             .get("effect_name")
                             .and_then(Json::as_str)
                             .unwrap_or_default();
-                        sent.push((effect.to_owned(), w.body.clone()));
+                        sent.push((effect.to_owned(), w.body.json().clone()));
                     }
                 }
                 instances.insert(key.clone(), a.instance.clone());

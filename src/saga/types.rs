@@ -7,11 +7,13 @@
 //! written without them still decodes. Every input is checked here ([`Input::parse`])
 //! before the engine relies on it: a malformed one is a [`StepError::Poison`], never a panic.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value as Json, json};
 
+use super::body::Body;
 use crate::manifest::model::Outcome;
 
 /// Envelope version of everything the engine emits.
@@ -74,16 +76,17 @@ pub enum InputKind {
     Timer,
 }
 
-/// The fields of an input the engine relies on.
+/// The fields of an input the engine relies on, borrowed from it.
 #[derive(Debug, Clone)]
-pub(crate) struct Parsed {
+pub(crate) struct Parsed<'a> {
     pub(crate) kind: InputKind,
-    pub(crate) event_id: String,
-    pub(crate) tenant: String,
+    pub(crate) event_id: &'a str,
+    pub(crate) tenant: &'a str,
     pub(crate) timestamp_ms: u64,
-    pub(crate) name: String,
-    pub(crate) command_id: Option<String>,
-    pub(crate) trace_id: Option<String>,
+    /// The event name (`event_type`, `<effect>.<result_type>` or `timer.<name>`).
+    pub(crate) name: Cow<'a, str>,
+    pub(crate) command_id: Option<&'a str>,
+    pub(crate) trace_id: Option<&'a str>,
 }
 
 pub(super) fn str_field<'a>(body: &'a Json, key: &str) -> Result<&'a str, StepError> {
@@ -94,7 +97,7 @@ pub(super) fn str_field<'a>(body: &'a Json, key: &str) -> Result<&'a str, StepEr
 }
 
 impl Input {
-    pub(crate) fn parse(&self) -> Result<Parsed, StepError> {
+    pub(crate) fn parse(&self) -> Result<Parsed<'_>, StepError> {
         let first = self.subject.split('.').next().unwrap_or_default();
         let kind = match first {
             "aggregate" => InputKind::Aggregate,
@@ -115,31 +118,23 @@ impl Input {
             .ok_or_else(|| StepError::poison("input has no `timestamp_ms` integer"))?;
         let name = match kind {
             InputKind::Aggregate | InputKind::WorkflowEvent => {
-                str_field(b, "event_type")?.to_owned()
+                Cow::Borrowed(str_field(b, "event_type")?)
             }
-            InputKind::EffectResult => {
-                format!(
-                    "{}.{}",
-                    str_field(b, "effect_name")?,
-                    str_field(b, "result_type")?
-                )
-            }
-            InputKind::Timer => format!("timer.{}", str_field(b, "timer")?),
+            InputKind::EffectResult => Cow::Owned(format!(
+                "{}.{}",
+                str_field(b, "effect_name")?,
+                str_field(b, "result_type")?
+            )),
+            InputKind::Timer => Cow::Owned(format!("timer.{}", str_field(b, "timer")?)),
         };
         Ok(Parsed {
             kind,
-            event_id: str_field(b, "event_id")?.to_owned(),
-            tenant: str_field(b, "tenant_id")?.to_owned(),
+            event_id: str_field(b, "event_id")?,
+            tenant: str_field(b, "tenant_id")?,
             timestamp_ms,
             name,
-            command_id: b
-                .get("command_id")
-                .and_then(Json::as_str)
-                .map(str::to_owned),
-            trace_id: b
-                .pointer("/metadata/trace_id")
-                .and_then(Json::as_str)
-                .map(str::to_owned),
+            command_id: b.get("command_id").and_then(Json::as_str),
+            trace_id: b.pointer("/metadata/trace_id").and_then(Json::as_str),
         })
     }
 }
@@ -263,8 +258,8 @@ pub struct WorkItem {
     pub subject: String,
     /// Deterministic id, used as `Nats-Msg-Id` (also the body's command or event id).
     pub msg_id: String,
-    /// Envelope.
-    pub body: Json,
+    /// Envelope, as the JSON text published.
+    pub body: Body,
 }
 
 /// A timer to schedule.

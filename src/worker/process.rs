@@ -92,17 +92,17 @@ impl Scope {
 
 /// Why an input's outputs cannot all be published, when one is larger than the broker
 /// takes ([`Limits::max_record_bytes`]; 0 means no check).
-fn over_budget(work: &[&saga::WorkItem], bodies: &[String], limits: &Limits) -> Option<String> {
+fn over_budget(work: &[saga::WorkItem], limits: &Limits) -> Option<String> {
     let max = limits.max_record_bytes;
     if max == 0 {
         return None;
     }
-    let (w, body) = work.iter().zip(bodies).find(|(_, b)| b.len() > max)?;
+    let w = work.iter().find(|w| w.body.as_str().len() > max)?;
     Some(format!(
         "its output `{}` would be {} bytes; the broker takes at most {max} (max_payload less \
          the header allowance)",
         w.subject,
-        body.len()
+        w.body.as_str().len()
     ))
 }
 
@@ -303,7 +303,7 @@ impl<'a> Processor<'a> {
             saga::apply(self.catalog, saga, corr, instance.as_ref(), input)
         }));
         match result {
-            Ok(Ok(applied)) => {
+            Ok(Ok(mut applied)) => {
                 // This transition's span: the outputs below carry its trace context.
                 let hop = otel::hop(
                     "saga.transition",
@@ -327,13 +327,12 @@ impl<'a> Processor<'a> {
                 let traceparent = otel::onward(hop.as_ref(), raw.traceparent.as_deref());
                 // The manifest's outputs, then the terminal workflow event when the
                 // instance ended: all of them go through the outbox in this transaction.
-                let outputs: Vec<&saga::WorkItem> =
-                    applied.work.iter().chain(&applied.finished).collect();
-                let bodies: Vec<String> = outputs
-                    .iter()
-                    .map(|w| serde_json::to_string(&w.body).unwrap_or_default())
+                let emitted = applied.work.len();
+                let outputs: Vec<saga::WorkItem> = std::mem::take(&mut applied.work)
+                    .into_iter()
+                    .chain(applied.finished.take())
                     .collect();
-                if let Some(why) = over_budget(&outputs, &bodies, self.limits) {
+                if let Some(why) = over_budget(&outputs, self.limits) {
                     // Nothing of the transition is written: the broker could never take
                     // this output, and a record stuck in the outbox would hold every later
                     // one. The key is parked like any poison, so its order is kept.
@@ -343,13 +342,13 @@ impl<'a> Processor<'a> {
                     &applied.instance,
                     instance.as_ref().map(|i| i.state.as_str()),
                 )?;
-                for (w, body) in outputs.iter().zip(bodies) {
+                for w in outputs {
                     let rec = OutboxRecord {
                         subject: format!("tenant.{tenant}.{}", w.subject),
-                        msg_id: w.msg_id.clone(),
+                        msg_id: w.msg_id,
                         tenant: tenant.to_string(),
                         traceparent: traceparent.map(str::to_string),
-                        body,
+                        body: w.body.into_string(),
                         cause: (0, 0),
                     };
                     let (partition, cause) = self.next_slot();
@@ -391,7 +390,7 @@ impl<'a> Processor<'a> {
                     to: applied.instance.state.clone(),
                     at_ms: applied.instance.updated_ms,
                     source: raw.source.clone(),
-                    emitted: applied.work.len(),
+                    emitted,
                 };
                 tx.push_history(tenant, saga, corr, &entry)?;
                 self.tally.note(saga, "applied");

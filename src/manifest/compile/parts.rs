@@ -100,7 +100,7 @@ impl SagaCompiler<'_, '_> {
                             .collect(),
                     ))
                 } else {
-                    Template::Object(fields)
+                    Template::object(fields)
                 }
             }
         }

@@ -133,7 +133,7 @@ fn match_work(failures: &mut Vec<String>, at: &str, w: &ExpectWork, got: &WorkIt
         }
     }
     if let Some(b) = &w.body {
-        diff_json(failures, &format!("{at}.body"), b, &got.body);
+        diff_json(failures, &format!("{at}.body"), b, got.body.json());
     }
 }
 
