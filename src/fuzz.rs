@@ -153,12 +153,10 @@ pub fn effect_command(data: &[u8]) {
         return;
     };
     // The result an executor would publish goes back through the saga side's admission.
-    let result = cmd.result(ResultType::Failed, json!({"error": "fuzz"}), 1);
+    let result = cmd.result(ResultType::Failed, &json!({"error": "fuzz"}), 1);
     let raw = RawInput {
         subject: result.subject,
-        body: serde_json::to_vec(&result.body)
-            .expect("a JSON value serialises")
-            .into(),
+        body: result.body.get().as_bytes().to_vec().into(),
         traceparent: None,
         source: "FUZZ:1".into(),
     };

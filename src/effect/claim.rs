@@ -26,6 +26,7 @@ use async_nats::jetstream::kv;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
+use serde_json::value::RawValue;
 
 use crate::clock::now_ms;
 
@@ -40,7 +41,10 @@ pub enum ClaimState {
 }
 
 /// The result event of a finished command, as stored in its claim.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// The body is kept as the JSON text that is published: it is written once, embedded in
+/// the claim record as it is and sent as it is, never parsed back on the way.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StoredResult {
     /// Full subject.
     pub subject: String,
@@ -49,8 +53,31 @@ pub struct StoredResult {
     /// `traceparent` of the command, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<String>,
-    /// Body.
-    pub body: Json,
+    /// Body, as JSON text.
+    pub body: Box<RawValue>,
+}
+
+impl StoredResult {
+    /// The body as a JSON value (for reading a field; the hot path never needs it).
+    pub fn body_json(&self) -> Json {
+        serde_json::from_str(self.body.get()).unwrap_or(Json::Null)
+    }
+}
+
+impl PartialEq for StoredResult {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            &self.subject,
+            &self.msg_id,
+            &self.traceparent,
+            self.body.get(),
+        ) == (
+            &other.subject,
+            &other.msg_id,
+            &other.traceparent,
+            other.body.get(),
+        )
+    }
 }
 
 /// The value of one claim record.

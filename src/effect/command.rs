@@ -9,6 +9,8 @@
 //! alone, so every executor and every replay of a command publishes the same id, and
 //! JetStream and the saga side each drop all copies after the first.
 
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value as Json, json};
 
 use super::claim::StoredResult;
@@ -178,8 +180,8 @@ impl Command {
         limit: usize,
     ) -> (StoredResult, Option<usize>) {
         let limit = limit.saturating_sub(CLAIM_ALLOWANCE);
-        let full = self.result(rt, payload, attempts);
-        let size = serde_json::to_vec(&full.body).map_or(usize::MAX, |b| b.len());
+        let full = self.result(rt, &payload, attempts);
+        let size = full.body.get().len();
         if limit == 0 || size <= limit {
             return (full, None);
         }
@@ -193,35 +195,56 @@ impl Command {
             "limit": limit,
         });
         (
-            self.result(ResultType::Failed, payload, attempts),
+            self.result(ResultType::Failed, &payload, attempts),
             Some(size),
         )
     }
 
     /// The result event for an outcome.
-    pub fn result(&self, rt: ResultType, payload: Json, attempts: u32) -> StoredResult {
+    pub fn result(&self, rt: ResultType, payload: &Json, attempts: u32) -> StoredResult {
         let id = self.result_id();
+        let empty = Json::Object(serde_json::Map::new());
+        let envelope = ResultEnvelope {
+            attempts,
+            command_id: &self.command_id,
+            effect_name: &self.effect,
+            event_id: &id,
+            metadata: self.body.get("metadata").unwrap_or(&empty),
+            payload,
+            result_type: rt.as_str(),
+            tenant_id: &self.tenant,
+            timestamp_ms: now_ms(),
+            v: 1,
+        };
+        // Serializing borrowed strings and JSON values cannot fail.
+        let body = serde_json::value::to_raw_value(&envelope)
+            .unwrap_or_else(|_| RawValue::from_string("{}".into()).unwrap_or_default());
         StoredResult {
             subject: format!(
                 "tenant.{}.effect_result.{}.{}",
                 self.tenant, self.effect, self.command_id
             ),
-            msg_id: id.clone(),
+            msg_id: id,
             traceparent: self.traceparent.clone(),
-            body: json!({
-                "v": 1,
-                "event_id": id,
-                "tenant_id": self.tenant,
-                "command_id": self.command_id,
-                "effect_name": self.effect,
-                "result_type": rt.as_str(),
-                "payload": payload,
-                "attempts": attempts,
-                "timestamp_ms": now_ms(),
-                "metadata": self.body.get("metadata").cloned().unwrap_or_else(|| json!({})),
-            }),
+            body,
         }
     }
+}
+
+/// A result event as published: fields in the keys' byte order, so the text is what a JSON
+/// object with the same fields serializes to.
+#[derive(Serialize)]
+struct ResultEnvelope<'a> {
+    attempts: u32,
+    command_id: &'a str,
+    effect_name: &'a str,
+    event_id: &'a str,
+    metadata: &'a Json,
+    payload: &'a Json,
+    result_type: &'a str,
+    tenant_id: &'a str,
+    timestamp_ms: u64,
+    v: u32,
 }
 
 #[cfg(test)]
@@ -236,21 +259,22 @@ mod tests {
         let big = json!({ "blob": "x".repeat(10_000) });
         let (r, over) = c.result_within(ResultType::Succeeded, big.clone(), 1, 0);
         assert_eq!(
-            (r.body["result_type"].as_str(), over),
+            (r.body_json()["result_type"].as_str(), over),
             (Some("Succeeded"), None)
         );
         let (r, over) = c.result_within(ResultType::Succeeded, big.clone(), 1, 50_000);
         assert_eq!(
-            (r.body["result_type"].as_str(), over),
+            (r.body_json()["result_type"].as_str(), over),
             (Some("Succeeded"), None)
         );
         let (r, over) = c.result_within(ResultType::Succeeded, big, 2, 5_000);
         assert!(over.is_some_and(|n| n > 10_000));
-        assert_eq!(r.body["result_type"], "Failed");
-        assert_eq!(r.body["payload"]["result_type"], "Succeeded");
-        assert_eq!(r.body["payload"]["limit"], 5_000 - 1_024);
-        assert_eq!(r.body["attempts"], 2);
-        assert!(serde_json::to_vec(&r.body).expect("json").len() < 4_000);
+        let b = r.body_json();
+        assert_eq!(b["result_type"], "Failed");
+        assert_eq!(b["payload"]["result_type"], "Succeeded");
+        assert_eq!(b["payload"]["limit"], 5_000 - 1_024);
+        assert_eq!(b["attempts"], 2);
+        assert!(r.body.get().len() < 4_000);
     }
 
     #[test]
@@ -283,11 +307,15 @@ mod tests {
             Some("tp".into()),
         )
         .expect("decodes");
-        let a = c.result(ResultType::Succeeded, json!({"x":1}), 1);
-        let b = c.result(ResultType::Failed, json!({}), 3);
+        let a = c.result(ResultType::Succeeded, &json!({"x":1}), 1);
+        let b = c.result(ResultType::Failed, &json!({}), 3);
         assert_eq!(a.msg_id, b.msg_id);
-        assert_eq!(a.body["event_id"], json!(a.msg_id));
-        assert_eq!(a.body["metadata"]["saga"], json!("order"));
+        let body = a.body_json();
+        assert_eq!(body["event_id"], json!(a.msg_id));
+        assert_eq!(body["metadata"]["saga"], json!("order"));
+        // The text is what the same object serializes to (keys in order).
+        assert_eq!(a.body.get(), body.to_string());
+        assert_eq!(body["payload"], json!({"x": 1}));
         assert_eq!(a.subject, format!("tenant._.effect_result.pay.{id}"));
         assert_eq!(a.traceparent.as_deref(), Some("tp"));
         assert_eq!(

@@ -17,7 +17,6 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, AckKind};
-use serde_json::Value as Json;
 use tracing::Instrument;
 use tracing::field::Empty;
 
@@ -301,7 +300,7 @@ async fn refuse(
         subject: message.subject,
         msg_id: message.msg_id,
         traceparent,
-        body: message.body,
+        body: serde_json::value::to_raw_value(&message.body).unwrap_or_default(),
     };
     if let Err(e) = publish(ctx, &dl).await {
         // The dead-letter stream did not take it: keep it in this node's store instead, so
@@ -340,6 +339,13 @@ async fn refuse(
     let _ = msg.ack_with(AckKind::Term).await;
 }
 
+/// The one field of a result body its headers need, read without parsing the rest.
+#[derive(Default, serde::Deserialize)]
+struct Tenant<'a> {
+    #[serde(borrow)]
+    tenant_id: Option<std::borrow::Cow<'a, str>>,
+}
+
 /// Publishes a result event; with span export on, as an `effect.result` span (child of the
 /// execution that produced it) which the event names.
 async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
@@ -354,17 +360,18 @@ async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
             ]
         },
     );
+    let tenant: Tenant<'_> = serde_json::from_str(r.body.get()).unwrap_or_default();
     let h = crate::broker::headers::outgoing(
         &r.msg_id,
-        r.body.get("tenant_id").and_then(Json::as_str),
+        tenant.tenant_id.as_deref(),
         otel::onward(hop.as_ref(), r.traceparent.as_deref()),
     );
     drop(hop);
-    let body = serde_json::to_vec(&r.body)?;
+    let body = bytes::Bytes::copy_from_slice(r.body.get().as_bytes());
     ctx.state
         .broker
         .jetstream()
-        .publish_with_headers(r.subject.clone(), h, body.into())
+        .publish_with_headers(r.subject.clone(), h, body)
         .await?
         .await?;
     Ok(())
