@@ -13,8 +13,9 @@
 //! - **Pure.** No I/O, no clock, no randomness. Time inside a saga is the input's
 //!   `timestamp_ms`: a timer's due time is that plus its delay.
 //! - **Deterministic.** The same catalog, instance and input give byte-identical results
-//!   (objects are ordered maps, ids are derived, see [`ids`]), so replaying an input after a
-//!   crash reproduces the same outputs with the same ids.
+//!   (objects are ordered maps, output bodies are written with their keys in order — see
+//!   `body.rs` —, ids are derived, see [`ids`]), so replaying an input after a crash
+//!   reproduces the same outputs, byte for byte, with the same ids.
 //! - **Typed outcomes.** Everything that is not a transition is a [`StepError`] variant the
 //!   caller acts on: ignore ([`StepError::NotStarting`], [`StepError::NoTransition`],
 //!   [`StepError::Finished`], [`StepError::StaleTimer`]) or dead-letter and park the key
