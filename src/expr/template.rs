@@ -253,4 +253,44 @@ mod tests {
             Err(ExprError::Unterminated)
         ));
     }
+
+    #[test]
+    fn written_text_is_the_rendered_value_serialized() {
+        let event =
+            json!({"name": "n\"q", "payload": {"items": [{"z": 1, "a": [true, null]}], "n": 7}});
+        let state = json!({"total": 2.5});
+        let saga = json!({});
+        let vars = Vars::new(&event, &state, &saga);
+        let e = |s: &str| Template::compile_str(s).unwrap();
+        // Keys given out of order, one twice (the later one counts, as when rendering).
+        let t = Template::object(vec![
+            ("z".into(), e("${ event.payload.items }")),
+            ("b".into(), e("first")),
+            ("a".into(), e("${ state.total + 1.0 }")),
+            ("b".into(), e("id-${ event.payload.n }")),
+            (
+                "m".into(),
+                Template::List(vec![e("${ event.name }"), e("${ state.missing }")]),
+            ),
+        ]);
+        let mut out = Vec::new();
+        let written = t.write(&vars, &mut out);
+        // `state.missing` is the interpreter's error, in both forms.
+        assert!(written.is_err() && t.render(&vars).is_err());
+        let t = Template::object(vec![
+            ("z".into(), e("${ event.payload.items }")),
+            ("b".into(), e("first")),
+            ("a".into(), e("${ state.total + 1.0 }")),
+            ("b".into(), e("id-${ event.payload.n }")),
+            (
+                "m".into(),
+                Template::List(vec![e("${ event.name }"), e("${ 'lit' }")]),
+            ),
+        ]);
+        let mut out = Vec::new();
+        t.write(&vars, &mut out).unwrap();
+        let rendered = t.render(&vars).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), rendered.to_string());
+        assert_eq!(rendered["b"], json!("id-7"));
+    }
 }
