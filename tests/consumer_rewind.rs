@@ -50,16 +50,29 @@ async fn a_consumer_rewound_to_the_stream_start_is_reopened_at_the_checkpoint() 
     .await;
     // Restarted, the loop opens its consumer at 6 and nothing new comes: delete it under
     // the client, which recreates it having delivered nothing.
+    let stream = js.get_stream("AGGREGATE_EVENTS").await.unwrap();
+    let first: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
     let dir = runner.stop();
     let runner = RunnerProc::saga(dir, &nats.url(), manifest, &envs);
     // Inputs taken to a commit (a re-read input would count here even when skipped).
     let applied = "runner_saga_inputs_total{stream=\"AGGREGATE_EVENTS\"}";
     let before = metric(&runner.admin, applied).await;
-    let stream = js.get_stream("AGGREGATE_EVENTS").await.unwrap();
-    let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
-    assert!(!names.is_empty(), "the runner's consumer exists");
+    // The first process's ephemeral consumer may outlive it a while, and the new one may
+    // not be open yet: wait for a consumer the first process did not have.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let names = loop {
+        let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
+        if names.iter().any(|n| !first.contains(n)) {
+            break names;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the restarted runner opened no consumer of its own"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     for name in &names {
-        stream.delete_consumer(name).await.unwrap();
+        let _ = stream.delete_consumer(name).await;
     }
     let rewound =
         "runner_consumer_recreated_total{consumer=\"saga:AGGREGATE_EVENTS\",reason=\"rewound\"}";
