@@ -13,18 +13,10 @@ use std::time::Duration;
 use async_nats::jetstream;
 use common::{NatsServer, RunnerProc, saga_progress};
 use futures::TryStreamExt;
-use serde_json::json;
 
 async fn deposit(js: &jetstream::Context, i: u64) {
-    let ev = common::aggregate_event(
-        "bank",
-        "Account",
-        &format!("a{i}"),
-        "Deposited",
-        1_800_000_000_000 + i,
-        json!({"n": 1, "amount": 10}),
-    );
-    common::publish_json(js, &format!("tenant.bank.aggregate.Account.a{i}"), &ev).await;
+    let (subject, ev) = common::ledger_deposit(i, 1);
+    common::publish_json(js, &subject, &ev).await;
 }
 
 /// The sum of the samples of `name` in `admin`'s metrics; 0 when it has none yet.

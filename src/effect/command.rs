@@ -10,7 +10,6 @@
 //! JetStream and the saga side each drop all copies after the first.
 
 use serde::Serialize;
-use serde_json::value::RawValue;
 use serde_json::{Value as Json, json};
 
 use super::claim::StoredResult;
@@ -217,8 +216,7 @@ impl Command {
             v: 1,
         };
         // Serializing borrowed strings and JSON values cannot fail.
-        let body = serde_json::value::to_raw_value(&envelope)
-            .unwrap_or_else(|_| RawValue::from_string("{}".into()).unwrap_or_default());
+        let body = serde_json::value::to_raw_value(&envelope).unwrap_or_default();
         StoredResult {
             subject: format!(
                 "tenant.{}.effect_result.{}.{}",

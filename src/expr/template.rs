@@ -262,31 +262,26 @@ mod tests {
         let saga = json!({});
         let vars = Vars::new(&event, &state, &saga);
         let e = |s: &str| Template::compile_str(s).unwrap();
-        // Keys given out of order, one twice (the later one counts, as when rendering).
-        let t = Template::object(vec![
-            ("z".into(), e("${ event.payload.items }")),
-            ("b".into(), e("first")),
-            ("a".into(), e("${ state.total + 1.0 }")),
-            ("b".into(), e("id-${ event.payload.n }")),
-            (
-                "m".into(),
-                Template::List(vec![e("${ event.name }"), e("${ state.missing }")]),
-            ),
-        ]);
+        // Keys given out of order, one twice (the later one counts, as when rendering);
+        // `last` ends the list under `m`.
+        let object = |last: &str| {
+            Template::object(vec![
+                ("z".into(), e("${ event.payload.items }")),
+                ("b".into(), e("first")),
+                ("a".into(), e("${ state.total + 1.0 }")),
+                ("b".into(), e("id-${ event.payload.n }")),
+                (
+                    "m".into(),
+                    Template::List(vec![e("${ event.name }"), e(last)]),
+                ),
+            ])
+        };
+        let t = object("${ state.missing }");
         let mut out = Vec::new();
         let written = t.write(&vars, &mut out);
         // `state.missing` is the interpreter's error, in both forms.
         assert!(written.is_err() && t.render(&vars).is_err());
-        let t = Template::object(vec![
-            ("z".into(), e("${ event.payload.items }")),
-            ("b".into(), e("first")),
-            ("a".into(), e("${ state.total + 1.0 }")),
-            ("b".into(), e("id-${ event.payload.n }")),
-            (
-                "m".into(),
-                Template::List(vec![e("${ event.name }"), e("${ 'lit' }")]),
-            ),
-        ]);
+        let t = object("${ 'lit' }");
         let mut out = Vec::new();
         t.write(&vars, &mut out).unwrap();
         let rendered = t.render(&vars).unwrap();
