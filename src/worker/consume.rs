@@ -219,7 +219,7 @@ pub(crate) async fn run(
                     tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
                     continue 'connect;
                 }
-                c = chunks.next() => c,
+                c = super::pull::next_chunk(&mut chunks) => c,
                 _ = tokio::time::sleep(liveness.stall_check()) => {
                     let Probe::Pending(seq) =
                         liveness.probe(&input.stream, &input.filters, position).await
@@ -227,7 +227,7 @@ pub(crate) async fn run(
                         continue;
                     };
                     // A message published just now may be on its way: give it a moment.
-                    match tokio::time::timeout(STALL_GRACE, chunks.next()).await {
+                    match tokio::time::timeout(STALL_GRACE, super::pull::next_chunk(&mut chunks)).await {
                         Ok(c) => c,
                         Err(_) => {
                             let detail = format!("message {seq} waits past sequence {position}");

@@ -196,9 +196,14 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
                 None => watch = None,
             },
         }
-        // Drain the rest of what the watch has ready before acting on the view.
+        // Drain the rest of what the watch has ready before acting on the view (outside
+        // tokio's cooperative budget, which would stop the drain after 128 entries and
+        // leave the view partial for a tick: a burst of lease changes over hundreds of
+        // partitions is larger than that).
         if let Some(w) = watch.as_mut() {
-            while let Some(Some(Ok(entry))) = futures::FutureExt::now_or_never(w.next()) {
+            while let Some(Some(Ok(entry))) =
+                futures::FutureExt::now_or_never(tokio::task::unconstrained(w.next()))
+            {
                 view.apply(&entry);
             }
         }

@@ -8,6 +8,16 @@
 //! consumer opens; a reader reopens it (at its checkpoint, losing nothing) when
 //! [`PullSize::should_reopen`] says the sizes moved far enough.
 
+/// The next chunk of a `ready_chunks` stream of consumer messages: everything already
+/// received, up to the chunk's cap. Polled plainly, a chunk ends where tokio's cooperative
+/// budget (128 channel receives per poll of a task) makes the client's channel report
+/// nothing ready, whatever it holds: under a backlog every batch would be ~125 inputs and
+/// pay a commit (and its fsync) for so few. The cap bounds the work of one such poll.
+pub(crate) async fn next_chunk<S: futures::Stream + Unpin>(chunks: &mut S) -> Option<S::Item> {
+    use futures::StreamExt;
+    tokio::task::unconstrained(chunks.next()).await
+}
+
 /// Fewest and most messages one pull asks for (the client's own default is the most).
 const PULL_RANGE: (i64, i64) = (8, 500);
 

@@ -233,7 +233,7 @@ async fn route_while_held(
                     }
                     continue;
                 }
-                c = chunks.next() => c,
+                c = super::pull::next_chunk(&mut chunks) => c,
             };
             idle_since = Instant::now();
             let Some(chunk) = next else { continue 'open };

@@ -207,6 +207,33 @@ async fn ledger_drive(
     })
 }
 
+/// The runner's batch commits between two scrapes: how many, inputs per commit, and the
+/// commit's p50/p99 — what bounds a saga-mode runner whose CPU is not saturated.
+fn commits_line(before: &str, after: &str) -> String {
+    use crate::harness::{metric_sum, window_quantile};
+    let delta = |name: &str| metric_sum(after, name, &[]) - metric_sum(before, name, &[]);
+    let commits = delta("runner_saga_commit_seconds_count");
+    let inputs = delta("runner_saga_batch_size_sum");
+    let q = |p: f64| {
+        window_quantile(before, after, "runner_saga_commit_seconds", p)
+            .map_or("-".to_string(), |s| format!("{:.1}", s * 1000.0))
+    };
+    let size = |p: f64| {
+        window_quantile(before, after, "runner_saga_batch_size", p)
+            .map_or("-".to_string(), |n| format!("{n:.0}"))
+    };
+    format!(
+        "  commits during the max-rate run: {commits:.0}, {:.1} inputs each (p10/p50/p90 {}/{}/{}), commit ms p50={} p99={}, {:.1} s committing in all",
+        inputs / commits.max(1.0),
+        size(0.1),
+        size(0.5),
+        size(0.9),
+        q(0.5),
+        q(0.99),
+        delta("runner_saga_commit_seconds_sum"),
+    )
+}
+
 /// Starts nats-server and a saga-mode runner for a scenario.
 async fn saga_runner(
     p: &Programs,
@@ -231,9 +258,12 @@ async fn max_and_half(
     pad: &str,
     mut pick: impl FnMut(u64) -> usize,
 ) -> Result<(LedgerRun, LedgerRun, f64)> {
+    let metrics = runner.client();
+    let before = metrics.text().await?;
     let sampler = Sampler::start(runner.proc.pid());
     let mut max = ledger_drive(js, tenant, counts, events, 0.0, pad, &mut pick).await?;
     let usage = sampler.finish().await;
+    let after = metrics.text().await?;
     let half_rate = (max.per_s() / 2.0).max(1.0);
     let mut half = ledger_drive(js, tenant, counts, events, half_rate, pad, &mut pick).await?;
     println!(
@@ -250,6 +280,8 @@ async fn max_and_half(
         usage.line("  runner during the max-rate run", max.elapsed),
         runner.store_bytes() as f64 / 1048576.0
     );
+    println!("{}", commits_line(&before, &after));
+    println!("{}", crate::pipeline::where_time_goes(&before, &after));
     if max.outputs as u64 != events || half.outputs as u64 != events {
         bail!("{label}: outputs missing");
     }

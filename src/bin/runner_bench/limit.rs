@@ -277,6 +277,13 @@ async fn ordered(js: &jetstream::Context, stream: &str, filter: String) -> Resul
         .await?)
 }
 
+/// What is ready, up to the chunk's cap, as the runner reads its input consumers
+/// (`worker/pull.rs`): outside tokio's cooperative budget, which would end every chunk at
+/// ~128 messages.
+async fn next_chunk<S: futures::Stream + Unpin>(chunks: &mut S) -> Option<S::Item> {
+    tokio::task::unconstrained(chunks.next()).await
+}
+
 /// A saga consumer: reads inputs (the original subject from `Runner-Subject` when they were
 /// routed) and hands their outputs to its relay; counts final outputs it sees.
 fn saga_side(
@@ -287,7 +294,7 @@ fn saga_side(
 ) {
     tokio::spawn(async move {
         let mut chunks = msgs.ready_chunks(256);
-        while let Some(chunk) = chunks.next().await {
+        while let Some(chunk) = next_chunk(&mut chunks).await {
             let mut outs = Vec::new();
             for m in chunk.into_iter().flatten() {
                 let routed = m.headers.as_ref().and_then(|h| h.get("Runner-Subject"));
@@ -315,7 +322,7 @@ async fn route(
     done: Arc<Done>,
 ) -> Result<()> {
     let mut chunks = msgs.ready_chunks(200);
-    while let Some(chunk) = chunks.next().await {
+    while let Some(chunk) = next_chunk(&mut chunks).await {
         let mut copies = Vec::new();
         for m in chunk.into_iter().flatten() {
             if is_final(&m.subject) {

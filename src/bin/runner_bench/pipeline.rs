@@ -61,7 +61,7 @@ pub(crate) struct Args {
 /// ms): the wait of an input between being stored and read, the batch commit, a relay
 /// window (publish to acknowledgement), an effect command's wait before a worker starts on
 /// it, and the effect call itself.
-fn where_time_goes(before: &str, after: &str) -> String {
+pub(crate) fn where_time_goes(before: &str, after: &str) -> String {
     let q = |name: &str, p: f64| {
         crate::harness::window_quantile(before, after, name, p)
             .map_or("-".to_string(), |s| format!("{:.1}", s * 1000.0))
