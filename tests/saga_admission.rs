@@ -76,11 +76,13 @@ async fn held_upstream() -> (Latch, Upstream, tempfile::TempDir) {
     (hold, upstream, manifests)
 }
 
-/// Starts ten sagas and waits until their ten calls hang: ten commands queued.
-async fn start_queued(js: &async_nats::jetstream::Context, upstream: &Upstream) {
+/// Publishes ten triggers and waits until `calls` of their calls hang: that many commands
+/// queued. (A router takes the ten as one batch; the single-active loop only the bound's
+/// worth and one more, see `a_batch_read_under_a_backlog_is_admitted_only_as_far_as_the_bound`.)
+async fn start_queued(js: &async_nats::jetstream::Context, upstream: &Upstream, calls: usize) {
     start_jobs(js, 0, 10).await;
     let queued = common::eventually(Duration::from_secs(30), || async {
-        upstream.in_flight() == 10
+        upstream.in_flight() == calls
     })
     .await;
     assert!(queued, "in flight: {}", upstream.in_flight());
@@ -136,16 +138,18 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     let js = jetstream(&nats.url()).await;
     let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
 
-    // Ten sagas start; their ten calls are held by the upstream: ten commands queued.
-    start_queued(&js, &upstream).await;
-    assert_eq!(metric(&admin, started).await, 10.0);
+    // Ten triggers: the router takes them as one batch, the single-active loop only five
+    // (room for the bound of four, and one); their calls are held by the upstream.
+    let first = if partitioned { 10 } else { 5 };
+    start_queued(&js, &upstream, first).await;
+    assert_eq!(metric(&admin, started).await, first as f64);
 
-    // Ten more triggers: above the bound, their batch is not taken while the calls hang.
+    // Ten more triggers: above the bound, none is taken while the calls hang.
     start_jobs(&js, 10, 20).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         metric(&admin, started).await,
-        10.0,
+        first as f64,
         "new triggers were taken while started work was queued"
     );
     if partitioned {
@@ -167,6 +171,61 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     }
     runner.stop();
     seen
+}
+
+/// A backlog of new triggers read in one go is admitted only as far as the bound allows:
+/// with 300 triggers waiting when the runner starts (one read holds hundreds) and the
+/// upstream holding its answers, about the bound's worth of sagas start — not the whole
+/// batch read — and the rest wait in the stream until the queue drains; then all finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_read_under_a_backlog_is_admitted_only_as_far_as_the_bound() {
+    const BOUND: u64 = 20;
+    const JOBS: u64 = 300;
+    let nats = NatsServer::start();
+    let (hold, upstream, manifests) = held_upstream().await;
+    let bound = BOUND.to_string();
+    let envs = [
+        ("RUNNER__SAGA__MAX_QUEUED_WORK", bound.as_str()),
+        ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+    ];
+    let dir = manifests.path().to_str().unwrap();
+    // A first start creates the streams and consumers; stopped, it leaves the triggers to
+    // pile up unread.
+    let data = RunnerProc::combined(&nats.url(), dir, &envs).stop();
+    let js = jetstream(&nats.url()).await;
+    start_jobs(&js, 0, JOBS).await;
+    let runner = RunnerProc::combined_in(data, &nats.url(), dir, &envs);
+    let admin = runner.admin.clone();
+    let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
+    let calling = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() >= BOUND as usize
+    })
+    .await;
+    assert!(calling, "calls in flight: {}", upstream.in_flight());
+    // Time for a whole batch to be taken if the bound were looked at once per batch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let taken = metric(&admin, started).await;
+    eprintln!("{taken} of {JOBS} sagas started with the bound at {BOUND}");
+    // The bound is read from the broker at most 50 ms old, so what was published meanwhile
+    // can be missed once: up to twice the bound, never the batch.
+    assert!(
+        (BOUND as f64..=2.0 * BOUND as f64).contains(&taken),
+        "{taken} sagas started under a bound of {BOUND}"
+    );
+    assert_eq!(
+        upstream.in_flight(),
+        taken as usize,
+        "one call per saga started"
+    );
+
+    hold.release();
+    let done = common::eventually(Duration::from_secs(120), || async {
+        finished_jobs(&js).await.len() == JOBS as usize
+    })
+    .await;
+    assert!(done, "not every saga finished");
+    assert_eq!(pings(&js).await, JOBS as usize, "one command per saga");
+    runner.stop();
 }
 
 /// Effect commands stored for the `ping` effect (one per saga started).
@@ -208,7 +267,7 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     let mut b = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
     let js = jetstream(&url).await;
 
-    start_queued(&js, &upstream).await;
+    start_queued(&js, &upstream, 10).await;
     start_jobs(&js, 10, 20).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(

@@ -230,8 +230,9 @@ pub struct SagaConfig {
     /// missing): which tenants are paused (`runner tenants pause`).
     pub control_bucket: String,
     /// Work under way goes first: while more than this many effect commands (and, in
-    /// single-active mode, effect results) are queued behind sagas already started, no new
-    /// batch of aggregate events is taken (single-active) or routed into the saga inbox
+    /// single-active mode, effect results and outputs not yet published) are queued behind
+    /// sagas already started, no new batch of aggregate events is taken (single-active: and
+    /// of a batch only as many as there is room for) or routed into the saga inbox
     /// (partitioned); new triggers wait in their stream. 0: off.
     pub max_queued_work: u64,
 }

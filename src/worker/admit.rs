@@ -3,9 +3,14 @@
 //!
 //! What counts as queued: effect commands not yet finished (pending and unacknowledged on
 //! every effect consumer, read from the broker) and, in single-active mode, effect results
-//! not yet applied (the results loop's lag). While that is above `saga.max_queued_work`,
-//! new triggers are held, polling every [`POLL`]:
-//! - **Single-active**: the aggregate-events loop takes no new batch to the commit.
+//! not yet applied (the results loop's lag) and outputs committed but not yet published
+//! (the relay's count: work the broker does not show yet). While that is above
+//! `saga.max_queued_work`, new triggers are held, polling every [`POLL`]:
+//! - **Single-active**: the aggregate-events loop takes no new batch to the commit, and
+//!   of a batch read it takes only as many triggers as there is room for under the bound
+//!   ([`Admission::split_off_excess`]; at least one), the rest once there is room again.
+//!   A batch read under a backlog holds up to `saga.batch_size` inputs: taken whole after
+//!   one look it would put far more work in the queue than the bound allows.
 //! - **Partitioned**: the router of the aggregate stream copies no new batch into the
 //!   saga inbox ([`super::router`]), so the inbox partitions, which also carry the effect
 //!   results, do not fill with new triggers ahead of them. The results router is never
@@ -33,6 +38,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::effect::consumers::{consumer_name, has_own_consumer};
+use crate::relay::RelayHandle;
 use crate::runtime::AppState;
 
 /// How often a held loop looks again.
@@ -45,15 +51,19 @@ const FRESH: Duration = Duration::from_millis(50);
 pub(crate) struct Admission {
     /// Whether the results loop's lag counts (single-active mode only).
     results: bool,
+    /// The relay whose unpublished outputs count (single-active mode only).
+    relay: Option<RelayHandle>,
     commands: u64,
     read_at: Option<Instant>,
 }
 
 impl Admission {
-    /// The gate of the single-active aggregate loop: counts results not yet applied too.
-    pub(crate) fn single_active() -> Self {
+    /// The gate of the single-active aggregate loop: counts results not yet applied and
+    /// outputs not yet published too.
+    pub(crate) fn single_active(relay: RelayHandle) -> Self {
         Self {
             results: true,
+            relay: Some(relay),
             commands: 0,
             read_at: None,
         }
@@ -63,8 +73,31 @@ impl Admission {
     pub(crate) fn router() -> Self {
         Self {
             results: false,
-            ..Self::single_active()
+            relay: None,
+            commands: 0,
+            read_at: None,
         }
+    }
+
+    /// Splits off the inputs of `batch` beyond the room under the bound now (at least one
+    /// stays), to be taken after the next [`Admission::wait`], which then reads the broker
+    /// afresh. A batch that fits, or any batch when the bound is 0, is left whole.
+    pub(crate) async fn split_off_excess<T>(
+        &mut self,
+        state: &AppState,
+        batch: &mut Vec<T>,
+    ) -> Vec<T> {
+        let limit = state.config.saga.max_queued_work;
+        if limit == 0 {
+            return Vec::new();
+        }
+        let room = limit.saturating_sub(self.queued(state).await).max(1);
+        let room = usize::try_from(room).unwrap_or(usize::MAX);
+        if batch.len() <= room {
+            return Vec::new();
+        }
+        self.read_at = None;
+        batch.split_off(room)
     }
 
     /// Waits while the queued work is above the bound (or until `cancel`). Returns how
@@ -100,7 +133,8 @@ impl Admission {
             self.commands = effect_backlog(state).await;
             self.read_at = Some(Instant::now());
         }
-        results + self.commands
+        let unpublished = self.relay.as_ref().map_or(0, RelayHandle::unpublished);
+        results + self.commands + unpublished
     }
 }
 

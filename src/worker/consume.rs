@@ -122,7 +122,7 @@ pub(crate) async fn run(
     // New triggers (the aggregate stream, single-active mode) wait behind work under way.
     let mut admission = (input.scope.is_none()
         && input.stream == state.config.streams.aggregate_events)
-        .then(super::admit::Admission::single_active);
+        .then(|| super::admit::Admission::single_active(relay.clone()));
     'connect: while !cancel.is_cancelled() {
         connections.mark_unchanged();
         let key = input.checkpoint.clone();
@@ -266,7 +266,24 @@ pub(crate) async fn run(
                 position = position.max(*seq);
             }
             pull.observe(batch.iter().map(|(_, r)| r.body.len()));
-            for batch in split_by_bytes(batch, max_batch_bytes) {
+            let mut pieces = split_by_bytes(batch, max_batch_bytes).into_iter();
+            let mut excess = Vec::new();
+            loop {
+                let mut batch = if excess.is_empty() {
+                    match pieces.next() {
+                        Some(b) => b,
+                        None => break,
+                    }
+                } else {
+                    std::mem::take(&mut excess)
+                };
+                if let Some(a) = admission.as_mut() {
+                    let held = a.wait(&state, &cancel).await;
+                    if !held.is_zero() {
+                        metrics.admission_wait.observe(held.as_secs_f64());
+                    }
+                    excess = a.split_off_excess(&state, &mut batch).await;
+                }
                 let n = batch.len();
                 let replayed = input.scope.as_ref().map_or(0, |s| {
                     batch
@@ -274,12 +291,6 @@ pub(crate) async fn run(
                         .filter(|(seq, _)| *seq <= s.replay_until)
                         .count()
                 });
-                if let Some(a) = admission.as_mut() {
-                    let held = a.wait(&state, &cancel).await;
-                    if !held.is_zero() {
-                        metrics.admission_wait.observe(held.as_secs_f64());
-                    }
-                }
                 match committer
                     .submit(&input.checkpoint, batch, input.scope.clone())
                     .await
