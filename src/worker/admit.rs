@@ -8,7 +8,7 @@
 //! `saga.max_queued_work`, new triggers are held, polling every [`POLL`]:
 //! - **Single-active**: the aggregate-events loop takes no new batch to the commit, and
 //!   of a batch read it takes only as many triggers as there is room for under the bound
-//!   ([`Admission::split_off_excess`]; at least one), the rest once there is room again.
+//!   ([`Admission::admit`]; at least one), the rest once there is room again.
 //!   A batch read under a backlog holds up to `saga.batch_size` inputs: taken whole after
 //!   one look it would put far more work in the queue than the bound allows.
 //! - **Partitioned**: the router of the aggregate stream copies no new batch into the
@@ -79,35 +79,39 @@ impl Admission {
         }
     }
 
-    /// Splits off the inputs of `batch` beyond the room under the bound now (at least one
-    /// stays), to be taken after the next [`Admission::wait`], which then reads the broker
-    /// afresh. A batch that fits, or any batch when the bound is 0, is left whole.
-    pub(crate) async fn split_off_excess<T>(
+    /// Admits `batch` (single-active): waits while the queued work is above the bound,
+    /// then splits off the inputs beyond the room left under it (at least one stays), to be
+    /// admitted next — after a fresh reading of the broker. Returns how long it held and
+    /// the inputs split off. A batch that fits, any batch when the bound is 0, and a batch
+    /// met by `cancel` (the drain commits what was read) are left whole.
+    pub(crate) async fn admit<T>(
         &mut self,
         state: &AppState,
+        cancel: &CancellationToken,
         batch: &mut Vec<T>,
-    ) -> Vec<T> {
+    ) -> (Duration, Vec<T>) {
+        let started = Instant::now();
         let limit = state.config.saga.max_queued_work;
         if limit == 0 {
-            return Vec::new();
+            return (Duration::ZERO, Vec::new());
         }
-        let room = limit.saturating_sub(self.queued(state).await).max(1);
-        let room = usize::try_from(room).unwrap_or(usize::MAX);
+        let queued = loop {
+            let queued = self.queued(state).await;
+            if queued <= limit {
+                break queued;
+            }
+            if cancel.is_cancelled() {
+                return (started.elapsed(), Vec::new());
+            }
+            tokio::time::sleep(POLL).await;
+        };
+        let held = started.elapsed();
+        let room = usize::try_from((limit - queued).max(1)).unwrap_or(usize::MAX);
         if batch.len() <= room {
-            return Vec::new();
+            return (held, Vec::new());
         }
         self.read_at = None;
-        batch.split_off(room)
-    }
-
-    /// Waits while the queued work is above the bound (or until `cancel`). Returns how
-    /// long it held.
-    pub(crate) async fn wait(&mut self, state: &AppState, cancel: &CancellationToken) -> Duration {
-        let started = Instant::now();
-        while !cancel.is_cancelled() && self.over(state).await {
-            tokio::time::sleep(POLL).await;
-        }
-        started.elapsed()
+        (held, batch.split_off(room))
     }
 
     /// Whether the queued work is above `saga.max_queued_work` now (never when it is 0).

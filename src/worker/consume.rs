@@ -19,6 +19,7 @@
 //!   committed and answered before the loop returns, since it waits for the answer.
 //! - Metrics and the relay's wake-up follow a commit, never precede it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -266,23 +267,16 @@ pub(crate) async fn run(
                 position = position.max(*seq);
             }
             pull.observe(batch.iter().map(|(_, r)| r.body.len()));
-            let mut pieces = split_by_bytes(batch, max_batch_bytes).into_iter();
-            let mut excess = Vec::new();
-            loop {
-                let mut batch = if excess.is_empty() {
-                    match pieces.next() {
-                        Some(b) => b,
-                        None => break,
-                    }
-                } else {
-                    std::mem::take(&mut excess)
-                };
+            let mut pieces: VecDeque<_> = split_by_bytes(batch, max_batch_bytes).into();
+            while let Some(mut batch) = pieces.pop_front() {
                 if let Some(a) = admission.as_mut() {
-                    let held = a.wait(&state, &cancel).await;
+                    let (held, excess) = a.admit(&state, &cancel, &mut batch).await;
                     if !held.is_zero() {
                         metrics.admission_wait.observe(held.as_secs_f64());
                     }
-                    excess = a.split_off_excess(&state, &mut batch).await;
+                    if !excess.is_empty() {
+                        pieces.push_front(excess);
+                    }
                 }
                 let n = batch.len();
                 let replayed = input.scope.as_ref().map_or(0, |s| {

@@ -105,7 +105,7 @@ pub mod ownership;
 pub mod partition;
 pub mod pause;
 pub mod process;
-mod pull;
+pub mod pull;
 pub mod replay;
 pub mod router;
 pub mod snapshot;

@@ -1,19 +1,23 @@
 //! The pull size of an input consumer read through an ordered consumer (a saga input loop,
 //! a router's source): as many messages per pull as fit in `saga.max_pull_bytes` at the
-//! average message size seen, within [`PULL_RANGE`].
+//! average message size seen, within `PULL_RANGE`.
 //!
 //! Why a count: the client sends an ordered consumer's pull requests without a byte limit,
 //! so the message count is what bounds the bytes one pull buffers. A fixed count either lets
 //! large messages fill hundreds of MiB or starves small ones. The count is fixed when the
 //! consumer opens; a reader reopens it (at its checkpoint, losing nothing) when
-//! [`PullSize::should_reopen`] says the sizes moved far enough.
+//! `PullSize::should_reopen` says the sizes moved far enough.
+//!
+//! And how such a consumer's messages are taken: [`next_chunk`], everything received up
+//! to a batch's cap, not what fits in one slice of the async runtime's budget.
 
 /// The next chunk of a `ready_chunks` stream of consumer messages: everything already
 /// received, up to the chunk's cap. Polled plainly, a chunk ends where tokio's cooperative
 /// budget (128 channel receives per poll of a task) makes the client's channel report
 /// nothing ready, whatever it holds: under a backlog every batch would be ~125 inputs and
 /// pay a commit (and its fsync) for so few. The cap bounds the work of one such poll.
-pub(crate) async fn next_chunk<S: futures::Stream + Unpin>(chunks: &mut S) -> Option<S::Item> {
+/// (Public so that the bench's messaging limit reads its consumers the same way.)
+pub async fn next_chunk<S: futures::Stream + Unpin>(chunks: &mut S) -> Option<S::Item> {
     use futures::StreamExt;
     tokio::task::unconstrained(chunks.next()).await
 }

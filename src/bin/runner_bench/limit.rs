@@ -40,6 +40,7 @@ use futures::StreamExt;
 use runner::broker::batch::BatchMessage;
 use runner::broker::fence_subjects;
 use runner::worker::partition::partition;
+use runner::worker::pull::next_chunk;
 use serde_json::{Value as Json, json};
 
 use crate::harness::{Proc, spawn_self};
@@ -275,13 +276,6 @@ async fn ordered(js: &jetstream::Context, stream: &str, filter: String) -> Resul
         .await?
         .messages()
         .await?)
-}
-
-/// What is ready, up to the chunk's cap, as the runner reads its input consumers
-/// (`worker/pull.rs`): outside tokio's cooperative budget, which would end every chunk at
-/// ~128 messages.
-async fn next_chunk<S: futures::Stream + Unpin>(chunks: &mut S) -> Option<S::Item> {
-    tokio::task::unconstrained(chunks.next()).await
 }
 
 /// A saga consumer: reads inputs (the original subject from `Runner-Subject` when they were
