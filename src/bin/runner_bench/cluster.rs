@@ -12,6 +12,8 @@
 //!    balanced within one, and a router for each source, N orders are driven at the maximum rate ([`crate::pipeline::drive`]).
 //!    Transitions/s are the applied transitions summed over the replicas' metrics, divided by
 //!    the time from the first publish to the last OrderFulfilled stored.
+//!    Then the largest count's replicas open loop at fractions of the sagas/s they reached
+//!    (`cluster_load.rs`).
 //! 2. **Fail-over**: N orders again; once a third are complete the last replica is killed
 //!    (SIGKILL). Reported: which routers it held; when a survivor is first seen owning one of
 //!    its partitions and when the survivors hold all P and every router (their `/info`,
@@ -40,8 +42,11 @@ use futures::StreamExt;
 use runner::worker::partition::partition;
 
 use crate::harness::{Nats, NatsCluster, Programs, Runner, Sampler, WorkDir, cpu_seconds};
-use crate::pipeline::{Flow, QUIET, TRANSITIONS_PER_ORDER, drive};
+use crate::pipeline::{Flow, QUIET, TRANSITIONS_PER_ORDER, drive, median};
 use crate::tail;
+
+#[path = "cluster_load.rs"]
+mod load;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -82,6 +87,8 @@ pub(crate) struct Args {
     /// The order manifest with noop effects.
     #[arg(long, default_value = "bench/order.yaml")]
     manifest: PathBuf,
+    #[command(flatten)]
+    load: load::LoadArgs,
 }
 
 /// Nodes in the NATS cluster (and replicas of every stream).
@@ -96,6 +103,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     if counts.is_empty() || a.partitions == 0 {
         bail!("cluster: need at least one replica count above 0 and at least one partition");
     }
+    a.load.loads()?;
     let work = WorkDir::new("cluster", a.programs.keep)?;
     let cluster = NatsCluster::start(&a.programs.nats_server, &work.path, NODES).await?;
     println!(
@@ -110,7 +118,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let settle = a.lease_ttl * 2 + Duration::from_secs(60);
 
     let mut replicas: Vec<Runner> = Vec::new();
-    let mut runner_tps = Vec::new();
+    let (mut runner_tps, mut max_sagas) = (Vec::new(), f64::NAN);
     for &n in &counts {
         while replicas.len() < n {
             let name = format!("r{}", replicas.len() + 1);
@@ -122,9 +130,12 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             a.partitions,
             took.as_secs_f64()
         );
-        let tps = measure(&js, &replicas, &cluster, a.orders).await?;
+        let (tps, sagas) = measure(&js, &replicas, &cluster, a.orders).await?;
         runner_tps.push((n, tps));
+        max_sagas = sagas;
     }
+    let open_loop = load::open_loop(&js, &replicas, &cluster, &a.load, a.orders, max_sagas).await?;
+    let open_what = format!("cluster, {} replicas, open loop", replicas.len());
 
     let failover_orders = a.failover_orders.unwrap_or(a.orders);
     let failover = if failover_orders > 0 && replicas.len() >= 2 {
@@ -170,6 +181,9 @@ pub(crate) async fn run(a: Args) -> Result<()> {
                 crate::goals::CLUSTER_RATIO,
             )
         );
+    }
+    for line in crate::goals::open_loop(&open_what, &open_loop) {
+        println!("{line}");
     }
     println!(
         "fencing cost: limit with fence {fenced:.0}/s, without {batch:.0}/s (the same atomic batches and markers, no expected-sequence header; {:+.0}%); plain publishes, no batches: {plain:.0}/s ({:+.0}% for fenced batches); medians of {} round(s): fenced {}, without {}, plain {}",
@@ -298,21 +312,16 @@ async fn applied(replicas: &[Runner]) -> Result<f64> {
 }
 
 /// Drives `orders` orders at the maximum rate through `replicas`; prints the drive and the
-/// CPU of the replicas and of the NATS nodes; returns transitions/s.
+/// CPU of the replicas and of the NATS nodes; returns transitions/s and sagas/s.
 async fn measure(
     js: &jetstream::Context,
     replicas: &[Runner],
     cluster: &NatsCluster,
     orders: u64,
-) -> Result<f64> {
+) -> Result<(f64, f64)> {
     let n = replicas.len();
     let before = applied(replicas).await?;
-    let samplers: Vec<Sampler> = replicas
-        .iter()
-        .map(|r| Sampler::start(r.proc.pid()))
-        .collect();
-    let nats_cpu = || cluster.pids().into_iter().map(cpu_seconds).sum::<f64>();
-    let nats0 = nats_cpu();
+    let watch = load::Watch::start(replicas, cluster);
     let traffic0 = cluster.traffic().await;
     let counts0 = cluster.counts().await;
     let flow = Flow::Runner {
@@ -321,25 +330,13 @@ async fn measure(
     let mut d = drive(js, &flow, orders, 0.0, QUIET).await?;
     let traffic = cluster.traffic().await.since(&traffic0);
     let counts = cluster.counts().await;
-    let (mut cpu, mut peak) = (0.0, 0u64);
-    for s in samplers {
-        let u = s.finish().await;
-        cpu += u.cpu;
-        peak = peak.max(u.peak.rss);
-    }
-    let nats = nats_cpu() - nats0;
+    let usage = watch.finish(d.elapsed).await;
     let transitions = applied(replicas).await? - before;
     println!(
         "{}",
         d.line(&format!("runner, {n} replica(s), max rate"), transitions)
     );
-    let share = |c: f64| 100.0 * c / d.elapsed.max(1e-9);
-    println!(
-        "  replicas: cpu_seconds={cpu:.2} ({:.0}% of one core, all together), peak_rss={:.0}MiB (largest); nats nodes: cpu_seconds={nats:.2} ({:.0}% of one core)",
-        share(cpu),
-        peak as f64 / 1024.0,
-        share(nats),
-    );
+    println!("{usage}");
     println!("  nats per order: {}", traffic.line(orders as f64));
     println!("  stream leaders: {}", cluster.leaders().await);
     // Ordered consumers come and go with their names: only durable ones and streams last.
@@ -367,7 +364,7 @@ async fn measure(
             d.completed
         );
     }
-    Ok(transitions / d.elapsed)
+    Ok((transitions / d.elapsed, d.sagas_per_s()))
 }
 
 /// The fail-over run (module doc, step 2); returns its summary line (printed last).
@@ -510,17 +507,6 @@ async fn failover(
         );
     }
     Ok(line)
-}
-
-/// The median of `v` (the mean of the middle two for an even count; NaN when empty).
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 /// One run of the partitioned messaging limit on the cluster with `publish` (fenced, batch,

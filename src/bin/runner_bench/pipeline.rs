@@ -62,13 +62,19 @@ pub(crate) struct Args {
 /// window (publish to acknowledgement), an effect command's wait before a worker starts on
 /// it, and the effect call itself.
 pub(crate) fn where_time_goes(before: &str, after: &str) -> String {
+    where_time_goes_of("runner histograms", before, after)
+}
+
+/// [`where_time_goes`] from the histograms `whose` (several runners' scrapes concatenated
+/// sum theirs).
+pub(crate) fn where_time_goes_of(whose: &str, before: &str, after: &str) -> String {
     let q = |name: &str, p: f64| {
         crate::harness::window_quantile(before, after, name, p)
             .map_or("-".to_string(), |s| format!("{:.1}", s * 1000.0))
     };
     let pair = |name: &str| format!("{}/{}", q(name, 0.5), q(name, 0.99));
     format!(
-        "  where the time goes (runner histograms, p50/p99 ms): input wait {} | commit {} | relay window {} | effect queue {} | effect call {}",
+        "  where the time goes ({whose}, p50/p99 ms): input wait {} | commit {} | relay window {} | effect queue {} | effect call {}",
         pair("runner_saga_input_wait_seconds"),
         pair("runner_saga_commit_seconds"),
         pair("runner_relay_window_seconds"),
@@ -128,13 +134,11 @@ pub(crate) fn result_line(runner_tps: &[f64], limit_tps: &[f64]) -> String {
 
 /// The pipeline's figures beside their goals: the median ratio; at half rate the p99s to
 /// the first output and to completion; up to 100 % of the maximum rate, whether completion
-/// p99 stays flat (within [`goals::FLAT_FACTOR`] of the lowest load's) and completions keep
-/// up with the offered rate. `open_loop` holds (load, offered orders/s, completed orders/s,
-/// first p99 ms, completed p99 ms) per open-loop run.
+/// p99 stays flat and completions keep up with the offered rate ([`goals::open_loop`]).
 pub(crate) fn goal_lines(
     runner_tps: &[f64],
     limit_tps: &[f64],
-    open_loop: &[(f64, f64, f64, f64, f64)],
+    open_loop: &[goals::OpenLoopRun],
 ) -> Vec<String> {
     use goals::{Bound, line};
     let mut out = vec![line(
@@ -144,42 +148,23 @@ pub(crate) fn goal_lines(
         Bound::AtLeast,
         goals::PIPELINE_RATIO,
     )];
-    if let Some((_, _, _, first, done)) = open_loop.iter().find(|l| is_half(l.0)) {
+    if let Some(half) = open_loop.iter().find(|r| is_half(r.load)) {
         out.push(line(
             "half rate, input->first output p99",
-            *first,
+            half.first_p99,
             "ms",
             Bound::Below,
             goals::HALF_RATE_FIRST_P99_MS,
         ));
         out.push(line(
             "half rate, input->saga completed p99",
-            *done,
+            half.done_p99,
             "ms",
             Bound::Below,
             goals::HALF_RATE_COMPLETED_P99_MS,
         ));
     }
-    let upto: Vec<_> = open_loop.iter().filter(|l| l.0 <= 1.0 + 1e-9).collect();
-    if upto.len() >= 2 {
-        let lowest = upto.iter().map(|l| l.4).fold(f64::INFINITY, f64::min);
-        let highest = upto.iter().map(|l| l.4).fold(0.0, f64::max);
-        out.push(line(
-            "open loop up to 100%, completion p99 highest/lowest",
-            highest / lowest,
-            "",
-            Bound::Below,
-            goals::FLAT_FACTOR,
-        ));
-        let keeping = upto.iter().map(|l| l.2 / l.1).fold(f64::INFINITY, f64::min);
-        out.push(line(
-            "open loop up to 100%, completions/offered (lowest)",
-            keeping,
-            "",
-            Bound::AtLeast,
-            0.95,
-        ));
-    }
+    out.extend(goals::open_loop("open loop", open_loop));
     out
 }
 
@@ -239,6 +224,12 @@ pub(crate) struct Drive {
     pub(crate) orders: u64,
     pub(crate) completed: usize,
     pub(crate) elapsed: f64,
+    /// Whether the orders were offered at a set rate (open loop).
+    paced: bool,
+    /// Seconds from the first publish to the last.
+    offered_for: f64,
+    /// When each order completed, in seconds from the first publish.
+    done_at: Vec<f64>,
     first: Vec<f64>,
     done: Vec<f64>,
 }
@@ -246,6 +237,12 @@ pub(crate) struct Drive {
 impl Drive {
     pub(crate) fn sagas_per_s(&self) -> f64 {
         self.completed as f64 / self.elapsed
+    }
+    /// Sagas completed per second while the load was offered, past its first quarter
+    /// ([`steady_rate`]): what an open-loop run keeps up with, without the warm-up or the
+    /// drain after the last publish.
+    pub(crate) fn steady_per_s(&self) -> f64 {
+        steady_rate(&self.done_at, self.offered_for)
     }
     /// p99 in ms of input → first output and of input → saga completed.
     pub(crate) fn p99s(&mut self) -> (f64, f64) {
@@ -257,8 +254,14 @@ impl Drive {
         )
     }
     pub(crate) fn line(&mut self, label: &str, transitions: f64) -> String {
+        // Only a paced (open-loop) drive has a rate it was offered to keep up with.
+        let steady = if self.paced {
+            format!(" completed_per_s_while_offered={:.0}", self.steady_per_s())
+        } else {
+            String::new()
+        };
         format!(
-            "{label}: orders={} completed={} elapsed={:.2}s transitions_per_s={:.0} sagas_per_s={:.0} | input->first output stored (charge_card) ms {} | input->saga completed (OrderFulfilled stored) ms {}",
+            "{label}: orders={} completed={} elapsed={:.2}s transitions_per_s={:.0} sagas_per_s={:.0}{steady} | input->first output stored (charge_card) ms {} | input->saga completed (OrderFulfilled stored) ms {}",
             self.orders,
             self.completed,
             self.elapsed,
@@ -268,6 +271,25 @@ impl Drive {
             quantiles(&mut self.done),
         )
     }
+}
+
+/// Completions per second in the last three quarters of an offering that lasted
+/// `offered_for` seconds, `done_at` holding when each completed (seconds from its start).
+/// A system that keeps up completes about as many per second there as were offered; one
+/// that falls behind completes fewer. The first quarter is left out so the latency of the
+/// first sagas does not count as falling behind, and completions after the last publish
+/// (the drain) are left out so a long latency does not either.
+pub(crate) fn steady_rate(done_at: &[f64], offered_for: f64) -> f64 {
+    let from = offered_for / 4.0;
+    let window = offered_for - from;
+    if window <= 0.0 {
+        return 0.0;
+    }
+    let n = done_at
+        .iter()
+        .filter(|t| **t >= from && **t <= offered_for)
+        .count();
+    n as f64 / window
 }
 
 /// Publishes `orders` OrderPlaced events (as fast as acks allow, or at `rate` per second)
@@ -292,6 +314,7 @@ pub(crate) async fn drive(
         let (sent, flow) = (sent.clone(), flow.clone());
         collectors.push(tokio::spawn(async move {
             let mut lat = Vec::with_capacity(orders as usize);
+            let mut ats = Vec::with_capacity(orders as usize);
             let mut last = None;
             let mut counted = std::collections::HashSet::new();
             while (lat.len() as u64) < orders {
@@ -308,10 +331,11 @@ pub(crate) async fn drive(
                 let t0 = sent.lock().ok().and_then(|s| s.get(&id).copied());
                 if let Some(t0) = t0 {
                     lat.push(m.at.duration_since(t0).as_secs_f64() * 1000.0);
+                    ats.push(m.at);
                     last = Some(m.at);
                 }
             }
-            (lat, last)
+            (lat, ats, last)
         }));
     }
     let tenant = match flow {
@@ -344,16 +368,24 @@ pub(crate) async fn drive(
         publisher.send(flow.input(&id), &body, &msg_id).await?;
     }
     publisher.flush().await?;
-    let (first, _) = collectors.remove(0).await?;
-    let (done, last) = collectors.remove(0).await?;
+    let offered_for = started.elapsed().as_secs_f64();
+    let (first, _, _) = collectors.remove(0).await?;
+    let (done, ats, last) = collectors.remove(0).await?;
     let elapsed = last
         .unwrap_or_else(Instant::now)
         .duration_since(started)
         .as_secs_f64();
+    let done_at = ats
+        .iter()
+        .map(|at| at.duration_since(started).as_secs_f64())
+        .collect();
     Ok(Drive {
         orders,
         completed: done.len(),
         elapsed,
+        paced: rate > 0.0,
+        offered_for,
+        done_at,
         first,
         done,
     })
@@ -468,7 +500,13 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         println!("{}", usage.line("  runner", d.elapsed));
         println!("{breakdown}");
         let (first_p99, done_p99) = d.p99s();
-        open_loop.push((*load, rate, d.sagas_per_s(), first_p99, done_p99));
+        open_loop.push(goals::OpenLoopRun {
+            load: *load,
+            offered: rate,
+            completed: d.steady_per_s(),
+            first_p99,
+            done_p99,
+        });
         if d.completed as u64 != a.orders {
             bail!(
                 "only {} of {} orders completed at {label}; see the runner log in {} (run with --keep)",
@@ -494,6 +532,18 @@ pub(crate) async fn run(a: Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_steady_rate_counts_completions_while_offered_past_the_first_quarter() {
+        // 10/s offered for 10 s, each completing 2 s after it was sent: 76 of them land in
+        // [2.5 s, 10 s], about 10/s; the 19 after the last publish do not count.
+        let lagging: Vec<f64> = (0..100).map(|i| i as f64 / 10.0 + 2.0).collect();
+        assert!((steady_rate(&lagging, 10.0) - 76.0 / 7.5).abs() < 1e-9);
+        // Falling behind: half as many completions over the same window.
+        let behind: Vec<f64> = (0..50).map(|i| i as f64 / 5.0 + 0.1).collect();
+        assert!((steady_rate(&behind, 10.0) - 38.0 / 7.5).abs() < 1e-9);
+        assert_eq!(steady_rate(&[1.0], 0.0), 0.0);
+    }
 
     #[test]
     fn a_window_quantile_interpolates_inside_its_bucket() {
