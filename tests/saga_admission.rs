@@ -4,7 +4,8 @@
 //! triggers is not taken (partitioned: not routed into the inbox); once the queue drains,
 //! every saga — old and new — completes, and the wait is counted. Partitioned, a replica
 //! drained while its router holds leaves the held triggers to the next router, which holds
-//! them too; nothing is lost or applied twice.
+//! them too; nothing is lost or applied twice. Single-active, a node drained while it holds
+//! leaves the held triggers to the next start on its data, the same way.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -356,4 +357,82 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
         waited >= 1.0,
         "the successor's wait was not counted: {waited}"
     );
+}
+
+/// Single-active mode: a saga node drained through its admin endpoint while it holds new
+/// triggers exits without waiting for the queue and without letting the held triggers in,
+/// and a node started on its data takes them over: every saga finishes exactly once and
+/// calls its effect once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_active_node_drained_while_holding_loses_nothing() {
+    let nats = NatsServer::start();
+    let (hold, upstream, manifests) = held_upstream().await;
+    let m = manifests.path().to_str().unwrap();
+    let env = [
+        ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
+        ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+    ];
+    // The effects run in a process of their own, so the drain does not wait on the held
+    // calls.
+    let url = nats.url();
+    let _effects = RunnerProc::start(
+        &["--mode", "effect", "--nats-url", &url, "--manifest", m],
+        &env,
+    );
+    let mut saga = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
+    let js = jetstream(&url).await;
+
+    start_jobs(&js, 0, 10).await;
+    let calling = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() >= 4
+    })
+    .await;
+    assert!(calling, "calls in flight: {}", upstream.in_flight());
+    start_jobs(&js, 10, 20).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = pings(&js).await;
+    assert!(
+        (4..10).contains(&started),
+        "{started} of 20 sagas started under a bound of 4"
+    );
+
+    let resp = reqwest::Client::new()
+        .post(format!("{}/admin/drain", saga.admin))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+    assert_eq!(
+        saga.wait_exit(Duration::from_secs(30)),
+        Some(0),
+        "the drained node did not exit cleanly"
+    );
+    let data = saga.kill();
+    let after_drain = pings(&js).await;
+    eprintln!("{started} sagas started before the drain, {after_drain} once it ended");
+    assert_eq!(after_drain, started, "the drain let held triggers in");
+    assert_eq!(
+        upstream.in_flight(),
+        started,
+        "the node left without waiting for the held calls"
+    );
+
+    let _heir = RunnerProc::saga(data, &url, m, &env);
+    hold.release();
+    let done = common::eventually(Duration::from_secs(60), || async {
+        finished_jobs(&js).await.len() >= 20
+    })
+    .await;
+    assert!(done, "not every saga finished");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let finished = finished_jobs(&js).await;
+    let mut ids: Vec<&str> = finished.iter().map(|s| s.subject.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (finished.len(), ids.len()),
+        (20, 20),
+        "each saga finished once"
+    );
+    assert_eq!(pings(&js).await, 20, "each saga called its effect once");
 }

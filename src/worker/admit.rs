@@ -30,7 +30,9 @@
 //!   never holds new triggers.
 //! - Holding moves no checkpoint and writes nothing: a held batch is taken as it is once
 //!   the queue drains, and a router that stops while holding (drain, lost lease) leaves it
-//!   to the next router, which resumes at its fence's watermark.
+//!   to the next router, which resumes at its fence's watermark. A single-active loop
+//!   drained while holding commits none of the held batch and stops: the next start (this
+//!   node's or its heir's) reads it again from the checkpoint.
 //! - `saga.max_queued_work = 0` turns it off.
 
 use std::time::{Duration, Instant};
@@ -82,18 +84,20 @@ impl Admission {
     /// Admits `batch` (single-active): waits while the queued work is above the bound,
     /// then splits off the inputs beyond the room left under it (at least one stays), to be
     /// admitted next — after a fresh reading of the broker. Returns how long it held and
-    /// the inputs split off. A batch that fits, any batch when the bound is 0, and a batch
-    /// met by `cancel` (the drain commits what was read) are left whole.
+    /// the inputs split off; a batch that fits, and any batch when the bound is 0, are
+    /// left whole. `None` when `cancel` (the drain) comes while it holds: the caller
+    /// commits none of the batch, so the drain neither waits for the queue nor lets the
+    /// held triggers in, and they stay past the checkpoint for the next start to read.
     pub(crate) async fn admit<T>(
         &mut self,
         state: &AppState,
         cancel: &CancellationToken,
         batch: &mut Vec<T>,
-    ) -> (Duration, Vec<T>) {
+    ) -> Option<(Duration, Vec<T>)> {
         let started = Instant::now();
         let limit = state.config.saga.max_queued_work;
         if limit == 0 {
-            return (Duration::ZERO, Vec::new());
+            return Some((Duration::ZERO, Vec::new()));
         }
         let queued = loop {
             let queued = self.queued(state).await;
@@ -101,17 +105,20 @@ impl Admission {
                 break queued;
             }
             if cancel.is_cancelled() {
-                return (started.elapsed(), Vec::new());
+                return None;
             }
-            tokio::time::sleep(POLL).await;
+            tokio::select! {
+                _ = cancel.cancelled() => return None,
+                _ = tokio::time::sleep(POLL) => {}
+            }
         };
         let held = started.elapsed();
         let room = usize::try_from((limit - queued).max(1)).unwrap_or(usize::MAX);
         if batch.len() <= room {
-            return (held, Vec::new());
+            return Some((held, Vec::new()));
         }
         self.read_at = None;
-        (held, batch.split_off(room))
+        Some((held, batch.split_off(room)))
     }
 
     /// Whether the queued work is above `saga.max_queued_work` now (never when it is 0).

@@ -270,7 +270,10 @@ pub(crate) async fn run(
             let mut pieces: VecDeque<_> = split_by_bytes(batch, max_batch_bytes).into();
             while let Some(mut batch) = pieces.pop_front() {
                 if let Some(a) = admission.as_mut() {
-                    let (held, excess) = a.admit(&state, &cancel, &mut batch).await;
+                    let Some((held, excess)) = a.admit(&state, &cancel, &mut batch).await else {
+                        tracing::info!(message = "Consumer stopped for the drain; held triggers left for the next start.", stream = %input.stream);
+                        return;
+                    };
                     if !held.is_zero() {
                         metrics.admission_wait.observe(held.as_secs_f64());
                     }
