@@ -12,8 +12,8 @@
 //!     own streams), run as a separate process by `pipeline` and `cluster`.
 //!   - `cluster`: the pipeline on a three-node NATS cluster (R3 streams) with partitioned
 //!     saga replicas, 1 then 3, beside the partitioned limit with and without fencing on the
-//!     same cluster; the three open loop at fractions of their maximum rate; then fail-over
-//!     after SIGKILL of one replica.
+//!     same cluster; fail-over after SIGKILL of one replica; last, three fresh replicas
+//!     open loop at fractions of the three's maximum rate.
 //!   - `travel`: whole travel-booking orchestrations, closed loop, some compensated.
 //!   - `scale`: the ledger saga with 10 000 … 1 000 000 live instances.
 //!   - `timers`: many pending timers coming due; fire lag.

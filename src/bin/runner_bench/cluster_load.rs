@@ -1,7 +1,8 @@
-//! The `cluster` scenario's open loop (its step 1b, a child module of `cluster.rs`): once
-//! the largest replica count has been measured at the maximum rate, the same replicas are
-//! offered orders at fractions of the sagas/s that measurement reached (by default 50 %,
-//! 80 % and 120 %), each run on a tenant of its own so runs do not mix. Per run: the drive's
+//! The `cluster` scenario's open loop (a child module of `cluster.rs`, run last): as many
+//! fresh replicas as the largest replica count are offered orders at fractions of the
+//! sagas/s that count reached at the maximum rate (by default 50 %, 80 % and 120 %), each
+//! run on a tenant of its own so runs do not mix. It runs after the messaging limit's
+//! rounds so that its orders do not sit in the cluster ahead of them. Per run: the drive's
 //! line (the offered rate in its label; completed sagas/s; input → first output and →
 //! completion), the replicas' and the NATS nodes' CPU, and where the time goes by the
 //! replicas' own histograms, summed over them. Up to 100 % completions should keep up with
