@@ -174,10 +174,12 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             replicas.push(start_replica(&a, &work.path, &cluster.urls, &name).await?);
         }
         let took = wait_owned(&replicas, a.partitions, true, settle).await?;
+        let (replayed, quiet) = load::caught_up(&replicas, settle).await?;
         println!(
-            "cluster: {largest} fresh replica(s) for the open loop hold all {} partitions, {:.1}s after the last one was ready",
+            "cluster: {largest} fresh replica(s) for the open loop hold all {} partitions, {:.1}s after the last one was ready; caught up (inputs replayed since their snapshots: {replayed:.0}) {:.1}s later",
             a.partitions,
-            took.as_secs_f64()
+            took.as_secs_f64(),
+            quiet.as_secs_f64()
         );
         let runs = load::open_loop(&js, &replicas, &cluster, &a.load, a.orders, max_sagas).await?;
         replicas.clear();

@@ -11,6 +11,8 @@
 //! which not every order completes ends the scenario; above 100 % what completed is
 //! reported.
 
+use std::time::{Duration, Instant};
+
 use anyhow::{Result, anyhow, bail};
 use async_nats::jetstream;
 
@@ -96,6 +98,38 @@ impl Watch {
             peak as f64 / 1024.0,
             share(nats),
         )
+    }
+}
+
+/// Waits until `replicas` that took partitions over have caught up — no inbox message
+/// unread and no input replayed for two looks a second apart — so their replay does not
+/// run inside a measurement; returns the inputs replayed and how long it took.
+pub(super) async fn caught_up(replicas: &[Runner], limit: Duration) -> Result<(f64, Duration)> {
+    let started = Instant::now();
+    let (mut last, mut still) = (f64::NAN, 0);
+    loop {
+        let (mut lag, mut replayed) = (0.0, 0.0);
+        for r in replicas {
+            let text = r.client().text().await?;
+            lag += crate::harness::metric_sum(&text, "runner_partition_lag", &[]);
+            replayed +=
+                crate::harness::metric_sum(&text, "runner_partition_replayed_inputs_total", &[]);
+        }
+        still = if lag == 0.0 && replayed == last {
+            still + 1
+        } else {
+            0
+        };
+        if still >= 2 {
+            return Ok((replayed, started.elapsed()));
+        }
+        if started.elapsed() > limit {
+            bail!(
+                "cluster: fresh replicas still replaying after {limit:?} (lag {lag}, replayed {replayed})"
+            );
+        }
+        last = replayed;
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
