@@ -265,6 +265,37 @@ async fn pings(js: &async_nats::jetstream::Context) -> usize {
         .len()
 }
 
+/// Asks the node at `admin` to drain (`POST /admin/drain`, answered 202).
+async fn drain(admin: &str) {
+    let resp = reqwest::Client::new()
+        .post(format!("{admin}/admin/drain"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 202);
+}
+
+/// Waits until `jobs` sagas have finished, then checks each finished exactly once and
+/// called its effect once.
+async fn each_finishes_once(js: &async_nats::jetstream::Context, jobs: usize) {
+    let done = common::eventually(Duration::from_secs(60), || async {
+        finished_jobs(js).await.len() >= jobs
+    })
+    .await;
+    assert!(done, "not every saga finished");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let finished = finished_jobs(js).await;
+    let mut ids: Vec<&str> = finished.iter().map(|s| s.subject.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        (finished.len(), ids.len()),
+        (jobs, jobs),
+        "each saga finished once"
+    );
+    assert_eq!(pings(js).await, jobs, "each saga called its effect once");
+}
+
 /// Whether the replica at `admin` routes the aggregate stream now.
 async fn routes_aggregates(admin: &str) -> bool {
     let info = common::get_text(&format!("{admin}/info")).await;
@@ -313,12 +344,7 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
         "one replica routes the aggregate stream"
     );
     let (gone, heir) = if a_routes { (&mut a, &b) } else { (&mut b, &a) };
-    let resp = reqwest::Client::new()
-        .post(format!("{}/admin/drain", gone.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
+    drain(&gone.admin).await;
     assert_eq!(gone.wait_exit(Duration::from_secs(60)), Some(0));
 
     // The other replica takes the router over and holds too.
@@ -336,22 +362,7 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
 
     // The queue drains: every saga finishes exactly once.
     hold.release();
-    let done = common::eventually(Duration::from_secs(60), || async {
-        finished_jobs(&js).await.len() >= 20
-    })
-    .await;
-    assert!(done, "not every saga finished");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let finished = finished_jobs(&js).await;
-    let mut ids: Vec<&str> = finished.iter().map(|s| s.subject.as_str()).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(
-        (finished.len(), ids.len()),
-        (20, 20),
-        "each saga finished once"
-    );
-    assert_eq!(pings(&js).await, 20, "each saga called its effect once");
+    each_finishes_once(&js, 20).await;
     let waited = metric(&heir.admin, "runner_saga_admission_wait_seconds_count").await;
     assert!(
         waited >= 1.0,
@@ -396,12 +407,7 @@ async fn a_single_active_node_drained_while_holding_loses_nothing() {
         "{started} of 20 sagas started under a bound of 4"
     );
 
-    let resp = reqwest::Client::new()
-        .post(format!("{}/admin/drain", saga.admin))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 202);
+    drain(&saga.admin).await;
     assert_eq!(
         saga.wait_exit(Duration::from_secs(30)),
         Some(0),
@@ -419,20 +425,5 @@ async fn a_single_active_node_drained_while_holding_loses_nothing() {
 
     let _heir = RunnerProc::saga(data, &url, m, &env);
     hold.release();
-    let done = common::eventually(Duration::from_secs(60), || async {
-        finished_jobs(&js).await.len() >= 20
-    })
-    .await;
-    assert!(done, "not every saga finished");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let finished = finished_jobs(&js).await;
-    let mut ids: Vec<&str> = finished.iter().map(|s| s.subject.as_str()).collect();
-    ids.sort_unstable();
-    ids.dedup();
-    assert_eq!(
-        (finished.len(), ids.len()),
-        (20, 20),
-        "each saga finished once"
-    );
-    assert_eq!(pings(&js).await, 20, "each saga called its effect once");
+    each_finishes_once(&js, 20).await;
 }

@@ -103,7 +103,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     if counts.is_empty() || a.partitions == 0 {
         bail!("cluster: need at least one replica count above 0 and at least one partition");
     }
-    a.load.loads()?;
+    let open_plan = a.load.plan(a.orders)?;
     let work = WorkDir::new("cluster", a.programs.keep)?;
     let cluster = NatsCluster::start(&a.programs.nats_server, &work.path, NODES).await?;
     println!(
@@ -166,9 +166,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
 
     // The open loop last, on fresh replicas, so the limit runs after the same work as in
     // earlier versions of this scenario (the open loop's orders ahead of it made it slower).
-    let open_loop = if a.load.loads()?.is_empty() {
-        load::open_loop(&js, &[], &cluster, &a.load, a.orders, max_sagas).await?
-    } else {
+    let open_loop = if let Some((loads, orders)) = &open_plan {
         for i in 0..largest {
             let name = format!("open{}", i + 1);
             replicas.push(start_replica(&a, &work.path, &cluster.urls, &name).await?);
@@ -181,9 +179,12 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             took.as_secs_f64(),
             quiet.as_secs_f64()
         );
-        let runs = load::open_loop(&js, &replicas, &cluster, &a.load, a.orders, max_sagas).await?;
+        let runs = load::open_loop(&js, &replicas, &cluster, (loads, *orders), max_sagas).await?;
         replicas.clear();
         runs
+    } else {
+        println!("cluster: open loop skipped (BENCH_CLUSTER_LOADS empty or 0, or no orders)");
+        Vec::new()
     };
     let open_what = format!("cluster, {largest} replicas, open loop");
     for (n, tps) in &runner_tps {

@@ -33,9 +33,14 @@ pub(crate) struct LoadArgs {
 }
 
 impl LoadArgs {
-    /// The loads to run (checked before anything starts).
-    pub(super) fn loads(&self) -> Result<Vec<f64>> {
-        parse_loads(&self.loads)
+    /// The loads to run and the orders per run, `orders` unless set apart; None when the
+    /// open loop is skipped (no load above 0, or no orders). Checked before anything starts.
+    pub(super) fn plan(&self, orders: u64) -> Result<Option<(Vec<f64>, u64)>> {
+        let (loads, orders) = (
+            parse_loads(&self.loads)?,
+            self.load_orders.unwrap_or(orders),
+        );
+        Ok((!loads.is_empty() && orders > 0).then_some((loads, orders)))
     }
 }
 
@@ -143,21 +148,15 @@ async fn scrape(replicas: &[Runner]) -> Result<String> {
     Ok(all)
 }
 
-/// The open-loop runs (module doc) on `replicas`, at the fractions of `max_sagas` orders/s
-/// that `a` asks, `orders` each unless `a` says otherwise; returns them for the goals.
+/// The open-loop runs (module doc) on `replicas`, `orders` each at the fractions `loads`
+/// of `max_sagas` orders/s ([`LoadArgs::plan`]); returns them for the goals.
 pub(super) async fn open_loop(
     js: &jetstream::Context,
     replicas: &[Runner],
     cluster: &NatsCluster,
-    a: &LoadArgs,
-    orders: u64,
+    (loads, orders): (&[f64], u64),
     max_sagas: f64,
 ) -> Result<Vec<OpenLoopRun>> {
-    let (loads, orders) = (a.loads()?, a.load_orders.unwrap_or(orders));
-    if loads.is_empty() || orders == 0 {
-        println!("cluster: open loop skipped (BENCH_CLUSTER_LOADS empty or 0, or no orders)");
-        return Ok(Vec::new());
-    }
     if !(max_sagas.is_finite() && max_sagas > 0.0) {
         bail!("cluster: no maximum rate to take the open loop's fractions of ({max_sagas})");
     }
