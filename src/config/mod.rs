@@ -491,6 +491,9 @@ pub struct StorageConfig {
     pub max_size: ByteSize,
     /// Step by which the file grows.
     pub growth_step: ByteSize,
+    /// Page size of a store this node creates: a power of two, 4KiB to 64KiB. A store that
+    /// exists keeps the page size it was created with.
+    pub page_size: ByteSize,
 }
 
 impl Default for StorageConfig {
@@ -500,6 +503,7 @@ impl Default for StorageConfig {
             durability: Durability::Full,
             max_size: ByteSize::gib(64),
             growth_step: ByteSize::mib(64),
+            page_size: ByteSize::kib(8),
         }
     }
 }

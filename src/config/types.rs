@@ -76,6 +76,10 @@ impl<'de> Deserialize<'de> for HumanDuration {
 pub struct ByteSize(pub u64);
 
 impl ByteSize {
+    /// `n` kibibytes.
+    pub const fn kib(n: u64) -> Self {
+        Self(n * 1024)
+    }
     /// `n` mebibytes.
     pub const fn mib(n: u64) -> Self {
         Self(n * 1024 * 1024)

@@ -226,6 +226,16 @@ impl Config {
                 ),
             );
         }
+        let page = self.storage.page_size.get();
+        if !page.is_power_of_two() || !(4096..=65536).contains(&page) {
+            return invalid(
+                "storage.page_size",
+                format!(
+                    "{} is not a power of two from 4KiB to 64KiB",
+                    self.storage.page_size
+                ),
+            );
+        }
         if self.storage.data_dir.as_os_str().is_empty() {
             return invalid("storage.data_dir", "must not be empty".into());
         }
@@ -485,6 +495,27 @@ mod tests {
                 }
                 other => panic!("unexpected {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn a_page_size_not_a_power_of_two_from_4kib_to_64kib_names_the_key() {
+        for bytes in [ByteSize(2048), ByteSize(12 * 1024), ByteSize::kib(128)] {
+            let mut c = Config::default();
+            c.storage.page_size = bytes;
+            match c.validate() {
+                Err(ConfigError::Invalid { key, message }) => {
+                    assert_eq!(key, "storage.page_size");
+                    assert!(message.contains(&bytes.to_string()), "{message}");
+                    assert!(message.contains("4KiB to 64KiB"), "{message}");
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        for kib in [4, 8, 16, 32, 64] {
+            let mut c = Config::default();
+            c.storage.page_size = ByteSize::kib(kib);
+            c.validate().expect("a power of two in range");
         }
     }
 }
