@@ -36,6 +36,8 @@ mod ledger;
 mod limit;
 #[path = "runner_bench/pipeline.rs"]
 mod pipeline;
+#[path = "runner_bench/probe.rs"]
+mod probe;
 #[path = "runner_bench/publish.rs"]
 mod publish;
 #[path = "runner_bench/travel.rs"]

@@ -15,8 +15,9 @@ use async_nats::jetstream::{self, stream};
 use bytes::Bytes;
 use runner::broker::batch::{self, BatchMessage};
 
-use crate::harness::{Nats, Programs, WorkDir, cpu_seconds};
+use crate::harness::{Nats, Programs, WorkDir};
 use crate::percentile;
+use crate::probe::cpu_seconds;
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {

@@ -41,8 +41,9 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use runner::worker::partition::partition;
 
-use crate::harness::{Nats, NatsCluster, Programs, Runner, Sampler, WorkDir, cpu_seconds};
+use crate::harness::{Nats, NatsCluster, Programs, Runner, WorkDir};
 use crate::pipeline::{Flow, QUIET, TRANSITIONS_PER_ORDER, drive, median};
+use crate::probe::{Sampler, cpu_seconds};
 use crate::tail;
 
 #[path = "cluster_load.rs"]

@@ -18,8 +18,9 @@ use async_nats::jetstream;
 
 use super::applied;
 use crate::goals::OpenLoopRun;
-use crate::harness::{NatsCluster, Runner, Sampler, cpu_seconds};
+use crate::harness::{NatsCluster, Runner};
 use crate::pipeline::{Flow, QUIET, drive, where_time_goes_of};
+use crate::probe::{Sampler, cpu_seconds};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct LoadArgs {
@@ -116,9 +117,9 @@ pub(super) async fn caught_up(replicas: &[Runner], limit: Duration) -> Result<(f
         let (mut lag, mut replayed) = (0.0, 0.0);
         for r in replicas {
             let text = r.client().text().await?;
-            lag += crate::harness::metric_sum(&text, "runner_partition_lag", &[]);
+            lag += crate::probe::metric_sum(&text, "runner_partition_lag", &[]);
             replayed +=
-                crate::harness::metric_sum(&text, "runner_partition_replayed_inputs_total", &[]);
+                crate::probe::metric_sum(&text, "runner_partition_replayed_inputs_total", &[]);
         }
         still = if lag == 0.0 && replayed == last {
             still + 1

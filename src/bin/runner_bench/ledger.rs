@@ -13,7 +13,8 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
 
-use crate::harness::{Metrics, Nats, Programs, Runner, Sampler, WorkDir, histogram_quantile};
+use crate::harness::{Nats, Programs, Runner, WorkDir};
+use crate::probe::{Metrics, Sampler, histogram_quantile};
 use crate::{Publisher, Rng, event, now_ms, percentile, quantiles, tail};
 
 #[derive(clap::Args, Debug)]
@@ -88,8 +89,8 @@ async fn caught_up(m: &Metrics, stream: &str, seq: u64, outputs: f64) -> Result<
     loop {
         let text = m.text().await?;
         let cp =
-            crate::harness::metric_sum(&text, "runner_consumer_checkpoint", &[("stream", stream)]);
-        let published = crate::harness::metric_sum(&text, "runner_relay_published_total", &[]);
+            crate::probe::metric_sum(&text, "runner_consumer_checkpoint", &[("stream", stream)]);
+        let published = crate::probe::metric_sum(&text, "runner_relay_published_total", &[]);
         if cp as u64 >= seq && published >= outputs {
             return Ok(());
         }
@@ -210,7 +211,7 @@ async fn ledger_drive(
 /// The runner's batch commits between two scrapes: how many, inputs per commit, and the
 /// commit's p50/p99 — what bounds a saga-mode runner whose CPU is not saturated.
 fn commits_line(before: &str, after: &str) -> String {
-    use crate::harness::{metric_sum, window_quantile};
+    use crate::probe::{metric_sum, window_quantile};
     let delta = |name: &str| metric_sum(after, name, &[]) - metric_sum(before, name, &[]);
     let commits = delta("runner_saga_commit_seconds_count");
     let inputs = delta("runner_saga_batch_size_sum");

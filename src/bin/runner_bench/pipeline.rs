@@ -23,7 +23,8 @@ use futures::StreamExt;
 use serde_json::{Value as Json, json};
 
 use crate::goals;
-use crate::harness::{Nats, Programs, Runner, Sampler, WorkDir};
+use crate::harness::{Nats, Programs, Runner, WorkDir};
+use crate::probe::Sampler;
 use crate::{Publisher, event, quantiles, tail};
 
 /// Saga transitions per order on the happy path.
@@ -69,7 +70,7 @@ pub(crate) fn where_time_goes(before: &str, after: &str) -> String {
 /// sum theirs).
 pub(crate) fn where_time_goes_of(whose: &str, before: &str, after: &str) -> String {
     let q = |name: &str, p: f64| {
-        crate::harness::window_quantile(before, after, name, p)
+        crate::probe::window_quantile(before, after, name, p)
             .map_or("-".to_string(), |s| format!("{:.1}", s * 1000.0))
     };
     let pair = |name: &str| format!("{}/{}", q(name, 0.5), q(name, 0.99));
@@ -549,14 +550,11 @@ mod tests {
     fn a_window_quantile_interpolates_inside_its_bucket() {
         let before = "h_bucket{le=\"0.01\"} 0\nh_bucket{le=\"0.1\"} 0\nh_bucket{le=\"+Inf\"} 0\n";
         let after = "h_bucket{e=\"a\",le=\"0.01\"} 50\nh_bucket{e=\"a\",le=\"0.1\"} 100\nh_bucket{e=\"a\",le=\"+Inf\"} 100\n";
-        let p50 = crate::harness::window_quantile(before, after, "h", 0.5).expect("p50");
+        let p50 = crate::probe::window_quantile(before, after, "h", 0.5).expect("p50");
         assert!((p50 - 0.01).abs() < 1e-9, "{p50}");
-        let p75 = crate::harness::window_quantile(before, after, "h", 0.75).expect("p75");
+        let p75 = crate::probe::window_quantile(before, after, "h", 0.75).expect("p75");
         assert!((p75 - 0.055).abs() < 1e-9, "{p75}");
-        assert_eq!(
-            crate::harness::window_quantile(after, after, "h", 0.5),
-            None
-        );
+        assert_eq!(crate::probe::window_quantile(after, after, "h", 0.5), None);
     }
 
     #[test]

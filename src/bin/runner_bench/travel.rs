@@ -18,7 +18,8 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use serde_json::{Value as Json, json};
 
-use crate::harness::{Nats, Programs, Runner, Sampler, WorkDir};
+use crate::harness::{Nats, Programs, Runner, WorkDir};
+use crate::probe::Sampler;
 use crate::{event, quantiles, tail};
 
 #[derive(clap::Args, Debug)]
