@@ -92,6 +92,10 @@ async fn probes_outage_and_drain() {
     let body: serde_json::Value = common::get_json(&format!("{base}/health")).await;
     assert_eq!(body["nats"]["ok"], false);
     assert_eq!(body["storage"]["ok"], true);
+    assert_eq!(
+        body["storage"]["page_size_bytes"], 8192,
+        "a new store has the default page size, and /health says which"
+    );
     nats.start_again();
     assert!(
         eventually(Duration::from_secs(30), || async {

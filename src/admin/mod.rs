@@ -192,7 +192,12 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     let storage = state.store.check().await;
     let storage_json = match &storage {
         Ok(stats) => {
-            json!({"ok": true, "entries": stats.entries, "map_size_bytes": stats.map_size})
+            json!({
+                "ok": true,
+                "entries": stats.entries,
+                "map_size_bytes": stats.map_size,
+                "page_size_bytes": stats.page_size,
+            })
         }
         Err(e) => json!({"ok": false, "error": e.to_string()}),
     };

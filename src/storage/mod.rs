@@ -214,6 +214,7 @@ impl Store {
             Ok(StoreStats {
                 entries,
                 map_size: info.map_size() as u64,
+                page_size: s.db.stat()?.page_size(),
             })
         })
         .await
@@ -227,6 +228,8 @@ pub struct StoreStats {
     pub entries: u64,
     /// Current size of the memory map in bytes.
     pub map_size: u64,
+    /// The store's page size in bytes (fixed when it was created: `storage.page_size`).
+    pub page_size: u32,
 }
 
 #[cfg(test)]
