@@ -226,8 +226,8 @@ impl Config {
                 ),
             );
         }
-        let page = self.storage.page_size.get();
-        if !page.is_power_of_two() || !(4096..=65536).contains(&page) {
+        let page = self.storage.page_size;
+        if !page.get().is_power_of_two() || page < ByteSize::kib(4) || page > ByteSize::kib(64) {
             return invalid(
                 "storage.page_size",
                 format!(

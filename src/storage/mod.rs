@@ -54,6 +54,8 @@ pub const TABLES: [&str; 10] = [
 pub struct Store {
     db: Arc<Database<NoWriteMap>>,
     path: PathBuf,
+    /// Read once at open: it never changes for the life of a store.
+    page_size: u32,
 }
 
 impl std::fmt::Debug for Store {
@@ -99,10 +101,7 @@ impl Store {
         }
         tables::index::build_if_missing(&txn)?;
         txn.commit()?;
-        Ok(Self {
-            db: Arc::new(db),
-            path,
-        })
+        Self::opened(db, path)
     }
 
     /// Opens an existing store for reading only, the way operator tools read a live node's
@@ -123,15 +122,21 @@ impl Store {
             ..DatabaseOptions::default()
         };
         let db = Database::<NoWriteMap>::open_with_options(&path, opts)?;
+        Self::opened(db, path)
+    }
+
+    fn opened(db: Database<NoWriteMap>, path: PathBuf) -> Result<Self> {
+        let page_size = db.stat()?.page_size();
         Ok(Self {
             db: Arc::new(db),
             path,
+            page_size,
         })
     }
 
     /// The store's page size in bytes (fixed when the store was created).
-    pub fn page_size(&self) -> Result<u32> {
-        Ok(self.db.stat()?.page_size())
+    pub fn page_size(&self) -> u32 {
+        self.page_size
     }
 
     /// Where the database lives.
@@ -214,7 +219,7 @@ impl Store {
             Ok(StoreStats {
                 entries,
                 map_size: info.map_size() as u64,
-                page_size: s.db.stat()?.page_size(),
+                page_size: s.page_size,
             })
         })
         .await
@@ -268,7 +273,7 @@ mod tests {
             ..StorageConfig::default()
         })
         .expect("creates");
-        assert_eq!(store.page_size().expect("stat"), 8192, "the default");
+        assert_eq!(store.page_size(), 8192, "the default");
         store
             .write(|t| t.set_checkpoint("S", 7))
             .await
@@ -277,13 +282,13 @@ mod tests {
         // Opened by a node configured for another size, the store keeps its own.
         for page in [4096, 65536] {
             let store = Store::open(&cfg(page)).expect("reopens");
-            assert_eq!(store.page_size().expect("stat"), 8192);
+            assert_eq!(store.page_size(), 8192);
             let cp = store.read(|t| t.checkpoint("S")).await.expect("reads");
             assert_eq!(cp, 7, "what was written is there");
             store.check().await.expect("check");
         }
         let ro = Store::open_read_only(&cfg(4096)).expect("operator tools open it");
-        assert_eq!(ro.page_size().expect("stat"), 8192);
+        assert_eq!(ro.page_size(), 8192);
         drop(ro);
         // A store created with another size has that size.
         let other = tempfile::tempdir().expect("tempdir");
@@ -293,7 +298,7 @@ mod tests {
             ..StorageConfig::default()
         })
         .expect("creates");
-        assert_eq!(store.page_size().expect("stat"), 16384);
+        assert_eq!(store.page_size(), 16384);
     }
 }
 

@@ -20,7 +20,7 @@ use super::applied;
 use crate::goals::OpenLoopRun;
 use crate::harness::{NatsCluster, Runner};
 use crate::pipeline::{Flow, QUIET, drive, where_time_goes_of};
-use crate::probe::{Sampler, cpu_seconds};
+use crate::probe::{Sampler, cpu_seconds, metric_sum};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct LoadArgs {
@@ -117,9 +117,8 @@ pub(super) async fn caught_up(replicas: &[Runner], limit: Duration) -> Result<(f
         let (mut lag, mut replayed) = (0.0, 0.0);
         for r in replicas {
             let text = r.client().text().await?;
-            lag += crate::probe::metric_sum(&text, "runner_partition_lag", &[]);
-            replayed +=
-                crate::probe::metric_sum(&text, "runner_partition_replayed_inputs_total", &[]);
+            lag += metric_sum(&text, "runner_partition_lag", &[]);
+            replayed += metric_sum(&text, "runner_partition_replayed_inputs_total", &[]);
         }
         still = if lag == 0.0 && replayed == last {
             still + 1
