@@ -1,9 +1,11 @@
 //! The consuming loop: one per input stream, from the stream to the [`Committer`].
 //!
 //! A loop opens an ordered consumer at its committed checkpoint + 1, reads the stream in
-//! chunks of at most `saga.batch_size` messages, submits each chunk as one batch and waits
-//! for the commit before reading on. It pauses while the outbox is deeper than
-//! `saga.max_outbox_depth` (backpressure, read from the [`RelayHandle`]).
+//! chunks of at most `saga.batch_size` messages and submits each chunk as one batch; while
+//! a batch commits it reads the next one (at most `saga.batch_size` messages and
+//! `saga.max_pull_bytes` held, [`ReadAhead`]), and submits that only after the commit's
+//! answer. It pauses while the outbox is deeper than `saga.max_outbox_depth`
+//! (backpressure, read from the [`RelayHandle`]).
 //!
 //! Guarantees:
 //! - **Resume at the checkpoint.** On any consumer error, NATS reconnection, end of the
@@ -29,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
 use super::commit::{Committer, Scoped};
-use super::pull::PullSize;
+use super::pull::{PullSize, ReadAhead};
 use crate::backoff::Backoff;
 use crate::broker::headers;
 use crate::broker::liveness::{Liveness, Probe};
@@ -109,6 +111,8 @@ pub(crate) async fn run(
     let max_batch_bytes =
         usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
     let mut pull = PullSize::new(state.config.saga.max_pull_bytes.get());
+    let max_pull_bytes =
+        usize::try_from(state.config.saga.max_pull_bytes.get()).unwrap_or(usize::MAX);
     let metrics = &state.metrics;
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
@@ -165,8 +169,8 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => return,
             m = messages => m,
         };
-        let mut chunks = match messages {
-            Ok(m) => m.ready_chunks(batch_size),
+        let mut reader = match messages {
+            Ok(m) => ReadAhead::new(m.ready_chunks(batch_size), batch_size, max_pull_bytes),
             Err(e) => {
                 tracing::warn!(message = "Cannot open consumer; retrying.", stream = %input.stream, error = %e);
                 backoff.sleep(&cancel).await;
@@ -220,7 +224,7 @@ pub(crate) async fn run(
                     tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
                     continue 'connect;
                 }
-                c = super::pull::next_chunk(&mut chunks) => c,
+                c = reader.next() => c,
                 _ = tokio::time::sleep(liveness.stall_check()) => {
                     let Probe::Pending(seq) =
                         liveness.probe(&input.stream, &input.filters, position).await
@@ -228,7 +232,7 @@ pub(crate) async fn run(
                         continue;
                     };
                     // A message published just now may be on its way: give it a moment.
-                    match tokio::time::timeout(STALL_GRACE, super::pull::next_chunk(&mut chunks)).await {
+                    match tokio::time::timeout(STALL_GRACE, reader.next()).await {
                         Ok(c) => c,
                         Err(_) => {
                             let detail = format!("message {seq} waits past sequence {position}");
@@ -288,10 +292,9 @@ pub(crate) async fn run(
                         .filter(|(seq, _)| *seq <= s.replay_until)
                         .count()
                 });
-                match committer
-                    .submit(&input.checkpoint, batch, input.scope.clone())
-                    .await
-                {
+                // The next batch is read while this one commits (see `ReadAhead`).
+                let commit = committer.submit(&input.checkpoint, batch, input.scope.clone());
+                match reader.during(commit).await {
                     Ok((cp, tally)) => {
                         metrics.partition_replayed.inc_by(replayed as u64);
                         metrics

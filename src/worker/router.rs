@@ -20,7 +20,8 @@
 //!   raised the fence); and a new router resumes exactly after the last marker. No input
 //!   is copied twice or skipped, whatever the de-duplication window.
 //! - **Per-source order.** One batch in flight; the next starts after the answer, so the
-//!   inbox holds every partition's inputs in source order.
+//!   inbox holds every partition's inputs in source order. (The next chunk of the source
+//!   is read while a batch is in flight, [`ReadAhead`], but sent only after the answer.)
 //! - **Bounded bytes.** A pull of the source asks for as many messages as fit in
 //!   `saga.max_pull_bytes` at the sizes seen ([`super::pull`]), and a batch of copies is cut
 //!   before it would pass `saga.max_batch_bytes` (one input's copies stay together, so only
@@ -53,7 +54,7 @@ use super::consume::{Input, ORDERED_PULL_EXPIRY, server_filters, wanted};
 use super::keeper::Kept;
 use super::lease::Lease;
 use super::partition::partition;
-use super::pull::PullSize;
+use super::pull::{PullSize, ReadAhead};
 use crate::backoff::Backoff;
 use crate::broker::batch::BatchMessage;
 use crate::broker::fence::{Fence, Position};
@@ -170,6 +171,8 @@ async fn route_while_held(
     // Bytes bounded on both sides: the pull's count follows the sizes read, and a batch of
     // copies is cut at `saga.max_batch_bytes` (see `send`).
     let mut pull = PullSize::new(state.config.saga.max_pull_bytes.get());
+    let max_pull_bytes =
+        usize::try_from(state.config.saga.max_pull_bytes.get()).unwrap_or(usize::MAX);
     // New triggers wait behind work under way (admit.rs); results are never held.
     let mut admission =
         (source.stream == state.config.streams.aggregate_events).then(Admission::router);
@@ -193,8 +196,12 @@ async fn route_while_held(
                 .await?;
             Ok::<_, async_nats::Error>(c.messages().await?)
         };
-        let mut chunks = match consumer.await {
-            Ok(m) => m.ready_chunks(INPUTS_PER_BATCH),
+        let mut reader = match consumer.await {
+            Ok(m) => ReadAhead::new(
+                m.ready_chunks(INPUTS_PER_BATCH),
+                INPUTS_PER_BATCH,
+                max_pull_bytes,
+            ),
             Err(e) => {
                 tracing::warn!(message = "Router cannot open its consumer; retrying.", source = %source.stream, error = %e);
                 backoff.sleep(cancel).await;
@@ -233,7 +240,7 @@ async fn route_while_held(
                     }
                     continue;
                 }
-                c = super::pull::next_chunk(&mut chunks) => c,
+                c = reader.next() => c,
             };
             idle_since = Instant::now();
             let Some(chunk) = next else { continue 'open };
@@ -281,7 +288,8 @@ async fn route_while_held(
                         }
                     }
                 }
-                match send(state, source, &mut fence, inputs).await {
+                // The next chunk is read while this one is routed (see `ReadAhead`).
+                match reader.during(send(state, source, &mut fence, inputs)).await {
                     Ok(()) => {
                         backoff.reset();
                         if pull.should_reopen() {
