@@ -206,7 +206,7 @@ pub struct SagaConfig {
     pub max_batch_bytes: ByteSize,
     /// About the most input bytes one pull of a saga input consumer (or, partitioned, of a
     /// router's source) asks for: the pull's message count follows the average input size
-    /// (8 to 500 messages).
+    /// (8 to 500 messages). Also about the most input bytes read ahead while a batch commits.
     pub max_pull_bytes: ByteSize,
     /// Fetching pauses while the outbox holds more records than this (backpressure).
     pub max_outbox_depth: u64,
