@@ -110,9 +110,8 @@ pub(crate) async fn run(
     let batch_size = state.config.saga.batch_size;
     let max_batch_bytes =
         usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
-    let mut pull = PullSize::new(state.config.saga.max_pull_bytes.get());
-    let max_pull_bytes =
-        usize::try_from(state.config.saga.max_pull_bytes.get()).unwrap_or(usize::MAX);
+    let max_pull_bytes = state.config.saga.max_pull_bytes.get();
+    let mut pull = PullSize::new(max_pull_bytes);
     let metrics = &state.metrics;
     let mut backoff =
         Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();

@@ -70,8 +70,9 @@ where
     S: futures::Stream<Item = Vec<T>> + Unpin,
     T: Item,
 {
-    /// Reads `chunks`, holding about `max_count` items and `max_bytes` of payload at most.
-    pub(crate) fn new(chunks: S, max_count: usize, max_bytes: usize) -> Self {
+    /// Reads `chunks`, holding about `max_count` items and `max_bytes` of payload at most
+    /// (`saga.max_pull_bytes`, as configured).
+    pub(crate) fn new(chunks: S, max_count: usize, max_bytes: u64) -> Self {
         Self {
             chunks,
             held: Vec::new(),
@@ -79,7 +80,7 @@ where
             stopped: false,
             ended: false,
             max_count: max_count.max(1),
-            max_bytes: max_bytes.max(1),
+            max_bytes: usize::try_from(max_bytes).unwrap_or(usize::MAX).max(1),
         }
     }
 
@@ -241,7 +242,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn reading_ahead_stops_at_the_count_cap_and_keeps_the_order() {
         let (_tx, chunks) = feed((1..=25).map(Ok).collect(), 4);
-        let mut r = ReadAhead::new(chunks, 10, usize::MAX);
+        let mut r = ReadAhead::new(chunks, 10, u64::MAX);
         assert_eq!(
             r.next().await.expect("a chunk"),
             vec![Ok(1), Ok(2), Ok(3), Ok(4)]
@@ -287,7 +288,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_error_and_the_end_are_handed_on_after_what_preceded_them() {
         let (tx, chunks) = feed(vec![Ok(1), Ok(2), Err("gone"), Ok(3)], 3);
-        let mut r = ReadAhead::new(chunks, 100, usize::MAX);
+        let mut r = ReadAhead::new(chunks, 100, u64::MAX);
         r.during(commit()).await;
         assert_eq!(
             r.held,
@@ -309,7 +310,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn work_that_is_ready_first_is_answered_without_reading() {
         let (_tx, chunks) = feed((1..=5).map(Ok).collect(), 8);
-        let mut r = ReadAhead::new(chunks, 100, usize::MAX);
+        let mut r = ReadAhead::new(chunks, 100, u64::MAX);
         assert_eq!(r.during(async { 7 }).await, 7);
         assert!(r.held.is_empty());
         assert_eq!(r.next().await.expect("a chunk").len(), 5);

@@ -170,9 +170,8 @@ async fn route_while_held(
     let label = format!("router:{}", source.stream);
     // Bytes bounded on both sides: the pull's count follows the sizes read, and a batch of
     // copies is cut at `saga.max_batch_bytes` (see `send`).
-    let mut pull = PullSize::new(state.config.saga.max_pull_bytes.get());
-    let max_pull_bytes =
-        usize::try_from(state.config.saga.max_pull_bytes.get()).unwrap_or(usize::MAX);
+    let max_pull_bytes = state.config.saga.max_pull_bytes.get();
+    let mut pull = PullSize::new(max_pull_bytes);
     // New triggers wait behind work under way (admit.rs); results are never held.
     let mut admission =
         (source.stream == state.config.streams.aggregate_events).then(Admission::router);
