@@ -34,7 +34,7 @@ mod files;
 mod live;
 
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use runner::config::{Config, Overrides};
@@ -500,16 +500,23 @@ fn dockerfile_dependency_layer_gives_a_tree_cargo_accepts() {
         .iter()
         .position(|(k, v)| k == "COPY" && v.starts_with("Cargo.toml"))
         .expect("the dependency layer's COPY");
-    let copied: Vec<&str> = docker.0[at].1.split_whitespace().collect();
-    let (sources, _dest) = copied.split_at(copied.len() - 1);
-    let (kw, stub) = &docker.0[at + 1];
+    // The layer's COPY lines (the manifests, then the vendored crate), as Docker copies
+    // them: a file into the destination directory, a directory's contents into the
+    // destination.
+    let dir = tempfile::tempdir().unwrap();
+    let mut at = at;
+    while docker.0[at].0 == "COPY" {
+        let copied: Vec<&str> = docker.0[at].1.split_whitespace().collect();
+        let (sources, dest) = copied.split_at(copied.len() - 1);
+        for s in sources {
+            copy_into(&repo_root().join(s), &dir.path().join(dest[0]));
+        }
+        at += 1;
+    }
+    let (kw, stub) = &docker.0[at];
     assert_eq!(kw, "RUN");
     let build = "cargo build --release --locked --bins";
     assert!(stub.contains(build), "{stub}");
-    let dir = tempfile::tempdir().unwrap();
-    for s in sources {
-        std::fs::copy(repo_root().join(s), dir.path().join(s)).unwrap();
-    }
     // The stub layer as written, with the build swapped for a fetch: Cargo reads every
     // target and checks the lock file, compiling nothing.
     let host =
@@ -537,7 +544,7 @@ fn dockerfile_dependency_layer_gives_a_tree_cargo_accepts() {
                 .map(|s| s.split_whitespace().next().unwrap()),
         )
         .collect();
-    let rebuild = docker.0[at + 2..]
+    let rebuild = docker.0[at + 1..]
         .iter()
         .find(|(k, v)| k == "RUN" && v.contains(build))
         .expect("the real build");
@@ -553,4 +560,22 @@ fn dockerfile_dependency_layer_gives_a_tree_cargo_accepts() {
         missing.is_empty(),
         "stubs not touched before the real build: {missing:?}"
     );
+}
+
+/// `COPY source dest` in a Dockerfile: a file lands in `dest`, a directory's contents are
+/// copied into `dest`, recursively.
+fn copy_into(source: &Path, dest: &Path) {
+    std::fs::create_dir_all(dest).unwrap();
+    if source.is_dir() {
+        for e in std::fs::read_dir(source).unwrap() {
+            let e = e.unwrap();
+            if e.path().is_dir() {
+                copy_into(&e.path(), &dest.join(e.file_name()));
+            } else {
+                std::fs::copy(e.path(), dest.join(e.file_name())).unwrap();
+            }
+        }
+    } else {
+        std::fs::copy(source, dest.join(source.file_name().unwrap())).unwrap();
+    }
 }

@@ -176,7 +176,9 @@ impl Store {
     where
         F: FnOnce(&Tables<'_, libmdbx::RW>) -> Result<T>,
     {
-        let txn = self.db.begin_rw_txn()?;
+        // SAFETY: the transaction is begun, used and committed (or dropped, on an error or a
+        // panic in `f`) inside this call, so on the thread that began it.
+        let txn = unsafe { self.db.begin_rw_txn_here() }?;
         let out = {
             let tables = Tables::open(&txn)?;
             let out = f(&tables)?;
