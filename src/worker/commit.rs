@@ -1,7 +1,9 @@
-//! Group commit: the [`Committer`], the one task that writes the consumer loops' batches.
+//! Group commit: the [`Committer`], the one thread that writes the consumer loops' batches.
 //!
 //! The hop from a consumer loop to the transaction: a loop calls [`Committer::submit`] with
-//! its batch and waits; the commit task takes that batch and every other one already
+//! its batch and waits; the commit thread (a blocking task of its own for the process's
+//! life, so a commit costs one hand-off and no thread of a pool picked per commit) takes
+//! that batch and every other one already
 //! waiting (from any stream, at most [`MAX_MERGED`]), applies them all in one libmdbx write
 //! transaction together with the deletion of the outbox records the relay has published,
 //! commits once, and answers each loop with its new checkpoint and [`Tally`].
@@ -15,10 +17,11 @@
 //!   nothing of it was written, so each loop re-reads from its checkpoint.
 //! - **Order per stream.** A loop submits its next batch only after the answer to the
 //!   previous one, so batches of one stream never overtake each other.
-//! - The commit task ends when every [`Committer`] handle is dropped (every consumer loop
+//! - The commit thread ends when every [`Committer`] handle is dropped (every consumer loop
 //!   has returned), after answering what it holds.
 
 use std::collections::BTreeSet;
+use std::panic::{self, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -42,10 +45,10 @@ pub(crate) type Committed = Result<(u64, Tally)>;
 /// Most batches merged into one transaction.
 pub(crate) const MAX_MERGED: usize = 8;
 
-/// Batches that may wait for the commit task before [`Committer::submit`] waits to send.
+/// Batches that may wait for the commit thread before [`Committer::submit`] waits to send.
 const QUEUE: usize = 8;
 
-/// One consumer loop's batch, waiting for the commit task.
+/// One consumer loop's batch, waiting for the commit thread.
 struct Job {
     checkpoint: String,
     batch: Vec<(u64, RawInput)>,
@@ -76,21 +79,20 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    /// Starts the commit task on `tracker` and returns the handle that feeds it.
+    /// Starts the commit thread on `tracker` (a blocking task) and returns the handle that
+    /// feeds it.
     pub(crate) fn spawn(tracker: &TaskTracker, state: Arc<AppState>, relay: RelayHandle) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        tracker.spawn(
-            CommitTask {
-                state,
-                relay,
-                queue,
-            }
-            .run(),
-        );
+        let task = CommitTask {
+            state,
+            relay,
+            queue,
+        };
+        tracker.spawn_blocking(move || task.run());
         Self { jobs }
     }
 
-    /// Hands `batch` (stream sequence and input, in stream order) to the commit task and
+    /// Hands `batch` (stream sequence and input, in stream order) to the commit thread and
     /// waits until it is durably applied under checkpoint key `checkpoint`. Returns the new
     /// checkpoint and what happened, or the error that kept the transaction from committing.
     pub(crate) async fn submit(
@@ -114,7 +116,7 @@ impl Committer {
     }
 }
 
-/// The receiving side: owns the write transactions of the consumer loops.
+/// The receiving side: owns the write transactions of the consumer loops, on a thread.
 struct CommitTask {
     state: Arc<AppState>,
     relay: RelayHandle,
@@ -122,9 +124,9 @@ struct CommitTask {
 }
 
 impl CommitTask {
-    /// Commits group after group until every [`Committer`] is dropped.
-    async fn run(mut self) {
-        while let Some(first) = self.queue.recv().await {
+    /// Commits group after group until every [`Committer`] is dropped (blocking).
+    fn run(mut self) {
+        while let Some(first) = self.queue.blocking_recv() {
             let mut group = vec![first];
             while group.len() < MAX_MERGED {
                 match self.queue.try_recv() {
@@ -132,13 +134,13 @@ impl CommitTask {
                     Err(_) => break,
                 }
             }
-            self.commit(group).await;
+            self.commit(group);
         }
     }
 
     /// Applies `group` (and the deletion of published outbox records) in one write
     /// transaction, commits, and answers each job.
-    async fn commit(&self, group: Vec<Job>) {
+    fn commit(&self, group: Vec<Job>) {
         let metrics = &self.state.metrics;
         let started = Instant::now();
         let inputs: usize = group.iter().map(|j| j.batch.len()).sum();
@@ -163,26 +165,26 @@ impl CommitTask {
         let limits = Limits::from_config(&self.state.config)
             .with_max_record_bytes(self.state.broker.max_record_bytes());
         let doomed: Vec<(u16, u64)> = published.iter().map(|(p, _, u)| (*p, *u)).collect();
-        let state = self.state.clone();
-        let out = self
-            .state
-            .store
-            .run(move |s| {
-                s.write_blocking(|t| {
-                    // Read under the write lock: a resume's release is a write transaction
-                    // too, so this batch sees the pause as it is after any earlier release.
-                    let paused = state.paused.get();
-                    for (p, upto) in &doomed {
-                        t.delete_outbox_through(*p, *upto)?;
-                    }
-                    work.iter()
-                        .map(|(key, batch, scope)| {
-                            apply_in(t, &catalog, &limits, key, batch, *scope, &paused)
-                        })
-                        .collect::<Result<Vec<_>>>()
-                })
+        let state = &self.state;
+        // A panic while applying aborts the transaction (it is dropped while unwinding) and is
+        // answered like any failed commit (the panic hook has logged its message); the thread
+        // goes on with the next group.
+        let out = panic::catch_unwind(AssertUnwindSafe(|| {
+            state.store.write_blocking(|t| {
+                // Read under the write lock: a resume's release is a write transaction too, so
+                // this batch sees the pause as it is after any earlier release.
+                let paused = state.paused.get();
+                for (p, upto) in &doomed {
+                    t.delete_outbox_through(*p, *upto)?;
+                }
+                work.iter()
+                    .map(|(key, batch, scope)| {
+                        apply_in(t, &catalog, &limits, key, batch, *scope, &paused)
+                    })
+                    .collect::<Result<Vec<_>>>()
             })
-            .await;
+        }))
+        .unwrap_or_else(|_| Err(StorageError::Task("the commit panicked".into())));
         match out {
             Ok(results) => {
                 for (_, tally) in &results {
