@@ -56,6 +56,10 @@ pub(crate) struct Args {
         default_value = "0.5,0.8,1.2"
     )]
     loads: Vec<f64>,
+    /// The maximum rate (orders/s) the open-loop fractions refer to, in place of the median
+    /// measured by the pairs: two builds compared at the same offered load.
+    #[arg(long, env = "BENCH_RATE")]
+    rate: Option<f64>,
 }
 
 /// Where an order's time goes, from the runner's own histograms over one run (p50 / p99,
@@ -478,7 +482,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     // Open loop at fractions of the (median) maximum rate, for latency under load.
     let mut open_loop = Vec::new();
     for (n, load) in a.loads.iter().enumerate() {
-        let rate = median(&sagas) * load;
+        let rate = a.rate.unwrap_or_else(|| median(&sagas)) * load;
         let sampler = Sampler::start(runner.proc.pid());
         let flow = Flow::Runner {
             tenant: format!("load{n}"),

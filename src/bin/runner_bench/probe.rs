@@ -139,6 +139,24 @@ pub(crate) fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// Context switches (voluntary and involuntary) of a process's live threads so far: the
+/// wake-ups it costs the machine. Threads that exited are not counted.
+pub(crate) fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .map(|s| {
+            s.lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// Memory figures of a process, in KiB.
 #[derive(Default, Clone, Copy, Debug)]
 pub(crate) struct Mem {
@@ -171,10 +189,11 @@ pub(crate) fn mem(pid: u32) -> Mem {
 }
 
 /// Samples a process's memory every 100 ms while a measurement runs and keeps the peaks;
-/// also takes its CPU time at start and stop.
+/// also takes its CPU time and context switches at start and stop.
 pub(crate) struct Sampler {
     pid: u32,
     cpu0: f64,
+    switches0: u64,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Mem>,
 }
@@ -183,6 +202,7 @@ pub(crate) struct Sampler {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Usage {
     pub(crate) cpu: f64,
+    pub(crate) switches: u64,
     pub(crate) peak: Mem,
 }
 
@@ -190,9 +210,11 @@ impl Usage {
     pub(crate) fn line(&self, who: &str, elapsed: f64) -> String {
         let mib = |k: u64| k as f64 / 1024.0;
         format!(
-            "{who}: cpu_seconds={:.2} ({:.0}% of one core) peak_rss={:.0}MiB peak_rss_anon={:.0}MiB peak_rss_file={:.0}MiB",
+            "{who}: cpu_seconds={:.2} ({:.0}% of one core) context_switches={} ({:.0}/s) peak_rss={:.0}MiB peak_rss_anon={:.0}MiB peak_rss_file={:.0}MiB",
             self.cpu,
             100.0 * self.cpu / elapsed.max(1e-9),
+            self.switches,
+            self.switches as f64 / elapsed.max(1e-9),
             mib(self.peak.rss),
             mib(self.peak.anon),
             mib(self.peak.file),
@@ -221,6 +243,7 @@ impl Sampler {
         Self {
             pid,
             cpu0: cpu_seconds(pid),
+            switches0: context_switches(pid),
             stop,
             task,
         }
@@ -230,6 +253,7 @@ impl Sampler {
         let peak = self.task.await.unwrap_or_default();
         Usage {
             cpu: cpu_seconds(self.pid) - self.cpu0,
+            switches: context_switches(self.pid).saturating_sub(self.switches0),
             peak,
         }
     }
