@@ -4,6 +4,12 @@
 //! blocks, so async code reaches the store only through [`Store::run`], which moves the work
 //! to a blocking thread; no transaction ever lives across an `.await`.
 //!
+//! A write transaction through [`Store::write_blocking`] is begun, filled and committed on the
+//! calling thread, within that one call: the vendored libmdbx crate's one change
+//! (`vendor/libmdbx/PATCH.md`) lets it skip the crate's manager thread, which would cost two
+//! hand-offs between threads per commit. Write transactions still run one at a time in the
+//! process, whichever way they were begun.
+//!
 //! Durability: with the default [`Durability::Full`] every write transaction is on disk
 //! (data and meta page fsynced) when its commit returns, so an input acknowledged after a
 //! commit survives a crash or power loss. The relaxed modes trade that away and are for

@@ -1,7 +1,7 @@
 //! Group commit: the [`Committer`], the one thread that writes the consumer loops' batches.
 //!
 //! The hop from a consumer loop to the transaction: a loop calls [`Committer::submit`] with
-//! its batch and waits; the commit thread (a blocking task of its own for the process's
+//! its batch and waits; the commit thread (a blocking task of its own for the worker's
 //! life, so a commit costs one hand-off and no thread of a pool picked per commit) takes
 //! that batch and every other one already
 //! waiting (from any stream, at most [`MAX_MERGED`]), applies them all in one libmdbx write

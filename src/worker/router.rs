@@ -324,8 +324,9 @@ enum Unheld {
 
 /// Holds the next batch of new triggers while the work under way is queued above
 /// `saga.max_queued_work` (see `admit.rs`); returns how long it held. Nothing is read or
-/// written meanwhile: the batch waits in the consumer, and a router that stops here leaves
-/// it to the next one, which resumes at the fence's watermark.
+/// written meanwhile: the batch waits in hand, read but not yet copied, and a router that
+/// stops here drops it and leaves it to the next one, which resumes at the fence's
+/// watermark.
 async fn hold(
     state: &AppState,
     admission: &mut Admission,
