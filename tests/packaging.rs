@@ -495,7 +495,7 @@ fn the_loader_refuses_unknown_keys_from_file_and_environment() {
 #[test]
 fn dockerfile_dependency_layer_gives_a_tree_cargo_accepts() {
     let docker = Dockerfile::load();
-    let at = docker
+    let mut at = docker
         .0
         .iter()
         .position(|(k, v)| k == "COPY" && v.starts_with("Cargo.toml"))
@@ -504,7 +504,6 @@ fn dockerfile_dependency_layer_gives_a_tree_cargo_accepts() {
     // them: a file into the destination directory, a directory's contents into the
     // destination.
     let dir = tempfile::tempdir().unwrap();
-    let mut at = at;
     while docker.0[at].0 == "COPY" {
         let copied: Vec<&str> = docker.0[at].1.split_whitespace().collect();
         let (sources, dest) = copied.split_at(copied.len() - 1);

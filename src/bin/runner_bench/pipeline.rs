@@ -397,6 +397,12 @@ pub(crate) async fn drive(
 }
 
 pub(crate) async fn run(a: Args) -> Result<()> {
+    if let Some(r) = a.rate
+        && !(r.is_finite() && r > 0.0)
+    {
+        // A rate of 0 would mean "as fast as it goes" to the driver: refuse it.
+        bail!("BENCH_RATE / --rate must be a positive number of orders/s, got {r}");
+    }
     let work = WorkDir::new("pipeline", a.programs.keep)?;
     let nats = Nats::start(&a.programs.nats_server, &work.path).await?;
     println!(
