@@ -11,7 +11,9 @@
 //! The workload is the ledger saga (`tests/manifests/ledger.yaml`): deposit n of an account
 //! applies only when the account has seen exactly n-1, and each applied deposit emits one
 //! acknowledgement, so lost, doubled or reordered work shows in the acknowledgements. Two
-//! partitioned replicas share the work. Real binaries, real nats-server, real libmdbx.
+//! partitioned replicas share the work; the second writes its store through the memory map
+//! (`storage.write_map`), so what the schedule does lands on both write paths. Real binaries, real
+//! nats-server, real libmdbx.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -77,6 +79,7 @@ impl Nats {
 
 fn replica(urls: &str, node: &str, dir: tempfile::TempDir) -> RunnerProc {
     let replicas = if urls.contains(',') { "3" } else { "1" };
+    let write_map = if node == "c2" { "true" } else { "false" };
     RunnerProc::start_in(
         dir,
         &[
@@ -96,6 +99,7 @@ fn replica(urls: &str, node: &str, dir: tempfile::TempDir) -> RunnerProc {
             ("RUNNER__NATS__CONNECT_TIMEOUT", "120s"),
             ("RUNNER__NATS__SETUP_TIMEOUT", "120s"),
             ("RUNNER__NODE__ID", node),
+            ("RUNNER__STORAGE__WRITE_MAP", write_map),
         ],
     )
 }

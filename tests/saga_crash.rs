@@ -1,7 +1,9 @@
 //! Crash safety: 10 000 events while the runner is SIGKILLed at random moments and
 //! restarted on the same data directory, again and again. At the end every instance equals
 //! the reference (each account's deposits applied once, in order) and no output is
-//! duplicated on the command stream.
+//! duplicated on the command stream. The restarts alternate the store's write path
+//! (`storage.write_map` off, on, off, …), so kills land on both and each reopens what the
+//! other left.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -27,8 +29,15 @@ impl Lcg {
     }
 }
 
-fn start(dir: tempfile::TempDir, url: &str) -> RunnerProc {
-    RunnerProc::saga(dir, url, "tests/manifests/ledger.yaml", &[])
+/// The `n`th start: odd ones write the store through the memory map.
+fn start(dir: tempfile::TempDir, url: &str, n: u32) -> RunnerProc {
+    let write_map = if n % 2 == 1 { "true" } else { "false" };
+    RunnerProc::saga(
+        dir,
+        url,
+        "tests/manifests/ledger.yaml",
+        &[("RUNNER__STORAGE__WRITE_MAP", write_map)],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -41,7 +50,7 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         .as_nanos() as u64;
     eprintln!("seed {seed}");
     let mut rng = Lcg(seed);
-    let mut runner = start(tempfile::tempdir().unwrap(), &url);
+    let mut runner = start(tempfile::tempdir().unwrap(), &url, 0);
     let js = jetstream(&url).await;
 
     // Publish 10 000 deposits, interleaving accounts, acks awaited in windows.
@@ -107,7 +116,7 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         assert!(Instant::now() < deadline, "run did not complete in time");
         let dir = runner.kill();
         kills += 1;
-        runner = start(dir, &url);
+        runner = start(dir, &url, kills);
     }
     let amounts = publisher.await.unwrap();
     let dir = runner.stop();

@@ -1,7 +1,9 @@
 //! The operator's read commands work on a live node whatever its durability (finding: `runner
 //! dlq list` and `runner inspect --data-dir` failed with `MDBX_INCOMPATIBLE` against a node
 //! running with `storage.durability` other than `full`, because they opened the store for
-//! writing in the default mode). Real binary, real nats-server, real libmdbx.
+//! writing in the default mode). The same for a node writing its store through the memory
+//! map (`storage.write_map`), whose mode the read commands do not share. Real binary, real
+//! nats-server, real libmdbx.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -13,9 +15,17 @@ use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_commands_work_on_a_live_node_of_every_durability() {
-    for durability in ["unsafe_no_sync", "no_meta_sync"] {
+    for (durability, write_map) in [
+        ("unsafe_no_sync", "false"),
+        ("no_meta_sync", "false"),
+        ("full", "true"),
+    ] {
         let nats = NatsServer::start();
-        let env = [("RUNNER__STORAGE__DURABILITY", durability)];
+        let env = [
+            ("RUNNER__STORAGE__DURABILITY", durability),
+            ("RUNNER__STORAGE__WRITE_MAP", write_map),
+        ];
+        let durability = format!("{durability} (write_map {write_map})");
         let mut runner =
             RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &env);
         let js = jetstream(&nats.url()).await;
@@ -42,6 +52,20 @@ async fn read_commands_work_on_a_live_node_of_every_durability() {
         )
         .await;
         let dir = runner.data_dir.path().to_str().unwrap().to_owned();
+        // The setting reached the store: the node maps its data file writable only when it
+        // writes through the map.
+        let data = std::fs::canonicalize(runner.data_dir.path().join("runner.mdbx/mdbx.dat"))
+            .expect("the node's data file");
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", runner.pid())).unwrap();
+        let mapping = maps
+            .lines()
+            .find(|l| l.ends_with(data.to_str().unwrap()))
+            .unwrap_or_else(|| panic!("{} is not mapped:\n{maps}", data.display()));
+        assert_eq!(
+            mapping.split_whitespace().nth(1).unwrap().starts_with("rw"),
+            write_map == "true",
+            "{durability}: {mapping}"
+        );
         let (code, out) = run_to_exit(
             &["dlq", "list", "--data-dir", &dir],
             &[],

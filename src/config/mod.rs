@@ -494,6 +494,10 @@ pub struct StorageConfig {
     /// Page size of a store this node creates: a power of two, 4KiB to 64KiB. A store that
     /// exists keeps the page size it was created with.
     pub page_size: ByteSize,
+    /// Write commits through the memory map, with the kernel's readahead off, instead of
+    /// writing dirty pages to the file: less CPU per commit for stores far larger than one
+    /// commit's pages (a million instances), more for small ones. Durability is the same.
+    pub write_map: bool,
 }
 
 impl Default for StorageConfig {
@@ -504,6 +508,7 @@ impl Default for StorageConfig {
             max_size: ByteSize::gib(64),
             growth_step: ByteSize::mib(64),
             page_size: ByteSize::kib(8),
+            write_map: false,
         }
     }
 }

@@ -23,6 +23,19 @@
 //! shallower, so a commit of inputs spread at random over many instances rewrites fewer
 //! branch pages, and the kernel handles fewer, larger writes per commit; much larger pages
 //! write more bytes per instance touched.
+//!
+//! Write path: by default a commit copies each page it changes into a buffer and writes the
+//! buffers to the file, then syncs it. With `storage.write_map` it changes the pages in the
+//! memory map and syncs those: no copies, at the price of a page fault per page written
+//! after each sync, which costs more than it saves when every commit rewrites the same few
+//! pages (a small store). Durability is the same either way, and a store written one way
+//! reopens the other. The readahead is turned off with it: the kernel may hold a file's
+//! cache in folios of many pages (ext4 on Linux 6.16 and later does), and a write through
+//! the map marks a whole folio dirty, so a page brought in by a readahead-sized fault would
+//! sync its neighbours too; faults without readahead bring in single pages. The same folios make the default
+//! path's writes costlier on a store far larger than one commit's pages: each write into a
+//! folio, and each sync of a dirty one, walks the whole folio in the kernel (figures: the
+//! README's "Writing through the map").
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -98,6 +111,10 @@ impl Store {
             page_size: Some(libmdbx::PageSize::Set(
                 usize::try_from(cfg.page_size.get()).unwrap_or(4096),
             )),
+            // See "Write path" in the module doc: with the map written, faults must bring in
+            // single pages, or a commit dirties (and syncs) whole multi-page folios.
+            write_map: cfg.write_map,
+            no_rdahead: cfg.write_map,
             ..DatabaseOptions::default()
         };
         let db = Database::<NoWriteMap>::open_with_options(&path, opts)?;
@@ -307,6 +324,51 @@ mod tests {
         })
         .expect("creates");
         assert_eq!(store.page_size(), 16384);
+    }
+}
+
+#[cfg(test)]
+mod write_path_tests {
+    use super::*;
+
+    /// Whether this process maps `store`'s data file writable (the `storage.write_map` path).
+    fn mapped_writable(store: &Store) -> Option<bool> {
+        let file = std::fs::canonicalize(store.path().join("mdbx.dat")).ok()?;
+        let file = file.to_str()?;
+        let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+        let line = maps.lines().find(|l| l.ends_with(file))?;
+        Some(line.split_whitespace().nth(1)?.starts_with("rw"))
+    }
+
+    #[tokio::test]
+    async fn either_write_path_reads_what_the_other_wrote() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = |write_map: bool| StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            write_map,
+            ..StorageConfig::default()
+        };
+        let store = Store::open(&cfg(true)).expect("opens writing through the map");
+        assert_eq!(mapped_writable(&store), Some(true), "the map is written");
+        store
+            .write(|t| t.set_checkpoint("S", 7))
+            .await
+            .expect("writes");
+        drop(store);
+        // (Read-only opens beside a live node, another process: `tests/store_readers.rs`.)
+
+        let store = Store::open(&cfg(false)).expect("reopens writing the file");
+        assert_eq!(mapped_writable(&store), Some(false), "the map is read-only");
+        assert_eq!(store.read(|t| t.checkpoint("S")).await.expect("reads"), 7);
+        store
+            .write(|t| t.set_checkpoint("S", 8))
+            .await
+            .expect("writes");
+        drop(store);
+
+        let store = Store::open(&cfg(true)).expect("reopens writing through the map");
+        assert_eq!(store.read(|t| t.checkpoint("S")).await.expect("reads"), 8);
+        store.check().await.expect("check");
     }
 }
 

@@ -362,6 +362,11 @@ impl RunnerProc {
         self.log.iter().any(|l| l.contains(needle))
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Sends a signal (e.g. "TERM", "KILL", "STOP") to the process.
     pub fn signal(&self, sig: &str) {
         let ok = Command::new("kill")

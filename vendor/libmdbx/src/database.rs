@@ -201,6 +201,11 @@ pub struct DatabaseOptions {
     pub no_meminit: bool,
     /// Reuse freed pages last-in first-out (`MDBX_LIFORECLAIM`).
     pub liforeclaim: bool,
+    /// Write through the memory map (`MDBX_WRITEMAP`) whatever the
+    /// database's [DatabaseKind]: the environment a `Database<WriteMap>`
+    /// opens, chosen at run time (Runner's change, see `PATCH.md`). Ignored
+    /// in [Mode::ReadOnly]. libmdbx refuses nested transactions in this mode.
+    pub write_map: bool,
 }
 
 impl DatabaseOptions {
@@ -235,6 +240,10 @@ impl DatabaseOptions {
 
         if self.no_rdahead {
             flags |= ffi::MDBX_NORDAHEAD;
+        }
+
+        if self.write_map && !matches!(self.mode, Mode::ReadOnly) {
+            flags |= ffi::MDBX_WRITEMAP;
         }
 
         if self.no_meminit {
