@@ -57,6 +57,13 @@ async fn probes_outage_and_drain() {
         "process metrics missing"
     );
     assert!(metrics.contains("runner_build_info{"), "build info missing");
+    // Read from libmdbx at the scrape: the store's opening commit already wrote pages.
+    let pages = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("runner_store_pages_dirtied_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no store page counter:\n{metrics}"));
+    assert!(pages > 0, "{pages}");
 
     let info: serde_json::Value = common::get_json(&format!("{base}/info")).await;
     assert_eq!(info["mode"], "combined");

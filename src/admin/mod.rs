@@ -247,6 +247,10 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .metrics
         .nats_connected
         .set(i64::from(state.broker.is_connected()));
+    match state.store.run(|s| s.pages_dirtied()).await {
+        Ok(n) => state.metrics.store_pages_dirtied_upto(n),
+        Err(e) => tracing::debug!(message = "Cannot read the store's page counters.", error = %e),
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -251,6 +251,15 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Pages write transactions have added or copied for update since the store was first
+    /// opened in this session, each written out by its commit: the store's write cost.
+    /// Reads libmdbx's counters, no transaction. Blocking, but brief.
+    pub fn pages_dirtied(&self) -> Result<u64> {
+        Ok(self.db.info()?.pages_dirtied())
+    }
+}
+
 /// What the health probe reads.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct StoreStats {
@@ -369,6 +378,13 @@ mod write_path_tests {
         let store = Store::open(&cfg(true)).expect("reopens writing through the map");
         assert_eq!(store.read(|t| t.checkpoint("S")).await.expect("reads"), 8);
         store.check().await.expect("check");
+        // Each commit's pages are counted (the checkpoint's leaf and the tree above it).
+        let before = store.pages_dirtied().expect("counts");
+        store
+            .write(|t| t.set_checkpoint("S", 9))
+            .await
+            .expect("writes");
+        assert!(store.pages_dirtied().expect("counts") > before);
     }
 }
 

@@ -111,6 +111,10 @@ pub struct Metrics {
     pub inbox_retention: IntGauge,
     /// See [`names::RETENTION_GAPS_TOTAL`].
     pub retention_gaps: IntCounter,
+    /// See [`names::STORE_PAGES_DIRTIED_TOTAL`]; advanced by [`Metrics::store_pages_dirtied_upto`].
+    pub store_pages_dirtied: IntCounter,
+    /// The libmdbx count the counter above has reached.
+    store_pages_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// See [`names::EFFECT_CLAIMS_TOTAL`].
     pub effect_claims: IntCounterVec,
     /// See [`names::EFFECT_COMMANDS_TOTAL`].
@@ -482,6 +486,13 @@ impl Metrics {
                 "Take-overs whose needed inputs were gone from the inbox.",
             )?,
         )?;
+        let store_pages_dirtied = reg(
+            r,
+            IntCounter::new(
+                names::STORE_PAGES_DIRTIED_TOTAL,
+                "Store pages write transactions added or copied for update (each written by its commit).",
+            )?,
+        )?;
         Ok(Self {
             registry,
             effect_claims,
@@ -532,7 +543,19 @@ impl Metrics {
             snapshot_last_timestamp,
             inbox_retention,
             retention_gaps,
+            store_pages_dirtied,
+            store_pages_seen: Default::default(),
         })
+    }
+
+    /// Brings [`names::STORE_PAGES_DIRTIED_TOTAL`] up to `total`, libmdbx's running count;
+    /// scrapes at the same time add each page once.
+    pub fn store_pages_dirtied_upto(&self, total: u64) {
+        use std::sync::atomic::Ordering;
+        let seen = self.store_pages_seen.fetch_max(total, Ordering::SeqCst);
+        if total > seen {
+            self.store_pages_dirtied.inc_by(total - seen);
+        }
     }
 
     /// Encodes every registered metric in the Prometheus text format.
@@ -544,5 +567,22 @@ impl Metrics {
             tracing::error!(message = "Encoding metrics failed.", error = %e);
         }
         String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_counter_follows_the_store_s_count_once_whatever_the_order_of_scrapes() {
+        let m = Metrics::new("0", "r", "saga").expect("registers");
+        m.store_pages_dirtied_upto(10);
+        m.store_pages_dirtied_upto(7); // a scrape that read earlier, answering later
+        assert_eq!(m.store_pages_dirtied.get(), 10);
+        m.store_pages_dirtied_upto(15);
+        m.store_pages_dirtied_upto(15);
+        assert_eq!(m.store_pages_dirtied.get(), 15);
+        assert!(m.encode().contains("runner_store_pages_dirtied_total 15"));
     }
 }

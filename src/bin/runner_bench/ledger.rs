@@ -208,8 +208,9 @@ async fn ledger_drive(
     })
 }
 
-/// The runner's batch commits between two scrapes: how many, inputs per commit, and the
-/// commit's p50/p99 — what bounds a saga-mode runner whose CPU is not saturated.
+/// The runner's batch commits between two scrapes: how many, inputs per commit, the
+/// commit's p50/p99 — what bounds a saga-mode runner whose CPU is not saturated — and the
+/// store pages they wrote per input.
 fn commits_line(before: &str, after: &str) -> String {
     use crate::probe::{metric_sum, window_quantile};
     let delta = |name: &str| metric_sum(after, name, &[]) - metric_sum(before, name, &[]);
@@ -224,7 +225,7 @@ fn commits_line(before: &str, after: &str) -> String {
             .map_or("-".to_string(), |n| format!("{n:.0}"))
     };
     format!(
-        "  commits during the max-rate run: {commits:.0}, {:.1} inputs each (p10/p50/p90 {}/{}/{}), commit ms p50={} p99={}, {:.1} s committing in all",
+        "  commits during the max-rate run: {commits:.0}, {:.1} inputs each (p10/p50/p90 {}/{}/{}), commit ms p50={} p99={}, {:.1} s committing in all, store pages written per input {:.2}",
         inputs / commits.max(1.0),
         size(0.1),
         size(0.5),
@@ -232,6 +233,7 @@ fn commits_line(before: &str, after: &str) -> String {
         q(0.5),
         q(0.99),
         delta("runner_saga_commit_seconds_sum"),
+        delta("runner_store_pages_dirtied_total") / inputs.max(1.0),
     )
 }
 
