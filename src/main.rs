@@ -107,7 +107,9 @@ fn validate(paths: &[std::path::PathBuf], data_dir: Option<&std::path::Path>) ->
             data_dir: dir.to_path_buf(),
             ..Default::default()
         };
-        let stranded = runner::storage::Store::open(&cfg)
+        // Read-only, as beside a live node it must be: a write open would have to match the
+        // node's mode (`Store::open_read_only`), and would create a store where there is none.
+        let stranded = runner::storage::Store::open_read_only(&cfg)
             .and_then(|store| store.read_blocking(|t| t.running_versions()))
             .map(|in_use| {
                 catalog

@@ -32,6 +32,28 @@ fn validate_and_test_pass_on_the_shipped_manifests() {
 }
 
 #[test]
+fn validate_against_a_data_dir_without_a_store_says_so_and_creates_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = runner()
+        .args(["validate", "--data-dir"])
+        .arg(dir.path())
+        .arg("manifests/")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot read the store in") && stderr.contains(": no store in "),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing created"
+    );
+}
+
+#[test]
 fn validate_fails_with_located_errors() {
     let out = runner()
         .args(["validate", "tests/broken"])

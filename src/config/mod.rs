@@ -496,7 +496,9 @@ pub struct StorageConfig {
     pub page_size: ByteSize,
     /// Write commits through the memory map, with the kernel's readahead off, instead of
     /// writing dirty pages to the file: less CPU per commit for stores far larger than one
-    /// commit's pages (a million instances), more for small ones. Durability is the same.
+    /// commit's pages (a million instances), more for small ones. Under `Durability::Full`
+    /// durability is the same; under the relaxed modes, processes writing the store at the
+    /// same time must agree on it (libmdbx refuses the next one).
     pub write_map: bool,
 }
 

@@ -18,6 +18,12 @@ pub enum StorageError {
         /// Why.
         source: std::io::Error,
     },
+    /// A read-only open found no store to read (it never creates one).
+    #[error("no store in {}", path.display())]
+    NoStore {
+        /// Where the store was looked for.
+        path: PathBuf,
+    },
     /// libmdbx reported an error.
     #[error("libmdbx: {0}")]
     Mdbx(#[from] libmdbx::Error),

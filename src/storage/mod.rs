@@ -26,10 +26,12 @@
 //!
 //! Write path: by default a commit copies each page it changes into a buffer and writes the
 //! buffers to the file, then syncs it. With `storage.write_map` it changes the pages in the
-//! memory map and syncs those: no copies, at the price of a page fault per page written
-//! after each sync, which costs more than it saves when every commit rewrites the same few
-//! pages (a small store). Durability is the same either way, and a store written one way
-//! reopens the other. The readahead is turned off with it: the kernel may hold a file's
+//! memory map (copied on write inside the map) and syncs those: no buffers and no write
+//! calls, at the price of a page fault per page written after each sync, which costs more
+//! than it saves when every commit rewrites the same few pages (a small store). Under
+//! [`Durability::Full`] durability is the same either way, and a store written one way
+//! reopens the other; under the relaxed modes, processes writing at the same time must
+//! agree on it. The readahead is turned off with it: the kernel may hold a file's
 //! cache in folios of many pages (ext4 on Linux 6.16 and later does), and a write through
 //! the map marks a whole folio dirty, so a page brought in by a readahead-sized fault would
 //! sync its neighbours too; faults without readahead bring in single pages. The same folios make the default
@@ -134,10 +136,7 @@ impl Store {
     pub fn open_read_only(cfg: &StorageConfig) -> Result<Self> {
         let path = cfg.data_dir.join("runner.mdbx");
         if !path.join("mdbx.dat").exists() {
-            return Err(StorageError::DataDir {
-                path,
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "no store here"),
-            });
+            return Err(StorageError::NoStore { path });
         }
         let opts = DatabaseOptions {
             max_tables: Some(TABLES.len() as u64 + 8),
@@ -253,8 +252,9 @@ impl Store {
 
 impl Store {
     /// Pages write transactions have added or copied for update since the store was first
-    /// opened in this session, each written out by its commit: the store's write cost.
-    /// Reads libmdbx's counters, no transaction. Blocking, but brief.
+    /// opened in this session (libmdbx's count: it includes aborted transactions and a page
+    /// freed and taken again within one), close to what commits write: the store's write
+    /// cost. Reads libmdbx's counters, no transaction. Blocking, but brief.
     pub fn pages_dirtied(&self) -> Result<u64> {
         Ok(self.db.info()?.pages_dirtied())
     }

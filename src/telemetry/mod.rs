@@ -490,7 +490,7 @@ impl Metrics {
             r,
             IntCounter::new(
                 names::STORE_PAGES_DIRTIED_TOTAL,
-                "Store pages write transactions added or copied for update (each written by its commit).",
+                "Store pages write transactions added or copied for update (about the pages commits write).",
             )?,
         )?;
         Ok(Self {

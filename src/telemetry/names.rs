@@ -88,9 +88,9 @@ pub const INBOX_RETENTION: &str = "runner_inbox_retention_seconds";
 /// Take-overs that found inputs they needed already gone from the inbox (retention
 /// shorter than snapshot age plus outage).
 pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
-/// Store pages write transactions added or copied for update, each written out by its
-/// commit (read from libmdbx at scrape time). Over `runner_saga_batch_size_sum`, the store
-/// pages written per input applied.
+/// Store pages write transactions added or copied for update (libmdbx's count, read at
+/// scrape time; close to the pages commits write, aborted transactions included). Over
+/// `runner_saga_batch_size_sum`, the store pages written per input applied.
 pub const STORE_PAGES_DIRTIED_TOTAL: &str = "runner_store_pages_dirtied_total";
 /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
 /// `completed`, `failed`, `replayed`).

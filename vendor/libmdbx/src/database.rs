@@ -678,9 +678,10 @@ impl Info {
         self.0.mi_numreaders as usize
     }
 
-    /// Pages write transactions added or copied for update since the
-    /// environment was first opened in this session (`mi_pgop_stat.newly +
-    /// mi_pgop_stat.cow`; Runner's change, see `PATCH.md`).
+    /// Pages write transactions (aborted ones too) added or copied for update
+    /// since the environment was first opened in this session
+    /// (`mi_pgop_stat.newly + mi_pgop_stat.cow`; Runner's change, see
+    /// `PATCH.md`).
     #[inline]
     pub fn pages_dirtied(&self) -> u64 {
         self.0.mi_pgop_stat.newly + self.0.mi_pgop_stat.cow
