@@ -26,8 +26,9 @@ use crate::telemetry::Metrics;
 /// Errors that stop the start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// Storage could not be opened.
-    #[error("storage at {path}: {source}")]
+    /// Storage could not be opened. (The cause is this error's source, which the one-line
+    /// report in `main.rs` joins on, so the message does not repeat it.)
+    #[error("storage at {path}")]
     Storage {
         /// Data directory.
         path: String,
@@ -40,8 +41,8 @@ pub enum StartError {
     /// Manifests are invalid.
     #[error("manifests are invalid:\n{}", .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))]
     Manifests(Vec<Diagnostic>),
-    /// The admin server could not bind.
-    #[error("cannot listen on admin address {addr}: {source}")]
+    /// The admin server could not bind (the cause as above).
+    #[error("cannot listen on admin address {addr}")]
     AdminBind {
         /// The address.
         addr: SocketAddr,
@@ -92,6 +93,14 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let mode = config.runner.mode;
     tracing::info!(message = "Starting.", node.id = %node_id, mode = mode.as_str(), version = VERSION, revision = GIT_REVISION);
 
+    // Held until `run` returns: one node per data directory (`storage/lock.rs`).
+    let _node_lock =
+        crate::storage::lock::NodeLock::acquire(&config.storage.data_dir).map_err(|source| {
+            StartError::Storage {
+                path: config.storage.data_dir.display().to_string(),
+                source,
+            }
+        })?;
     let storage_cfg = config.storage.clone();
     let store = tokio::task::spawn_blocking(move || Store::open(&storage_cfg))
         .await

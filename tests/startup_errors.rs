@@ -392,3 +392,32 @@ fn credentials_in_a_nats_url_are_refused_and_never_printed() {
     assert!(failure_line(&out).contains("nats.urls"), "{out}");
     assert!(!out.contains("pa55-w0rd-xyz"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_node_on_a_live_node_s_data_dir_is_refused_naming_the_holder() {
+    let nats = NatsServer::start();
+    let mut first =
+        common::RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &[]);
+    let (code, out) = run_against(&nats, "manifests", Some(first.data_dir.path()), &[]);
+    assert_eq!(code, Some(1), "{out}");
+    let line = failure_line(&out);
+    assert!(
+        line.contains(first.data_dir.path().to_str().unwrap())
+            && line.contains(&format!(
+                "is in use by another `runner run` (pid {})",
+                first.pid()
+            )),
+        "{line}"
+    );
+    assert!(!out.contains("Ready."), "it started anyway:\n{out}");
+    assert!(first.exited().is_none(), "the first node kept running");
+
+    // Once the first has gone (killed: the kernel lets go of its lock), the directory is free.
+    let data = first.kill();
+    let mut second = common::RunnerProc::saga(data, &nats.url(), "manifests", &[]);
+    assert!(
+        second.exited().is_none(),
+        "a node starts on the freed directory"
+    );
+    let _ = second.stop();
+}

@@ -24,6 +24,14 @@ pub enum StorageError {
         /// Where the store was looked for.
         path: PathBuf,
     },
+    /// Another `runner run` holds the data directory (`lock.rs`).
+    #[error("data directory {} is in use by another `runner run`{}", path.display(), holder.map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    InUse {
+        /// The directory.
+        path: PathBuf,
+        /// The holder's process id, as it wrote it in the lock file.
+        holder: Option<u32>,
+    },
     /// libmdbx reported an error.
     #[error("libmdbx: {0}")]
     Mdbx(#[from] libmdbx::Error),

@@ -50,6 +50,7 @@ use crate::config::{Durability, StorageConfig};
 
 pub mod codec;
 pub mod error;
+pub mod lock;
 pub mod snapshot;
 pub mod tables;
 
