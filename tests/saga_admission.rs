@@ -140,7 +140,10 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
 
     // Ten triggers, whose calls the upstream holds. The router takes them as one batch;
     // the single-active loop only what the bound of four has room for (at least one more),
-    // looking at the broker through a reading up to 50 ms old, so five to eight start.
+    // looking at the broker through a reading up to 50 ms old: five to eight start on a
+    // quiet machine, and on a loaded one (the whole suite at once) up to all ten, published
+    // one at a time, can get in before a reading shows the first calls. Either way more than
+    // the bound is then queued, which is what the ten triggers after them are held behind.
     let first = if partitioned {
         start_queued(&js, &upstream, 10).await;
         10.0
@@ -154,7 +157,7 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let n = metric(&admin, started).await;
         assert!(
-            (5.0..=8.0).contains(&n),
+            (5.0..=10.0).contains(&n),
             "{n} of ten sagas started under a bound of four"
         );
         n
