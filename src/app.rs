@@ -93,25 +93,18 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let mode = config.runner.mode;
     tracing::info!(message = "Starting.", node.id = %node_id, mode = mode.as_str(), version = VERSION, revision = GIT_REVISION);
 
-    // Held until `run` returns: one node per data directory (`storage/lock.rs`).
-    let _node_lock =
-        crate::storage::lock::NodeLock::acquire(&config.storage.data_dir).map_err(|source| {
-            StartError::Storage {
-                path: config.storage.data_dir.display().to_string(),
-                source,
-            }
-        })?;
+    // The lock is held until `run` returns: one node per data directory (`storage/lock.rs`).
     let storage_cfg = config.storage.clone();
-    let store = tokio::task::spawn_blocking(move || Store::open(&storage_cfg))
-        .await
-        .map_err(|e| StartError::Storage {
-            path: config.storage.data_dir.display().to_string(),
-            source: crate::storage::StorageError::Task(e.to_string()),
-        })?
-        .map_err(|source| StartError::Storage {
-            path: config.storage.data_dir.display().to_string(),
-            source,
-        })?;
+    let (_node_lock, store) = tokio::task::spawn_blocking(move || {
+        let lock = crate::storage::lock::NodeLock::acquire(&storage_cfg.data_dir)?;
+        Ok((lock, Store::open(&storage_cfg)?))
+    })
+    .await
+    .unwrap_or_else(|e| Err(crate::storage::StorageError::Task(e.to_string())))
+    .map_err(|source| StartError::Storage {
+        path: config.storage.data_dir.display().to_string(),
+        source,
+    })?;
 
     let broker = Broker::connect(&config.nats).await?;
     // One deadline for all of set-up; a drain requested meanwhile ends the start cleanly.

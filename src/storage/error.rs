@@ -18,6 +18,14 @@ pub enum StorageError {
         /// Why.
         source: std::io::Error,
     },
+    /// The data directory's lock file (`lock.rs`) could not be opened or written.
+    #[error("cannot use lock file {}: {source}", path.display())]
+    LockFile {
+        /// The lock file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A read-only open found no store to read (it never creates one).
     #[error("no store in {}", path.display())]
     NoStore {

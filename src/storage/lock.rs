@@ -37,7 +37,7 @@ impl NodeLock {
             source,
         })?;
         let path = dir.join(LOCK_FILE);
-        let io = |source| StorageError::DataDir {
+        let io = |source| StorageError::LockFile {
             path: path.clone(),
             source,
         };

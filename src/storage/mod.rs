@@ -5,7 +5,7 @@
 //! to a blocking thread; no transaction ever lives across an `.await`.
 //!
 //! A write transaction through [`Store::write_blocking`] is begun, filled and committed on the
-//! calling thread, within that one call: the vendored libmdbx crate's one change
+//! calling thread, within that one call: the vendored libmdbx crate's first change
 //! (`vendor/libmdbx/PATCH.md`) lets it skip the crate's manager thread, which would cost two
 //! hand-offs between threads per commit. Write transactions still run one at a time in the
 //! process, whichever way they were begun.
@@ -31,13 +31,13 @@
 //! than it saves when every commit rewrites the same few pages (a small store). Under
 //! [`Durability::Full`] durability is the same either way, and a store written one way
 //! reopens the other; under the relaxed modes, processes writing at the same time must
-//! agree on it. The readahead is turned off with it: the kernel may hold a file's
-//! cache in folios of many pages (ext4 on Linux 6.16 and later does), and a write through
-//! the map marks a whole folio dirty, so a page brought in by a readahead-sized fault would
-//! sync its neighbours too; faults without readahead bring in single pages. The same folios make the default
-//! path's writes costlier on a store far larger than one commit's pages: each write into a
-//! folio, and each sync of a dirty one, walks the whole folio in the kernel (figures: the
-//! README's "Writing through the map").
+//! agree on it. The readahead is turned off with it: the kernel may hold a file's cache in
+//! folios of many pages (ext4 on Linux 6.16 and later does), and a write through the map
+//! marks a whole folio dirty, so a page brought in by a readahead-sized fault would sync its
+//! neighbours too; faults without readahead bring in single pages. The same folios make the
+//! default path's writes costlier on a store far larger than one commit's pages: each write
+//! into a folio, and each sync of a dirty one, walks the whole folio in the kernel (figures:
+//! the README's "Writing through the map").
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -249,9 +249,7 @@ impl Store {
         })
         .await
     }
-}
 
-impl Store {
     /// Pages write transactions have added or copied for update since the store was first
     /// opened in this session (libmdbx's count: it includes aborted transactions and a page
     /// freed and taken again within one), close to what commits write: the store's write
