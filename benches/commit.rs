@@ -29,6 +29,8 @@ fn deposit(account: u64, n: u64, seq: u64) -> RawInput {
         subject: format!("tenant.bench.aggregate.Account.a{account}"),
         body: serde_json::to_vec(&body).unwrap().into(),
         traceparent: None,
+        header_bytes: 0,
+        refused: None,
         source: format!("AGG:{seq}"),
     }
 }
@@ -39,7 +41,7 @@ fn commit(c: &mut Criterion) {
     let limits = Limits {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
-        max_record_bytes: 1 << 20,
+        max_payload: 1 << 20,
     };
     let mut group = c.benchmark_group("commit");
     group.throughput(Throughput::Elements(BATCH as u64));

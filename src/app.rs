@@ -283,6 +283,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             handle: handle.clone(),
             window: state.config.saga.relay_window,
             poll: state.config.saga.relay_poll.get(),
+            refused: Default::default(),
         };
         relay_task = Some(tokio::spawn(relay.run(relay_stop.clone())));
         crate::worker::spawn(

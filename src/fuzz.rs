@@ -43,7 +43,7 @@ fn limits() -> Limits {
     Limits {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
-        max_record_bytes: 1 << 20,
+        max_payload: 1 << 20,
     }
 }
 
@@ -69,6 +69,8 @@ pub fn envelope(data: &[u8]) {
             subject: String::from_utf8_lossy(subject).into_owned(),
             body: bytes::Bytes::copy_from_slice(body),
             traceparent: None,
+            header_bytes: 0,
+            refused: None,
             source: "FUZZ:1".into(),
         };
         let Ok(admitted) = admit(&raw, &limits) else {
@@ -158,6 +160,8 @@ pub fn effect_command(data: &[u8]) {
         subject: result.subject,
         body: result.body.get().as_bytes().to_vec().into(),
         traceparent: None,
+        header_bytes: 0,
+        refused: None,
         source: "FUZZ:1".into(),
     };
     let limits = limits();

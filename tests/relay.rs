@@ -63,6 +63,7 @@ fn spawn_relay(
         handle: handle.clone(),
         window: WINDOW,
         poll: Duration::from_millis(50),
+        refused: Default::default(),
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(relay.run(stop.clone()));

@@ -77,6 +77,8 @@ fn order(tenant: &str, id: &str, items: serde_json::Value, seq: u64) -> RawInput
         subject: format!("tenant.{tenant}.aggregate.Order.{id}"),
         body: serde_json::to_vec(&body).unwrap().into(),
         traceparent: None,
+        header_bytes: 0,
+        refused: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
     }
 }
@@ -89,7 +91,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
     let limits = Limits {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
-        max_record_bytes: 1 << 20,
+        max_payload: 1 << 20,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());
@@ -114,6 +116,8 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
             subject: "tenant.acme.aggregate.Order.x".into(),
             body: b"not json".to_vec().into(),
             traceparent: None,
+            header_bytes: 0,
+            refused: None,
             source: "AGGREGATE_EVENTS:4".into(),
         },
     ]);

@@ -25,6 +25,8 @@ fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
             subject: format!("tenant.bank.aggregate.Account.{account}"),
             body: serde_json::to_vec(&ev).unwrap().into(),
             traceparent: None,
+            header_bytes: 0,
+            refused: None,
             source: format!("AGGREGATE_EVENTS:{seq}"),
         },
     )
@@ -41,7 +43,7 @@ fn ledger_store() -> (
     let limits = Limits {
         allowed_tenants: vec![],
         max_message_bytes: 1 << 20,
-        max_record_bytes: 1 << 20,
+        max_payload: 1 << 20,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());

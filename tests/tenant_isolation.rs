@@ -56,6 +56,8 @@ fn raw(subject: String, body: &Json, seq: u64) -> RawInput {
         subject,
         body: serde_json::to_vec(body).expect("json").into(),
         traceparent: None,
+        header_bytes: 0,
+        refused: None,
         source: format!("TEST:{seq}"),
     }
 }
@@ -139,7 +141,7 @@ fn run(seed: u64, allowed: &[&str]) {
     let limits = Limits {
         allowed_tenants: allowed.iter().map(|s| s.to_string()).collect(),
         max_message_bytes: 1 << 20,
-        max_record_bytes: 1 << 20,
+        max_payload: 1 << 20,
     };
     let (_dir, store) = store();
     // The model: per (tenant, id), the amount of the first order placed (what the instance
@@ -194,6 +196,8 @@ fn run(seed: u64, allowed: &[&str]) {
                     subject: format!("tenant.{t}.aggregate.Order.{id}"),
                     body: b"\x00not json".to_vec().into(),
                     traceparent: None,
+                    header_bytes: 0,
+                    refused: None,
                     source: format!("TEST:{seq}"),
                 });
             }

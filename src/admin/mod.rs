@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /health` | 200 when NATS answers a JetStream round trip within 2 s and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked |
+//! | `GET /health` | 200 when NATS answers a JetStream round trip within 2 s and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked, or a relay or router has failed on every attempt for 30 s (`stalled`) |
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /admin/ui` | the admin page (static, embedded; it holds no data and asks the API below for everything, with the token the operator types in) |
@@ -204,17 +204,25 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     let ok = nats_ok && storage.is_ok();
     // Parked outputs do not make the node unavailable (a restart would not help), but an
     // operator must look at them: the node reports itself degraded until they are handled.
+    // Nor does a relay or router that has failed on every attempt for a while (a record
+    // refused for a reason Runner does not know to park, a stream it cannot write): the
+    // node is connected, but its outputs do not move.
     let parked = state.metrics.relay_parked.get();
-    let status = match (ok, parked) {
+    let stalled = stalled_stages(&state.metrics);
+    let status = match (ok, parked > 0 || !stalled.is_empty()) {
         (false, _) => "unavailable",
-        (true, 0) => "ok",
-        (true, _) => "degraded",
+        (true, false) => "ok",
+        (true, true) => "degraded",
     };
     let body = json!({
         "status": status,
         "nats": {"ok": nats_ok, "state": state.broker.state_text()},
         "storage": storage_json,
         "relay": {"parked_outputs": parked},
+        "stalled": stalled
+            .iter()
+            .map(|(stage, d, why)| json!({"stage": stage, "seconds": d.as_secs(), "last_error": why}))
+            .collect::<Vec<_>>(),
     });
     let code = if ok {
         StatusCode::OK
@@ -222,6 +230,17 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (code, Json(body)).into_response()
+}
+
+/// The stalled stages (`telemetry::stall`), also set on their gauge.
+fn stalled_stages(
+    metrics: &crate::telemetry::Metrics,
+) -> Vec<(String, std::time::Duration, String)> {
+    let stalled = metrics
+        .stalls
+        .stalled(crate::telemetry::stall::STALLED_AFTER);
+    metrics.pipeline_stalled.set(stalled.len() as i64);
+    stalled
 }
 
 async fn ready(State(state): State<Arc<AppState>>) -> Response {
@@ -247,6 +266,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .metrics
         .nats_connected
         .set(i64::from(state.broker.is_connected()));
+    stalled_stages(&state.metrics);
     match state.store.run(|s| s.pages_dirtied()).await {
         Ok(n) => state.metrics.store_pages_dirtied_upto(n),
         Err(e) => tracing::debug!(message = "Cannot read the store's page counters.", error = %e),

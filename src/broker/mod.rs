@@ -32,9 +32,6 @@ fn connect_reason(cfg: &NatsConfig, raw: &str) -> String {
     raw.to_string()
 }
 
-/// Room left in every message for the headers Runner adds to a record's body (message id,
-/// tenant, `traceparent`, routing, atomic batch and fence headers: a few hundred bytes).
-pub const HEADER_ALLOWANCE: usize = 2048;
 pub mod batch;
 pub mod dlq;
 pub mod fence;
@@ -255,13 +252,13 @@ impl Broker {
         self.client.server_info().max_payload
     }
 
-    /// The largest record body Runner writes for publication: the server's `max_payload`
-    /// less [`HEADER_ALLOWANCE`] for the headers Runner adds (message id, tenant, trace
-    /// context, batch and fence headers). Every output is checked against it when it is
-    /// committed, so nothing enters the outbox that the broker can never take. 0 (no
+    /// The largest body a message Runner publishes may have whatever its headers: the
+    /// server's `max_payload` less [`headers::MAX_RECORD_HEADERS`]. Effect results are
+    /// bounded by it; saga outputs are checked exactly (`headers::record_fits`). 0 (no
     /// server information yet) means no limit is known.
     pub fn max_record_bytes(&self) -> usize {
-        self.max_payload().saturating_sub(HEADER_ALLOWANCE)
+        self.max_payload()
+            .saturating_sub(headers::MAX_RECORD_HEADERS)
     }
 
     /// Whether the client is connected right now.

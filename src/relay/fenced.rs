@@ -106,7 +106,6 @@ impl PartitionRelay {
                 }
             };
             let max = self.client.server_info().max_payload;
-            let max = max.saturating_sub(crate::broker::HEADER_ALLOWANCE);
             if records
                 .iter()
                 .any(|(_, r)| super::park::unpublishable(r, max).is_some())
@@ -122,6 +121,7 @@ impl PartitionRelay {
             if records.is_empty() {
                 if stopping {
                     self.delete_published().await;
+                    self.metrics.stalls.gone(&self.stage());
                     return Ok(());
                 }
                 if self.handle.idle(self.poll, &stop).await {
@@ -133,10 +133,17 @@ impl PartitionRelay {
                 match self.send_run(run).await {
                     Ok(through) => {
                         self.handle.acked.fetch_max(through, Ordering::SeqCst);
+                        self.metrics.stalls.progressed(&self.stage());
                         backoff.reset();
                     }
-                    Err(Outcome::Fenced(f)) => return Err(f),
+                    Err(Outcome::Fenced(f)) => {
+                        self.metrics.stalls.gone(&self.stage());
+                        return Err(f);
+                    }
                     Err(Outcome::Retry) => {
+                        self.metrics
+                            .stalls
+                            .failed(&self.stage(), "a batch was not stored (see the log)");
                         self.metrics.relay_errors.inc();
                         tokio::time::sleep(backoff.next_wait()).await;
                         break;
@@ -144,6 +151,11 @@ impl PartitionRelay {
                 }
             }
         }
+    }
+
+    /// This relay's name among the stalled stages ([`crate::telemetry::stall`]).
+    fn stage(&self) -> String {
+        format!("relay.p{}", self.partition)
     }
 
     /// Publishes one run; returns the outbox sequence through which it is stored.

@@ -123,6 +123,9 @@ impl RelayHandle {
     }
 }
 
+/// This relay's name among the stalled stages ([`crate::telemetry::stall`]).
+const STAGE: &str = "relay";
+
 /// When the relay is this many windows ahead of the deletions, it deletes itself.
 const MAX_WINDOWS_UNDELETED: u64 = 8;
 
@@ -140,6 +143,9 @@ pub struct Relay {
     pub window: usize,
     /// Poll interval.
     pub poll: Duration,
+    /// A record the broker refused for good (`park::refused_for_good`) in the last window,
+    /// with the refusal: parked before publishing resumes.
+    pub refused: std::sync::Mutex<Option<(u64, String)>>,
 }
 
 /// The headers a record is published with. With span export on, the publication is an
@@ -220,7 +226,6 @@ impl Relay {
                 self.delete_published().await;
             }
             let max = self.js.client().server_info().max_payload;
-            let max = max.saturating_sub(crate::broker::HEADER_ALLOWANCE);
             if batch
                 .iter()
                 .any(|(_, r)| park::unpublishable(r, max).is_some())
@@ -315,8 +320,36 @@ impl Relay {
     /// After a failure: waits out the backoff and returns where publishing resumes.
     async fn retry_point(&self, backoff: &mut Backoff) -> u64 {
         self.metrics.relay_errors.inc();
+        let refused = match self.refused.lock() {
+            Ok(mut g) => g.take(),
+            Err(p) => p.into_inner().take(),
+        };
+        if let Some((seq, why)) = refused {
+            // Sending it again cannot help: park it now and go on from it (its dead letter
+            // takes its place), without waiting.
+            match park::park_seq(&self.store, &self.metrics, DEFAULT_PARTITION, seq, why).await {
+                Ok(()) => return self.handle.acked.load(Ordering::SeqCst) + 1,
+                Err(e) => {
+                    tracing::error!(message = "Relay cannot park an output the broker refused.", error = %e)
+                }
+            }
+        }
         tokio::time::sleep(backoff.next_wait()).await;
         self.handle.acked.load(Ordering::SeqCst) + 1
+    }
+
+    /// Notes that record `seq` was refused for good, unless an earlier one was already.
+    fn refused_for_good(&self, seq: u64, e: &async_nats::jetstream::context::PublishError) {
+        if !park::refused_for_good(e) {
+            return;
+        }
+        let mut g = match self.refused.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if g.as_ref().is_none_or(|(s, _)| seq < *s) {
+            *g = Some((seq, e.to_string()));
+        }
     }
 
     /// Sends a window's publications (without waiting for acknowledgements); stops at the
@@ -339,6 +372,8 @@ impl Relay {
                 }
                 Err(e) => {
                     election::publish_failed("publish", &e);
+                    self.metrics.stalls.failed(STAGE, &e);
+                    self.refused_for_good(*seq, &e);
                     break;
                 }
             }
@@ -360,8 +395,13 @@ impl Relay {
         self.metrics
             .relay_window_seconds
             .observe(w.started.elapsed().as_secs_f64());
-        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+        if acked == w.seqs.len() {
+            self.metrics.stalls.progressed(STAGE);
+        }
+        if let Some(Err(e)) = results.get(acked) {
             election::publish_failed("acknowledgement", e);
+            self.metrics.stalls.failed(STAGE, e);
+            self.refused_for_good(w.seqs[acked], e);
         }
         acked == w.seqs.len()
     }

@@ -1,7 +1,7 @@
 //! Records the broker can never take, parked so the relay goes on.
 //!
-//! A record larger than the server's `max_payload` (less the header allowance) would be
-//! refused on every attempt, and since the relay publishes in outbox order it would hold
+//! A record that, with its headers, is larger than the server's `max_payload`, or whose
+//! header block JetStream cannot store, would be refused on every attempt, and since the relay publishes in outbox order it would hold
 //! every later record behind it, across restarts. Outputs are checked against that budget
 //! when committed, so such a record only exists if it was written before the check, or the
 //! server's limit shrank since. Both relays screen each record before sending it
@@ -21,17 +21,70 @@ use crate::storage::tables::OutboxRecord;
 use crate::storage::{StorageError, Store};
 use crate::telemetry::Metrics;
 
-/// Why `rec` can never be published under a record budget of `max` bytes (0: unknown, no
-/// check).
-pub(crate) fn unpublishable(rec: &OutboxRecord, max: usize) -> Option<String> {
-    (max > 0 && rec.body.len() > max).then(|| {
+/// Why `rec` can never be published under the broker's `max_payload` (0: unknown, only the
+/// header limit is checked), counting the headers it goes out with and those a relay adds.
+pub(crate) fn unpublishable(rec: &OutboxRecord, max_payload: usize) -> Option<String> {
+    crate::broker::headers::record_fits(
+        &rec.msg_id,
+        Some(&rec.tenant),
+        rec.traceparent.as_deref(),
+        rec.body.len(),
+        max_payload,
+    )
+    .err()
+    .map(|why| {
         format!(
-            "output `{}` (message id {}) is {} bytes; the broker takes at most {max}",
-            rec.subject,
-            rec.msg_id,
-            rec.body.len()
+            "output `{}` (message id {}): {why}",
+            rec.subject, rec.msg_id
         )
     })
+}
+
+/// Whether the broker refused a publish for a reason sending it again cannot change: the
+/// message is larger than the connection's `max_payload` (the client refuses it before
+/// sending), than the stream's largest message (10054), or its header block than JetStream
+/// stores (10097). The record is then parked at once ([`park_seq`]) instead of retried.
+pub(crate) fn refused_for_good(e: &async_nats::jetstream::context::PublishError) -> bool {
+    use async_nats::jetstream::ErrorCode;
+    use async_nats::jetstream::context::PublishErrorKind;
+    if e.kind() == PublishErrorKind::MaxPayloadExceeded {
+        return true;
+    }
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<async_nats::jetstream::Error>())
+        .is_some_and(|j| {
+            matches!(
+                j.error_code(),
+                ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM
+                    | ErrorCode::STREAM_HEADER_EXCEEDS_MAXIMUM
+            )
+        })
+}
+
+/// Parks outbox record `seq` of `partition` (read again here) because the broker refused it
+/// for good with `reason`; nothing when the record is gone already.
+pub(crate) async fn park_seq(
+    store: &Store,
+    metrics: &Metrics,
+    partition: u16,
+    seq: u64,
+    reason: String,
+) -> Result<(), StorageError> {
+    let found = store
+        .read(move |t| t.outbox_batch(partition, seq, 1))
+        .await?
+        .into_iter()
+        .find(|(s, _)| *s == seq);
+    match found {
+        Some((_, rec)) => {
+            let why = format!(
+                "output `{}` (message id {}) was refused by the broker: {reason}",
+                rec.subject, rec.msg_id
+            );
+            park(store, metrics, partition, seq, &rec, why).await
+        }
+        None => Ok(()),
+    }
 }
 
 /// Replaces outbox record `seq` of `partition` by its dead letter, in one transaction.
@@ -91,4 +144,34 @@ pub(crate) async fn screen(
         }
     }
     Ok(parked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::refused_for_good;
+    use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+
+    fn refusal(code: u64) -> PublishError {
+        let e: async_nats::jetstream::Error = serde_json::from_value(serde_json::json!({
+            "code": 400, "err_code": code, "description": "refused"
+        }))
+        .expect("a JetStream error");
+        PublishError::with_source(PublishErrorKind::Other, e)
+    }
+
+    #[test]
+    fn only_refusals_a_retry_cannot_change_park_at_once() {
+        assert!(refused_for_good(&refusal(10097)));
+        assert!(refused_for_good(&refusal(10054)));
+        assert!(refused_for_good(&PublishError::new(
+            PublishErrorKind::MaxPayloadExceeded
+        )));
+        assert!(!refused_for_good(&refusal(10071)));
+        assert!(!refused_for_good(&PublishError::new(
+            PublishErrorKind::TimedOut
+        )));
+        assert!(!refused_for_good(&PublishError::new(
+            PublishErrorKind::StreamNotFound
+        )));
+    }
 }

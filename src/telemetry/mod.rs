@@ -25,6 +25,7 @@ pub use logging::{DEFAULT_FILTER, Every, escape_controls, init_logging};
 
 pub mod names;
 pub mod otel;
+pub mod stall;
 
 /// The application's registry and the collectors the core owns.
 #[derive(Clone)]
@@ -59,6 +60,10 @@ pub struct Metrics {
     pub relay_published: IntCounter,
     /// See [`names::RELAY_ERRORS_TOTAL`].
     pub relay_errors: IntCounter,
+    /// Stages of the saga pipeline failing without progress ([`stall`]).
+    pub stalls: std::sync::Arc<stall::Stalls>,
+    /// See [`names::PIPELINE_STALLED_STAGES`].
+    pub pipeline_stalled: IntGauge,
     /// See [`names::RELAY_PARKED_TOTAL`].
     pub relay_parked: IntCounter,
     /// See [`names::ADMIN_CONNECTIONS`].
@@ -271,6 +276,13 @@ impl Metrics {
             IntCounter::new(
                 names::RELAY_PARKED_TOTAL,
                 "Outputs the relay parked and dead-lettered: the broker can never take them.",
+            )?,
+        )?;
+        let pipeline_stalled = reg(
+            r,
+            IntGauge::new(
+                names::PIPELINE_STALLED_STAGES,
+                "Relays and routers failing on every attempt for 30 s or more (read at each scrape).",
             )?,
         )?;
         let relay_window_seconds = hist(
@@ -518,6 +530,8 @@ impl Metrics {
             relay_published,
             relay_errors,
             relay_parked,
+            stalls: Default::default(),
+            pipeline_stalled,
             admin_connections,
             admin_connections_refused,
             relay_window_seconds,

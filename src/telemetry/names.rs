@@ -40,6 +40,8 @@ pub const ADMIN_CONNECTIONS: &str = "runner_admin_connections";
 pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "runner_admin_connections_refused_total";
 /// Outputs the relay parked because the broker can never take them (dead-lettered).
 pub const RELAY_PARKED_TOTAL: &str = "runner_relay_parked_total";
+/// Relays and routers failing on every attempt for 30 s or more, read at each scrape.
+pub const PIPELINE_STALLED_STAGES: &str = "runner_pipeline_stalled_stages";
 /// Time from publishing a window of outbox records to all acknowledged, seconds.
 pub const RELAY_WINDOW_SECONDS: &str = "runner_relay_window_seconds";
 /// Timers waiting to fire.

@@ -2,8 +2,8 @@
 //! processed at all.
 //!
 //! An input from a stream is a subject and a body ([`RawInput`]). It is admitted when its
-//! subject is `tenant.<t>.…` with a tenant of at most [`MAX_TENANT_BYTES`], its body is no
-//! larger than `saga.max_message_bytes`, its tenant is served here (`tenancy.allowed`), its
+//! subject is `tenant.<t>.…` with a tenant of at most [`MAX_TENANT_BYTES`], the whole
+//! message (its header block and body) is no larger than `saga.max_message_bytes`, its tenant is served here (`tenancy.allowed`), its
 //! body is a JSON object, and the body's `tenant_id` equals the subject's tenant. Once
 //! routed, the instance key it names must also fit a storage key ([`check_key`]).
 //!
@@ -31,8 +31,15 @@ pub struct RawInput {
     pub subject: String,
     /// Body bytes; a large body is shared with the message it came in (see `consume.rs`).
     pub body: bytes::Bytes,
-    /// `traceparent` header, if any.
+    /// `traceparent` header, if it had a valid one (`broker::headers::traceparent`).
     pub traceparent: Option<String>,
+    /// Bytes of the message's header block as it was published (0 for none, or when the
+    /// input was stored without it: a held or redriven input, admitted once already; a
+    /// routed copy, whose router counted the original's).
+    pub header_bytes: usize,
+    /// Set on a routed copy its router refused as too large (it counted the original
+    /// message whole, and may have had to send a copy without its body): the reason.
+    pub refused: Option<String>,
     /// `stream:seq`, for dead letters.
     pub source: String,
 }
@@ -47,7 +54,7 @@ pub struct Limits {
     /// Largest body of a record written for publication (the broker's `max_payload` less
     /// the header allowance); 0 when unknown (no check). An input whose outputs would not
     /// fit is dead-lettered instead of applied.
-    pub max_record_bytes: usize,
+    pub max_payload: usize,
 }
 
 impl Limits {
@@ -57,13 +64,13 @@ impl Limits {
             allowed_tenants: c.tenancy.allowed.clone(),
             max_message_bytes: usize::try_from(c.saga.max_message_bytes.get())
                 .unwrap_or(usize::MAX),
-            max_record_bytes: 0,
+            max_payload: 0,
         }
     }
 
-    /// These limits with the broker's record budget (see [`Limits::max_record_bytes`]).
-    pub fn with_max_record_bytes(mut self, bytes: usize) -> Self {
-        self.max_record_bytes = bytes;
+    /// These limits with the broker's `max_payload` (see [`Limits::max_payload`]).
+    pub fn with_max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
         self
     }
 }
@@ -103,6 +110,20 @@ fn refuse<'r>(tenant: &'r str, kind: &'static str, reason: impl Into<String>) ->
     }
 }
 
+/// Why `raw` is larger than `saga.max_message_bytes` allows, counting its header block
+/// and body together; `None` when it is not.
+pub fn oversized(raw: &RawInput, limits: &Limits) -> Option<String> {
+    let whole = raw.body.len().saturating_add(raw.header_bytes);
+    (whole > limits.max_message_bytes).then(|| {
+        format!(
+            "message is {whole} bytes ({} of body, {} of headers); the limit is {}",
+            raw.body.len(),
+            raw.header_bytes,
+            limits.max_message_bytes
+        )
+    })
+}
+
 /// Checks the envelope of `raw` against `limits`, in the order given in the module doc;
 /// the first check that fails decides the refusal.
 pub fn admit<'r>(raw: &'r RawInput, limits: &Limits) -> Result<Admitted<'r>, Refusal<'r>> {
@@ -121,12 +142,10 @@ pub fn admit<'r>(raw: &'r RawInput, limits: &Limits) -> Result<Admitted<'r>, Ref
         );
         return Err(refuse(unknown, kind::TOO_LARGE, why));
     }
-    if raw.body.len() > limits.max_message_bytes {
-        let why = format!(
-            "body is {} bytes; the limit is {}",
-            raw.body.len(),
-            limits.max_message_bytes
-        );
+    if let Some(why) = &raw.refused {
+        return Err(refuse(tenant, kind::TOO_LARGE, why.clone()));
+    }
+    if let Some(why) = oversized(raw, limits) {
         return Err(refuse(tenant, kind::TOO_LARGE, why));
     }
     if !limits.allowed_tenants.is_empty() && !limits.allowed_tenants.iter().any(|t| t == tenant) {
@@ -203,6 +222,8 @@ mod tests {
             subject: subject.into(),
             body: bytes::Bytes::copy_from_slice(body.as_bytes()),
             traceparent: None,
+            header_bytes: 0,
+            refused: None,
             source: "AGG:1".into(),
         }
     }
@@ -216,7 +237,7 @@ mod tests {
     #[test]
     fn each_envelope_check_refuses_with_its_kind_and_tenant() {
         let limits = Limits {
-            max_record_bytes: 0,
+            max_payload: 0,
             allowed_tenants: vec!["acme".into()],
             max_message_bytes: 64,
         };

@@ -447,6 +447,13 @@ fn read_chunk<E>(
                             .unwrap_or_else(|| msg.subject.to_string()),
                         body: body_of(&msg.payload),
                         traceparent,
+                        // A routed copy's headers are the router's; it counted the original's.
+                        header_bytes: if inbox {
+                            0
+                        } else {
+                            headers::block_bytes(msg.headers.as_ref())
+                        },
+                        refused: routed(headers::ROUTED_REFUSAL),
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
                     },
@@ -472,6 +479,8 @@ mod tests {
                 subject: "s".into(),
                 body: vec![b'x'; bytes].into(),
                 traceparent: None,
+                header_bytes: 0,
+                refused: None,
                 source: format!("s:{seq}"),
             },
         )

@@ -312,7 +312,7 @@ pub async fn resume(
             s.write_blocking(|tx| {
                 let catalog = st.catalog();
                 let limits = super::admission::Limits::from_config(&st.config)
-                    .with_max_record_bytes(st.broker.max_record_bytes());
+                    .with_max_payload(st.broker.max_payload());
                 let mut p =
                     super::process::Processor::new(&catalog, &limits, crate::clock::now_ms());
                 pause::release(tx, &t, |_, _| true, &mut p)

@@ -85,6 +85,8 @@ pub fn hold_again(
         subject: dl.subject.clone(),
         body: dl.body.clone().into_bytes().into(),
         traceparent: dl.traceparent.clone(),
+        header_bytes: 0,
+        refused: None,
         source: dl.source.clone(),
     };
     hold(tx, &raw, &dl.tenant, route, at_ms)

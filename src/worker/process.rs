@@ -31,6 +31,7 @@ use serde_json::Value as Json;
 
 use super::admission::{self, envelope_malformed};
 use super::pause;
+use crate::broker::headers;
 use crate::deadletter::{self, DeadLetter, Poison, Reapply, Refused, kind};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
@@ -90,20 +91,26 @@ impl Scope {
     }
 }
 
-/// Why an input's outputs cannot all be published, when one is larger than the broker
-/// takes ([`Limits::max_record_bytes`]; 0 means no check).
-fn over_budget(work: &[saga::WorkItem], limits: &Limits) -> Option<String> {
-    let max = limits.max_record_bytes;
-    if max == 0 {
-        return None;
-    }
-    let w = work.iter().find(|w| w.body.as_str().len() > max)?;
-    Some(format!(
-        "its output `{}` would be {} bytes; the broker takes at most {max} (max_payload less \
-         the header allowance)",
-        w.subject,
-        w.body.as_str().len()
-    ))
+/// Why an input's outputs cannot all be published: one of them, with the headers it will
+/// be published with, is larger than the broker takes (`broker::headers::record_fits`
+/// against [`Limits::max_payload`]; 0 checks only the header limit).
+fn over_budget(
+    work: &[saga::WorkItem],
+    tenant: &str,
+    traceparent: Option<&str>,
+    limits: &Limits,
+) -> Option<String> {
+    work.iter().find_map(|w| {
+        headers::record_fits(
+            &w.msg_id,
+            Some(tenant),
+            traceparent,
+            w.body.as_str().len(),
+            limits.max_payload,
+        )
+        .err()
+        .map(|why| format!("its output `{}`: {why}", w.subject))
+    })
 }
 
 impl<'a> Processor<'a> {
@@ -234,6 +241,8 @@ impl<'a> Processor<'a> {
             subject: format!("tenant.{}.{}", t.tenant, input.subject),
             body: serde_json::to_vec(&input.body).unwrap_or_default().into(),
             traceparent: None,
+            header_bytes: 0,
+            refused: None,
             source: "timer".into(),
         };
         let route = Route {
@@ -332,7 +341,7 @@ impl<'a> Processor<'a> {
                     .into_iter()
                     .chain(applied.finished.take())
                     .collect();
-                if let Some(why) = over_budget(&outputs, self.limits) {
+                if let Some(why) = over_budget(&outputs, tenant, traceparent, self.limits) {
                     // Nothing of the transition is written: the broker could never take
                     // this output, and a record stuck in the outbox would hold every later
                     // one. The key is parked like any poison, so its order is kept.
@@ -495,6 +504,8 @@ impl Reapply for Processor<'_> {
             subject: dl.subject.clone(),
             body: dl.body.clone().into_bytes().into(),
             traceparent: dl.traceparent.clone(),
+            header_bytes: 0,
+            refused: None,
             source: format!("redrive:{}", dl.id),
         };
         let failed_before = self.tally.dead_letters.len();
@@ -569,13 +580,15 @@ mod tests {
             Limits {
                 allowed_tenants: Vec::new(),
                 max_message_bytes: 1024,
-                max_record_bytes: 0,
+                max_payload: 0,
             },
         );
         let raw = RawInput {
             subject: "tenant.acme.aggregate.Order.o-1".into(),
             body: bytes::Bytes::from_static(b"not json"),
             traceparent: None,
+            header_bytes: 0,
+            refused: None,
             source: "AGGREGATE_EVENTS:7".into(),
         };
         tracing::subscriber::with_default(subscriber, || {

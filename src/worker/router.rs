@@ -34,8 +34,13 @@
 //!
 //! **What each failure costs.** A refused or unanswered batch is checked against the fence
 //! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
-//! routing; contend for the lease again). A source message larger than the inbox accepts
-//! stops this source's routing with an error logged on each try (the other source goes on).
+//! routing; contend for the lease again).
+//!
+//! **Sizes.** An input is counted whole, its header block with its body: one larger than
+//! `saga.max_message_bytes`, or whose copy (with the headers above and those of the fenced
+//! batch) the inbox could not take under the broker's `max_payload`, is sent to its poison
+//! partition as a copy without a body, carrying `Runner-Refused` with the reason; its owner
+//! dead-letters it as `too_large`, and routing goes on.
 
 use std::collections::BTreeSet;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -139,6 +144,7 @@ pub(crate) async fn run(
         // Renewed by its own task: a slow batch never lets it lapse.
         let lease = Kept::keep(lease, None);
         let why = route_while_held(&state, &source, lease, &cancel).await;
+        state.metrics.stalls.gone(&stage(&source.stream));
         state.placement.set_routing(&source.stream, None);
         tracing::info!(message = "Stopped routing.", source = %source.stream, reason = %why);
         backoff.sleep(&cancel).await;
@@ -366,8 +372,7 @@ async fn send(
 ) -> Result<(), Stop> {
     let count = state.config.partitions.count;
     let catalog = state.catalog();
-    let limits =
-        Limits::from_config(&state.config).with_max_record_bytes(state.broker.max_record_bytes());
+    let limits = Limits::from_config(&state.config).with_max_payload(state.broker.max_payload());
     let max_bytes = usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
     let mut copies: Vec<BatchMessage> = Vec::new();
     let mut bytes = 0usize;
@@ -389,6 +394,8 @@ async fn send(
             subject: msg.subject.to_string(),
             body: payload.clone(),
             traceparent: traceparent.clone(),
+            header_bytes: headers::block_bytes(msg.headers.as_ref()),
+            refused: None,
             source: format!("{}:{seq}", source.stream),
         };
         // The routing is a span of its own (when spans are exported); the copies name it.
@@ -404,20 +411,7 @@ async fn send(
             },
         );
         let onward = otel::onward(hop.as_ref(), traceparent.as_deref());
-        let to = destinations(&catalog, &limits, &raw, seq, count);
-        let adding = payload.len().saturating_mul(to.len());
-        // Cut before an input whose copies would pass a limit, so a batch passes
-        // `saga.max_batch_bytes` only when one input's copies alone do (they are never
-        // split across batches: a batch and its watermark cover whole inputs).
-        if let Some(prev) = last
-            && !copies.is_empty()
-            && (copies.len() + to.len() > COPIES_PER_BATCH
-                || bytes.saturating_add(adding) > max_bytes)
-        {
-            flush(state, fence, std::mem::take(&mut copies), prev).await?;
-            bytes = 0;
-        }
-        for p in to {
+        let copy_headers = |p: u32| {
             let mut h = HeaderMap::new();
             h.insert(
                 async_nats::header::NATS_MESSAGE_ID,
@@ -427,6 +421,43 @@ async fn send(
             h.insert(headers::ROUTED_SOURCE, raw.source.as_str());
             if let Some(tp) = onward {
                 h.insert(headers::TRACEPARENT_HEADER, tp);
+            }
+            h
+        };
+        let poison = (seq % u64::from(count)) as u32;
+        // The input counted whole, then its copy as it would go out: an input refused as too
+        // large, or whose copy the inbox could not take, goes to its poison partition as a
+        // copy without its body, naming why; its owner dead-letters it (the original stays
+        // in the source stream at `raw.source`).
+        let refused = admission::oversized(&raw, &limits)
+            .or_else(|| copy_refusal(&copy_headers(poison), payload.len(), limits.max_payload));
+        let (to, payload) = match &refused {
+            Some(_) => (BTreeSet::from([poison]), bytes::Bytes::new()),
+            None => (destinations(&catalog, &limits, &raw, seq, count), payload),
+        };
+        let adding = payload.len().saturating_mul(to.len());
+        // Cut before an input whose copies would pass a limit, so a batch passes
+        // `saga.max_batch_bytes` only when one input's copies alone do (they are never
+        // split across batches: a batch and its watermark cover whole inputs).
+        if let Some(prev) = last
+            && !copies.is_empty()
+            && (copies.len() + to.len() > COPIES_PER_BATCH
+                || bytes.saturating_add(adding) > max_bytes)
+        {
+            flush(
+                state,
+                &source.stream,
+                fence,
+                std::mem::take(&mut copies),
+                prev,
+            )
+            .await?;
+            bytes = 0;
+        }
+        for p in to {
+            let mut h = copy_headers(p);
+            if let Some(why) = &refused {
+                h.insert(headers::ROUTED_REFUSAL, why.as_str());
             }
             copies.push(BatchMessage {
                 subject: format!("runner.inbox.{p}.{}", source.stream),
@@ -439,15 +470,34 @@ async fn send(
     }
     match last {
         Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
-            flush(state, fence, copies, seq).await
+            flush(state, &source.stream, fence, copies, seq).await
         }
         _ => Ok(()),
     }
 }
 
+/// The router of `source`'s name among the stalled stages ([`crate::telemetry::stall`]).
+fn stage(source: &str) -> String {
+    format!("router.{source}")
+}
+
+/// Why a copy with `headers` and a body of `body_len` bytes cannot go into the inbox under
+/// `max_payload` (0: unknown), counting what the fenced batch adds; `None` when it can.
+fn copy_refusal(headers: &HeaderMap, body_len: usize, max_payload: usize) -> Option<String> {
+    let head = headers::block_bytes(Some(headers)) + headers::RELAY_HEADER_RESERVE;
+    let whole = head + body_len;
+    (head > headers::MAX_HEADER_BLOCK || (max_payload > 0 && whole > max_payload)).then(|| {
+        format!(
+            "its copy into the saga inbox would be {whole} bytes ({body_len} of body, {head} of \
+             headers); the broker takes at most {max_payload} (max_payload)"
+        )
+    })
+}
+
 /// Publishes `copies` plus a marker covering source sequence `through` as one fenced batch.
 async fn flush(
     state: &AppState,
+    source: &str,
     fence: &mut Fence,
     copies: Vec<BatchMessage>,
     through: u64,
@@ -462,11 +512,13 @@ async fn flush(
     {
         fenced_batch::Outcome::Stored => {
             state.metrics.router_copies.inc_by(copies.len() as u64);
+            state.metrics.stalls.progressed(&stage(source));
             Ok(())
         }
         fenced_batch::Outcome::Fenced => Err(Stop::Fenced),
         fenced_batch::Outcome::Retry(why) => {
             tracing::warn!(message = "Router batch not stored; will retry.", error = %why);
+            state.metrics.stalls.failed(&stage(source), &why);
             Err(Stop::Retry)
         }
     }

@@ -51,8 +51,8 @@ pub(crate) async fn run(state: Arc<AppState>, relay: RelayHandle, cancel: Cancel
         metrics.timers_pending.set(pending as i64);
         if next_due.is_some_and(|d| d <= now) {
             let catalog = state.catalog();
-            let limits = Limits::from_config(&state.config)
-                .with_max_record_bytes(state.broker.max_record_bytes());
+            let limits =
+                Limits::from_config(&state.config).with_max_payload(state.broker.max_payload());
             let st = state.clone();
             let fired = state
                 .store
