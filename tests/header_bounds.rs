@@ -188,3 +188,70 @@ async fn partitioned_a_copy_the_inbox_cannot_take_is_dead_lettered_and_routing_g
     assert!(source.starts_with("AGGREGATE_EVENTS:"), "{source}");
     assert_healthy(&runner.admin).await;
 }
+
+/// A relay that fails on every attempt (here the commands stream was sealed under it, so
+/// every publish is refused) is reported: `/health` degraded with the stage and its last
+/// error, and `runner_pipeline_stalled_stages` counts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_refused_on_every_attempt_makes_health_degraded() {
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    let runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &[]);
+    good_orders(&js, 0..1).await;
+    charges(&js, 1).await;
+    assert_healthy(&runner.admin).await;
+
+    let mut stream = js.get_stream("WORKFLOW_COMMANDS").await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.sealed = true;
+    js.update_stream(config).await.unwrap();
+    good_orders(&js, 1..2).await;
+
+    let health = wait_until_json(&format!("{}/health", runner.admin), |h| {
+        h["status"] == "degraded"
+    })
+    .await;
+    assert_eq!(health["stalled"][0]["stage"], "relay", "{health}");
+    assert!(
+        health["stalled"][0]["seconds"].as_u64().unwrap() >= 30,
+        "{health}"
+    );
+    assert!(
+        !health["stalled"][0]["last_error"]
+            .as_str()
+            .unwrap()
+            .is_empty(),
+        "{health}"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", runner.admin))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("runner_pipeline_stalled_stages 1"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("stalled"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Polls `url` until `done` holds for its JSON (90 s at most).
+async fn wait_until_json(
+    url: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let v = get_json(url).await;
+        if done(&v) {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "never: {v}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}

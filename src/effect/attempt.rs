@@ -145,6 +145,9 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
             http: &ctx.http,
             nats: ctx.state.broker.client(),
             timeout,
+            // A result holds the answer (or what `result` makes of it): an answer larger
+            // than a result may be could never be reported as it is.
+            max_answer_bytes: ctx.state.broker.max_record_bytes(),
             traceparent: otel::onward(call.as_ref(), cmd.traceparent.as_deref()),
         };
         let result = if ctx.breakers.allow(&effect.name, breaker) {

@@ -94,6 +94,18 @@ impl Needs {
         self.saga != Need::Nothing
     }
 
+    /// Whether these needs read nothing of `event` and `state`, and of `saga` at most its
+    /// `secrets` (what the operator gives, never what an input carries).
+    pub fn reads_only_secrets(&self) -> bool {
+        self.event == Need::Nothing
+            && self.state == Need::Nothing
+            && match &self.saga {
+                Need::Nothing => true,
+                Need::Fields(f) => f.keys().all(|k| k == "secrets"),
+                Need::Whole => false,
+            }
+    }
+
     /// Adds what `other` needs.
     pub fn merge(&mut self, other: &Needs) {
         self.event.merge(&other.event);

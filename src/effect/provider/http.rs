@@ -1,12 +1,18 @@
 //! The `http` provider: one HTTP request per attempt (reqwest, rustls for TLS).
 //!
-//! Settings: `url` (required), `method` (default `POST`), `headers` (map), `body` (default
-//! `${ event.payload }`), `success_status` (list; default any 2xx), `success_when` (CEL over
-//! the response, `state` = `{status, body}`), `result` (template; default the response body).
+//! Settings: `url` (required; what input may change in it is [`super::url`]'s rule),
+//! `allowed_hosts` (list; needed when input may give the URL's scheme, host or port),
+//! `method` (default `POST`), `headers` (map), `body` (default `${ event.payload }`),
+//! `success_status` (list; default any 2xx), `success_when` (CEL over the response, `state` =
+//! `{status, body}`), `result` (template; default the response body).
 //!
 //! Classification: timeouts, connection errors, 408, 429 (honouring `Retry-After`, seconds or an HTTP date)
 //! and 5xx are retryable; any other non-success answer, a request that cannot be built, and
 //! a false `success_when` are fatal.
+//!
+//! The answer is read as it arrives and refused (fatal) as soon as it passes the largest
+//! result a command may have ([`super::CallEnv::max_answer_bytes`]): a large answer never
+//! costs more memory than that.
 //!
 //! Guarantees: every request carries `Idempotency-Key: <command_id>`, on every attempt, and
 //! the command's `traceparent` when it has a well-formed one; an
@@ -26,7 +32,7 @@ use crate::expr::{Expr, Template, Vars};
 #[derive(Debug, Clone)]
 pub struct HttpSpec {
     method: reqwest::Method,
-    url: Template,
+    url: super::url::UrlTemplate,
     headers: Vec<(String, Template)>,
     body: Template,
     success_status: Vec<u16>,
@@ -38,9 +44,29 @@ pub struct HttpSpec {
 impl HttpSpec {
     /// Reads and checks the settings.
     pub(super) fn compile(c: &Settings<'_>) -> Result<Self, SettingsError> {
+        let allowed_hosts = match c.get("allowed_hosts") {
+            None => Vec::new(),
+            Some(Json::Array(a)) => a
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| c.err("allowed_hosts", "must list host names"))
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => return Err(c.err("allowed_hosts", "must be a list")),
+        };
         let url = c
             .template("url")?
             .ok_or_else(|| c.err("url", "is required"))?;
+        let url = super::url::UrlTemplate::compile(url, &allowed_hosts).map_err(|m| {
+            let key = if m.starts_with("`allowed_hosts`") {
+                "allowed_hosts"
+            } else {
+                "url"
+            };
+            c.err(key, m)
+        })?;
         let method = match c.get("method") {
             None => reqwest::Method::POST,
             Some(Json::String(m)) => m
@@ -103,7 +129,10 @@ impl HttpSpec {
         let saga = saga_vars(command, secrets);
         let empty = json!({});
         let vars = Vars::new(command, &empty, &saga);
-        let url = as_text(render(&self.url, &vars, "url")?);
+        let url = self.url.render(&vars).map_err(|why| EffectError::Fatal {
+            reason: format!("effect `{effect}`: url: {why}"),
+            details: json!({}),
+        })?;
         let mut req = http
             .request(self.method.clone(), &url)
             .timeout(timeout)
@@ -139,20 +168,25 @@ impl HttpSpec {
         })?;
         let status = resp.status().as_u16();
         let after = retry_after(resp.headers());
-        let bytes = resp.bytes().await.map_err(|e| {
-            if e.is_timeout() {
-                EffectError::TimedOut(timeout)
-            } else {
-                EffectError::Retryable {
+        let bytes = read_capped(resp, env.max_answer_bytes)
+            .await
+            .map_err(|e| match e {
+                Read::TooLarge(n) => EffectError::Fatal {
+                    reason: format!(
+                        "effect `{effect}`: the answer is larger than the {n} bytes a result may have"
+                    ),
+                    details: json!({ "status": status }),
+                },
+                Read::Failed(e) if e.is_timeout() => EffectError::TimedOut(timeout),
+                Read::Failed(e) => EffectError::Retryable {
                     reason: format!(
                         "effect `{effect}`: reading the response failed: {}",
                         e.without_url()
                     ),
                     retry_after: None,
                     details: json!({ "status": status }),
-                }
-            }
-        })?;
+                },
+            })?;
         let body: Json = if bytes.is_empty() {
             Json::Null
         } else {
@@ -201,6 +235,34 @@ impl HttpSpec {
             }),
         }
     }
+}
+
+/// Why an answer was not read whole.
+enum Read {
+    /// It passes this many bytes.
+    TooLarge(usize),
+    /// The transfer failed.
+    Failed(reqwest::Error),
+}
+
+/// The answer's body, read as it arrives, refused once it passes `cap` bytes (0: no cap);
+/// an announced `Content-Length` over the cap is refused before anything is read.
+async fn read_capped(mut resp: reqwest::Response, cap: usize) -> Result<Vec<u8>, Read> {
+    let cap = if cap == 0 { usize::MAX } else { cap };
+    if resp
+        .content_length()
+        .is_some_and(|n| n > u64::try_from(cap).unwrap_or(u64::MAX))
+    {
+        return Err(Read::TooLarge(cap));
+    }
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(Read::Failed)? {
+        if out.len() + chunk.len() > cap {
+            return Err(Read::TooLarge(cap));
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Ok(out)
 }
 
 /// The upstream's `Retry-After`: a number of seconds, or an HTTP date (the wait until then;

@@ -47,6 +47,7 @@ pub mod noop;
 pub mod postgres;
 pub mod settings;
 pub mod smtp;
+pub mod url;
 
 use std::time::Duration;
 
@@ -144,6 +145,9 @@ pub struct CallEnv<'a> {
     pub nats: &'a async_nats::Client,
     /// Per-attempt timeout.
     pub timeout: Duration,
+    /// The largest answer a provider reads from its upstream (0: no limit): past it the
+    /// attempt fails for good, before reading more (a result must fit a message anyway).
+    pub max_answer_bytes: usize,
     /// The command's W3C trace context, sent on to the upstream (`traceparent` header or
     /// metadata) when it is well formed, so the upstream's spans join the same trace.
     pub traceparent: Option<&'a str>,
