@@ -52,6 +52,9 @@ pub enum StartError {
     /// Metrics registry set-up failed.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// Another saga replica runs on these streams in a way this one may not run beside.
+    #[error(transparent)]
+    Single(#[from] crate::worker::single::SingleError),
 }
 
 /// How a run ended.
@@ -95,7 +98,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
 
     // The lock is held until `run` returns: one node per data directory (`storage/lock.rs`).
     let storage_cfg = config.storage.clone();
-    let (_node_lock, store) = tokio::task::spawn_blocking(move || {
+    let (node_lock, store) = tokio::task::spawn_blocking(move || {
         let lock = crate::storage::lock::NodeLock::acquire(&storage_cfg.data_dir)?;
         Ok((lock, Store::open(&storage_cfg)?))
     })
@@ -167,6 +170,45 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             return Ok(Exit::Drained);
         }
         Err(e) => return Err(e.into()),
+    };
+    // Whatever the configuration, no saga replica runs beside one it would duplicate
+    // (`worker/single.rs`): a single-active one holds its lease, a partitioned one checks it.
+    let single = if mode.runs_sagas() {
+        let p = &config.partitions;
+        let leases = match &leases_kv {
+            Some((l, _)) => l.clone(),
+            None => match broker::with_setup_retry("leases bucket", setup, &interrupt, || {
+                broker::ensure_leases_bucket(
+                    broker.jetstream(),
+                    &p.leases_bucket,
+                    p.lease_ttl.get(),
+                    config.streams.replicas,
+                    config.streams.storage,
+                )
+            })
+            .await
+            {
+                Ok(l) => l,
+                Err(_) if lifecycle.is_draining() => return Ok(Exit::Drained),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if partitioned {
+            crate::worker::single::refuse_if_held(&leases).await?;
+            None
+        } else {
+            Some(
+                crate::worker::single::take(
+                    &leases,
+                    &node_id,
+                    node_lock.store_id(),
+                    p.lease_ttl.get(),
+                )
+                .await?,
+            )
+        }
+    } else {
+        None
     };
 
     let paths = config.runner.manifests.clone();
@@ -297,6 +339,21 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         crate::effect::spawn(&workers, state.clone(), kv, state.lifecycle.work_token());
     }
     workers.close();
+    // A lost single-active lease drains the node; a drain releases it once the relay flushed.
+    let single_task = single.map(|kept| {
+        let lifecycle = state.lifecycle.clone();
+        let work = lifecycle.work_token();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = kept.expired() => {
+                    tracing::error!(message = "Lost the single-active lease; draining so that no other replica's inputs are applied twice.");
+                    lifecycle.begin_drain("the single-active lease was lost");
+                    None
+                }
+                _ = work.cancelled() => Some(kept),
+            }
+        })
+    });
 
     state.lifecycle.mark_started();
     tracing::info!(message = "Ready.", mode = mode.as_str());
@@ -321,6 +378,12 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
                 "Drain timed out flushing the outbox; the rest is published on the next start."
         );
         exit = Exit::DrainTimedOut;
+    }
+    if let Some(task) = single_task
+        && let Ok(Some(kept)) = task.await
+        && let Err(e) = kept.release().await
+    {
+        tracing::warn!(message = "Cannot release the single-active lease; it ages out.", error = %e);
     }
     if tokio::time::timeout_at(deadline, state.broker.client().flush())
         .await

@@ -21,11 +21,14 @@ use super::error::{Result, StorageError};
 
 /// The lock's file name inside the data directory.
 pub const LOCK_FILE: &str = "runner.lock";
+/// The file holding the data directory's identity ([`NodeLock::store_id`]).
+pub const ID_FILE: &str = "runner.id";
 
 /// Held for the life of a node; dropping it releases the directory.
 #[derive(Debug)]
 pub struct NodeLock {
     _file: File,
+    store_id: String,
 }
 
 impl NodeLock {
@@ -64,8 +67,42 @@ impl NodeLock {
         file.set_len(0).map_err(io)?;
         file.rewind().map_err(io)?;
         write!(file, "{}", std::process::id()).map_err(io)?;
-        Ok(Self { _file: file })
+        let store_id = store_id(dir)?;
+        Ok(Self {
+            _file: file,
+            store_id,
+        })
     }
+
+    /// The data directory's identity: a random id written at its first `runner run` and
+    /// kept with it. A lease whose owner names it was taken by a process that held this
+    /// directory, and so is dead while this lock is held (`worker/single.rs`).
+    pub fn store_id(&self) -> &str {
+        &self.store_id
+    }
+}
+
+/// Reads `<dir>/runner.id`, writing a new random id first when there is none (called with
+/// the directory's lock held, so nobody races it).
+fn store_id(dir: &Path) -> Result<String> {
+    let path = dir.join(ID_FILE);
+    let io = |source| StorageError::LockFile {
+        path: path.clone(),
+        source,
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(s) if !s.trim().is_empty() => return Ok(s.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let tmp = dir.join(format!("{ID_FILE}.tmp"));
+    let mut f = File::create(&tmp).map_err(io)?;
+    f.write_all(id.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    std::fs::rename(&tmp, &path).map_err(io)?;
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -89,8 +126,13 @@ mod tests {
             err.to_string().contains("in use by another `runner run`"),
             "{err}"
         );
+        let id = first.store_id().to_string();
+        assert_eq!(id.len(), 32, "{id}");
         drop(first);
-        let _again = NodeLock::acquire(&data).expect("free once released");
+        let again = NodeLock::acquire(&data).expect("free once released");
         assert!(data.join(LOCK_FILE).exists());
+        assert_eq!(again.store_id(), id, "the directory keeps its identity");
+        let other = NodeLock::acquire(&dir.path().join("other")).expect("another directory");
+        assert_ne!(other.store_id(), id);
     }
 }

@@ -28,6 +28,7 @@
 //! | [`pause`] | paused tenants: their inputs held whole, released in order on resume |
 //! | [`control`] | operator actions sent through a partition's inbox (resume, redrive) |
 //! | [`replay`] | an operator's replay of a partition from an inbox sequence |
+//! | [`single`] | one single-active replica per set of streams, never beside partitioned ones |
 //!
 //! **Partitioned mode** (`partitions.enabled`, DESIGN §8) runs the same consuming loop,
 //! group commit and processor per owned partition of the saga inbox:
@@ -108,6 +109,7 @@ pub mod process;
 pub mod pull;
 pub mod replay;
 pub mod router;
+pub mod single;
 pub mod snapshot;
 mod sweep;
 pub mod tally;
