@@ -171,45 +171,6 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         }
         Err(e) => return Err(e.into()),
     };
-    // Whatever the configuration, no saga replica runs beside one it would duplicate
-    // (`worker/single.rs`): a single-active one holds its lease, a partitioned one checks it.
-    let single = if mode.runs_sagas() {
-        let p = &config.partitions;
-        let leases = match &leases_kv {
-            Some((l, _)) => l.clone(),
-            None => match broker::with_setup_retry("leases bucket", setup, &interrupt, || {
-                broker::ensure_leases_bucket(
-                    broker.jetstream(),
-                    &p.leases_bucket,
-                    p.lease_ttl.get(),
-                    config.streams.replicas,
-                    config.streams.storage,
-                )
-            })
-            .await
-            {
-                Ok(l) => l,
-                Err(_) if lifecycle.is_draining() => return Ok(Exit::Drained),
-                Err(e) => return Err(e.into()),
-            },
-        };
-        if partitioned {
-            crate::worker::single::refuse_if_held(&leases).await?;
-            None
-        } else {
-            Some(
-                crate::worker::single::take(
-                    &leases,
-                    &node_id,
-                    node_lock.store_id(),
-                    p.lease_ttl.get(),
-                )
-                .await?,
-            )
-        }
-    } else {
-        None
-    };
 
     let paths = config.runner.manifests.clone();
     let report = tokio::task::spawn_blocking(move || manifest::load(&paths))
@@ -281,6 +242,47 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             Ok(w) => Some(w),
             Err(_) if state.lifecycle.is_draining() => return Ok(Exit::Drained),
             Err(e) => return Err(e.into()),
+        }
+    } else {
+        None
+    };
+
+    // Whatever the configuration, no saga replica runs beside one it would duplicate
+    // (`worker/single.rs`): a single-active one holds its lease, a partitioned one checks it.
+    // Taken last, once nothing else can stop the start, so a refused start holds nothing.
+    let single = if mode.runs_sagas() {
+        let p = &state.config.partitions;
+        let leases = match &leases_kv {
+            Some((l, _)) => l.clone(),
+            None => match broker::with_setup_retry("leases bucket", setup, &interrupt, || {
+                broker::ensure_leases_bucket(
+                    state.broker.jetstream(),
+                    &p.leases_bucket,
+                    p.lease_ttl.get(),
+                    state.config.streams.replicas,
+                    state.config.streams.storage,
+                )
+            })
+            .await
+            {
+                Ok(l) => l,
+                Err(_) if state.lifecycle.is_draining() => return Ok(Exit::Drained),
+                Err(e) => return Err(e.into()),
+            },
+        };
+        if partitioned {
+            crate::worker::single::refuse_if_held(&leases).await?;
+            None
+        } else {
+            Some(
+                crate::worker::single::take(
+                    &leases,
+                    &state.node_id,
+                    node_lock.store_id(),
+                    p.lease_ttl.get(),
+                )
+                .await?,
+            )
         }
     } else {
         None

@@ -36,7 +36,7 @@ fn a_tests_file_alone_finds_its_manifest_beside_it() {
     let out = runner(dir.path(), &["test", "loan.tests.yaml"]);
     let all = text(&out);
     assert!(out.status.success(), "{all}");
-    assert!(all.contains("9 passed, 0 failed"), "{all}");
+    assert!(all.contains("10 passed, 0 failed"), "{all}");
     assert!(!all.contains("no saga wants this input"), "{all}");
 }
 

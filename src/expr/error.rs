@@ -25,7 +25,10 @@ pub enum ExprError {
     /// A part of the expression that does not depend on any variable already fails.
     #[error("type error: {0}")]
     Type(String),
-    /// Evaluation failed at run time (missing field, wrong type, division by zero...).
+    /// Evaluation read a field the input or state does not have.
+    #[error("evaluation failed: no such key: {0}")]
+    Missing(String),
+    /// Evaluation failed at run time (wrong type, division by zero...).
     #[error("evaluation failed: {0}")]
     Eval(String),
     /// The value cannot be represented as JSON.

@@ -158,13 +158,10 @@ impl Expr {
                     ));
                 }
                 Ok(_) => {}
-                Err(e) => return Err(ExprError::Eval(e.to_string())),
+                Err(e) => return Err(eval_error(e)),
             }
         }
-        let value = self
-            .program
-            .execute(ctx)
-            .map_err(|e| ExprError::Eval(e.to_string()))?;
+        let value = self.program.execute(ctx).map_err(eval_error)?;
         cel_to_json(&value)
     }
 
@@ -258,5 +255,13 @@ impl<'v> Vars<'v> {
             ctx.add_variable_as_val("saga", saga);
             ctx
         })
+    }
+}
+
+/// A run-time failure of the interpreter as an [`ExprError`]: a missing field is told apart.
+fn eval_error(e: cel::ExecutionError) -> ExprError {
+    match e {
+        cel::ExecutionError::NoSuchKey(k) => ExprError::Missing(k.to_string()),
+        other => ExprError::Eval(other.to_string()),
     }
 }

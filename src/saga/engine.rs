@@ -202,9 +202,7 @@ pub fn apply_owned(
         let sj = saga_json(saga, p.tenant, correlation_id, def.version, "");
         let empty = json!({});
         let vars = event.vars(&empty, &sj, &def.needs);
-        inst.data = t
-            .render(&vars)
-            .map_err(|e| StepError::poison(format!("initial data: {e}")))?;
+        inst.data = initial_data(t, &vars)?;
     }
     match &def.kind {
         SagaKind::Machine(m) => {
@@ -241,4 +239,28 @@ pub fn apply_owned(
         timers_set: em.timers_set,
         timers_cancelled: em.timers_cancelled,
     })
+}
+
+/// A new instance's data: each field rendered on its own. A field that reads something the
+/// starting input lacks is `null`, so the input reaches the guards, which see the input and
+/// decide (the loan saga rejects a request without an amount); any other failure of a field
+/// poisons the input, naming the field.
+fn initial_data(
+    t: &crate::expr::Template,
+    vars: &crate::expr::Vars<'_>,
+) -> Result<Json, StepError> {
+    use crate::expr::{ExprError, Template};
+    let field = |name: &str, t: &Template| match t.render(vars) {
+        Ok(v) => Ok(v),
+        Err(ExprError::Missing(_)) => Ok(Json::Null),
+        Err(e) => Err(StepError::poison(format!("initial data `{name}`: {e}"))),
+    };
+    match t {
+        Template::Object(fields) => fields
+            .iter()
+            .map(|(k, t)| field(k, t).map(|v| (k.clone(), v)))
+            .collect::<Result<serde_json::Map<_, _>, _>>()
+            .map(Json::Object),
+        other => field("data", other),
+    }
 }
