@@ -138,13 +138,13 @@ fn validate(paths: &[std::path::PathBuf], data_dir: Option<&std::path::Path>) ->
     match &report.catalog {
         Some(c) => {
             let s = c.summary();
-            println!(
+            let printed = runner::outln!(
                 "ok: {} file(s), {} saga version(s), {} effect(s), {warnings} warning(s)",
                 s.files.len(),
                 s.sagas.len(),
                 s.effects.len()
             );
-            ExitCode::SUCCESS
+            self::report(printed.map_err(Into::into))
         }
         None => {
             eprintln!("{errors} error(s), {warnings} warning(s)");
@@ -155,6 +155,11 @@ fn validate(paths: &[std::path::PathBuf], data_dir: Option<&std::path::Path>) ->
 
 /// `runner test`: load the manifests, run every `*.tests.yaml` found under the paths.
 fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
+    run_tests_printing(paths).unwrap_or_else(|e| report(Err(e.into())))
+}
+
+/// [`run_tests`]; `Err` only when stdout fails for another reason than a closed pipe.
+fn run_tests_printing(paths: &[std::path::PathBuf]) -> std::io::Result<ExitCode> {
     use runner::manifest::{collect_files, is_test_file, with_manifests_beside};
     use runner::saga::scenario;
     let report = runner::manifest::load(&with_manifests_beside(paths));
@@ -163,7 +168,7 @@ fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
     }
     let Some(catalog) = report.catalog else {
         eprintln!("manifests have errors; no test was run");
-        return ExitCode::FAILURE;
+        return Ok(ExitCode::FAILURE);
     };
     if catalog.summary().sagas.is_empty() {
         let given: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
@@ -173,13 +178,13 @@ fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
              file finds `<name>.yaml` beside it by itself); no test was run",
             given.join(", ")
         );
-        return ExitCode::FAILURE;
+        return Ok(ExitCode::FAILURE);
     }
     let files = match collect_files(paths) {
         Ok(f) => f,
         Err(d) => {
             eprintln!("{d}");
-            return ExitCode::FAILURE;
+            return Ok(ExitCode::FAILURE);
         }
     };
     let (mut passed, mut failed) = (0usize, 0usize);
@@ -198,23 +203,23 @@ fn run_tests(paths: &[std::path::PathBuf]) -> ExitCode {
         for r in scenario::run_file(&catalog, file, &parsed) {
             if r.passed() {
                 passed += 1;
-                println!("ok     {}:{}: {}", r.file, r.line, r.name);
+                runner::outln!("ok     {}:{}: {}", r.file, r.line, r.name)?;
             } else {
                 failed += 1;
-                println!("FAILED {}:{}: {}", r.file, r.line, r.name);
+                runner::outln!("FAILED {}:{}: {}", r.file, r.line, r.name)?;
                 for f in &r.failures {
-                    println!("    {f}");
+                    runner::outln!("    {f}")?;
                 }
             }
         }
     }
-    println!("{passed} passed, {failed} failed");
+    runner::outln!("{passed} passed, {failed} failed")?;
     if failed == 0 && passed > 0 {
-        ExitCode::SUCCESS
+        Ok(ExitCode::SUCCESS)
     } else {
         if passed == 0 && failed == 0 {
             eprintln!("no test found (test files are named *.tests.yaml)");
         }
-        ExitCode::FAILURE
+        Ok(ExitCode::FAILURE)
     }
 }

@@ -2,8 +2,13 @@
 //! against a data directory or, with `--admin URL`, a running node's admin API; what they
 //! print (a line per item, or JSON with `--output json`).
 //!
-//! Guarantee: the data directory is opened read-only for every read command, so they work
-//! beside a live node; only redrive, purge and migrate open it for writing.
+//! Guarantees: the data directory is opened read-only for every read command, so they work
+//! beside a live node; only redrive, purge and migrate open it for writing. Every line the
+//! CLI prints goes through [`out`]: a reader that stops early (`| head`) ends the output
+//! quietly, never a panic.
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 
@@ -11,6 +16,43 @@ use crate::cli::{
     DlqAction, InstancesAction, OutputFormat, PartitionsAction, StoreArgs, TenantsAction,
 };
 use crate::config::{self, Overrides};
+
+/// Set once stdout's reader has gone away (EPIPE); nothing more is written.
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+
+/// Writes one line to stdout: every line the CLI prints goes through here
+/// ([`outln!`](crate::outln)).
+///
+/// Guarantee: a reader that stops early (`runner instances list … | head`: the write fails
+/// with EPIPE) ends the output quietly — the rest is dropped, the command finishes with the
+/// exit code it would have had, nothing panics. Any other write error (a full disk) is an
+/// error naming stdout.
+pub fn out(args: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    let mut w = std::io::stdout().lock();
+    match writeln!(w, "{args}").and_then(|()| w.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {
+            STDOUT_GONE.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(std::io::Error::new(
+            e.kind(),
+            format!("writing to stdout: {e}"),
+        )),
+        Ok(()) => Ok(()),
+    }
+}
+
+/// `println!` for the CLI's output, through [`operator::out`](crate::operator::out): a
+/// closed pipe ends the output quietly; returns `std::io::Result<()>`.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::operator::out(format_args!($($arg)*))
+    };
+}
 
 /// Opens the store the way `runner run` would, for commands that write to it.
 fn open_store(args: &StoreArgs) -> anyhow::Result<(crate::config::Config, crate::storage::Store)> {
@@ -77,7 +119,7 @@ pub fn inspect(
         serde_json::to_value(crate::ops::inspect(&store, tenant, saga, id)?)?
     };
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(&view)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&view)?)?;
         return Ok(());
     }
     let e = |v: &serde_json::Value| match v {
@@ -85,7 +127,7 @@ pub fn inspect(
         other => other.to_string(),
     };
     let i = &view["instance"];
-    println!(
+    crate::outln!(
         "{}/{}/{}\tstate {}\tstatus {}\tversion {}\tinputs {}",
         e(&i["tenant"]),
         e(&i["saga"]),
@@ -94,15 +136,15 @@ pub fn inspect(
         e(&i["status"]),
         i["version"],
         i["applied"]
-    );
+    )?;
     if let Some(first) = view["parked_by"].as_u64() {
-        println!("parked behind dead letter {first}");
+        crate::outln!("parked behind dead letter {first}")?;
     }
     for t in view["timers"].as_array().into_iter().flatten() {
-        println!("timer {}\tdue_ms {}", e(&t["name"]), t["due_ms"]);
+        crate::outln!("timer {}\tdue_ms {}", e(&t["name"]), t["due_ms"])?;
     }
     for h in view["recent_transitions"].as_array().into_iter().flatten() {
-        println!(
+        crate::outln!(
             "{}\t{}\t{} -> {}\tat_ms {}\toutputs {}",
             h["n"],
             e(&h["event"]),
@@ -110,7 +152,7 @@ pub fn inspect(
             e(&h["to"]),
             h["at_ms"],
             h["emitted"]
-        );
+        )?;
     }
     Ok(())
 }
@@ -118,7 +160,7 @@ pub fn inspect(
 /// Prints one dead letter: JSON, or one `field: value` line each (values escaped).
 fn print_letter(v: &serde_json::Value, output: OutputFormat) -> anyhow::Result<()> {
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(v)?);
+        crate::outln!("{}", serde_json::to_string_pretty(v)?)?;
         return Ok(());
     }
     for (k, val) in v.as_object().into_iter().flatten() {
@@ -126,7 +168,7 @@ fn print_letter(v: &serde_json::Value, output: OutputFormat) -> anyhow::Result<(
             serde_json::Value::String(s) => crate::telemetry::escape_controls(s).into_owned(),
             other => other.to_string(),
         };
-        println!("{k}: {text}");
+        crate::outln!("{k}: {text}")?;
     }
     Ok(())
 }
@@ -144,7 +186,7 @@ pub fn migrate(
             "/admin/migrate",
             &serde_json::json!({ "tenant": tenant, "saga": saga, "from": from, "dry_run": dry_run }),
         )?;
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&r)?)?;
         let failed = r["failed"].as_array().map_or(0, Vec::len);
         if failed > 0 {
             anyhow::bail!("{failed} instance(s) could not be migrated and stay on version {from}");
@@ -178,7 +220,7 @@ pub fn migrate(
         dry_run,
         &|_| true,
     )?;
-    println!("{}", serde_json::to_string_pretty(&r)?);
+    crate::outln!("{}", serde_json::to_string_pretty(&r)?)?;
     if !r.failed.is_empty() {
         anyhow::bail!(
             "{} instance(s) could not be migrated and stay on version {from}",
@@ -238,7 +280,7 @@ pub fn instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()
         }
     };
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(&page)?);
+        crate::outln!("{}", serde_json::to_string_pretty(&page)?)?;
         return Ok(());
     }
     let e = |v: &serde_json::Value| -> String {
@@ -249,7 +291,7 @@ pub fn instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()
         crate::telemetry::escape_controls(&text).into_owned()
     };
     for i in page["items"].as_array().into_iter().flatten() {
-        println!(
+        crate::outln!(
             "{}\t{}\t{}\tv{}\tstarted {}\tupdated {}\t{} inputs",
             e(&i["correlation_id"]),
             e(&i["state"]),
@@ -258,10 +300,10 @@ pub fn instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()
             i["started_ms"],
             i["updated_ms"],
             i["inputs_applied"]
-        );
+        )?;
     }
     if let Some(next) = page["next"].as_str() {
-        println!("next: {next}");
+        crate::outln!("next: {next}")?;
     }
     Ok(())
 }
@@ -285,7 +327,7 @@ fn ops_dlq_remote(
             }
             let v = api.get(&format!("/admin/dlq/stream?{q}"))?;
             if output == OutputFormat::Json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
                 return Ok(());
             }
             let e = |v: &serde_json::Value| {
@@ -294,16 +336,16 @@ fn ops_dlq_remote(
             let items = v["items"].as_array().cloned().unwrap_or_default();
             for i in &items {
                 let l = &i["letter"];
-                println!(
+                crate::outln!(
                     "{}\t{}\t{}\t{}\t{}",
                     i["seq"],
                     e(&l["tenant_id"]),
                     e(&l["kind"]),
                     e(&l["subject"]),
                     e(&l["reason"])
-                );
+                )?;
             }
-            println!("{} dead letter(s) on stream {}", items.len(), v["stream"]);
+            crate::outln!("{} dead letter(s) on stream {}", items.len(), v["stream"])?;
         }
         DlqAction::List {
             tenant,
@@ -331,7 +373,7 @@ fn ops_dlq_remote(
                 format!("/admin/dlq/{}/{id}/redrive", enc(&tenant))
             };
             let v = api.post(&path, &serde_json::json!({}))?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         DlqAction::Purge { .. } => {
             anyhow::bail!("dlq purge works on a data directory (--data-dir), not through --admin")
@@ -347,12 +389,12 @@ fn print_letters(
     output: OutputFormat,
 ) -> anyhow::Result<()> {
     if output == OutputFormat::Json {
-        println!("{}", serde_json::to_string_pretty(items)?);
+        crate::outln!("{}", serde_json::to_string_pretty(items)?)?;
         return Ok(());
     }
     let e = crate::telemetry::escape_controls;
     for d in items {
-        println!(
+        crate::outln!(
             "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
             d.id,
             e(&d.tenant),
@@ -362,9 +404,9 @@ fn print_letters(
             e(d.saga.as_deref().unwrap_or("-")),
             e(d.correlation_id.as_deref().unwrap_or("-")),
             e(&d.reason)
-        );
+        )?;
     }
-    println!("{} dead letter(s)", items.len());
+    crate::outln!("{} dead letter(s)", items.len())?;
     Ok(())
 }
 
@@ -425,21 +467,21 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             let gone = crate::deadletter::purge(&store, &p)?;
             let e = crate::telemetry::escape_controls;
             for d in &gone {
-                println!(
+                crate::outln!(
                     "{}\t{}\t{}\t{:?}\t{}",
                     d.id,
                     e(&d.tenant),
                     d.kind,
                     d.status,
                     e(&d.source)
-                );
+                )?;
             }
             let verb = if dry_run {
                 "would be removed"
             } else {
                 "removed"
             };
-            println!("{} dead letter(s) {verb}", gone.len());
+            crate::outln!("{} dead letter(s) {verb}", gone.len())?;
         }
         DlqAction::Redrive { stream: true, .. } => {
             anyhow::bail!(
@@ -462,7 +504,7 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             };
             let limits = crate::worker::process::Limits::from_config(&config);
             let r = crate::ops::redrive(&store, &catalog, &limits, &tenant, id)?;
-            println!("{}", serde_json::to_string_pretty(&r)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&r)?)?;
         }
     }
     Ok(())
@@ -483,28 +525,28 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
                 &format!("/admin/tenants/{}/pause", enc(&tenant)),
                 &serde_json::json!({}),
             )?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         TenantsAction::Resume { tenant } => {
             let v = api.post(
                 &format!("/admin/tenants/{}/resume", enc(&tenant)),
                 &serde_json::json!({}),
             )?;
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         TenantsAction::List { output } => {
             let v = api.get("/admin/tenants/paused")?;
             if output == OutputFormat::Json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
             } else {
                 let paused = v["paused"].as_array().cloned().unwrap_or_default();
                 for t in &paused {
-                    println!(
+                    crate::outln!(
                         "{}",
                         crate::telemetry::escape_controls(t.as_str().unwrap_or("-"))
-                    );
+                    )?;
                 }
-                println!("{} tenant(s) paused", paused.len());
+                crate::outln!("{} tenant(s) paused", paused.len())?;
             }
         }
     }
@@ -524,12 +566,12 @@ pub fn partitions(args: &StoreArgs, action: PartitionsAction) -> anyhow::Result<
         } => {
             let body = serde_json::json!({ "from": from, "confirm": confirm });
             match api.post(&format!("/admin/partitions/{partition}/replay"), &body) {
-                Ok(v) => println!("{}", serde_json::to_string_pretty(&v)?),
+                Ok(v) => crate::outln!("{}", serde_json::to_string_pretty(&v)?)?,
                 Err(crate::admin::client::ClientError::Refused {
                     status: 400,
                     message,
                 }) if !confirm => {
-                    println!("{message}");
+                    crate::outln!("{message}")?;
                     anyhow::bail!("nothing done: add --confirm to replay");
                 }
                 Err(e) => return Err(e.into()),

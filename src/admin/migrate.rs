@@ -47,6 +47,9 @@ pub(super) async fn migrate(
                 .into_response();
         }
     };
+    if let Some(refused) = super::refuse_tenant(&b.tenant) {
+        return refused;
+    }
     let catalog = state.catalog();
     let st = state.clone();
     let result = tokio::task::spawn_blocking(move || {

@@ -17,6 +17,11 @@
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
+//! A tenant given to a tenant-scoped route (`{tenant}` in the path, `tenant` in the query or
+//! the migrate body) that cannot be a tenant (NUL, whitespace, `.`, `*`, `>`, over 128
+//! bytes: `worker::admission::is_tenant`) is answered 400 naming the rule, in one place
+//! (`tenant_guard`), before the route runs.
+//!
 //! When `admin.token` (or `admin.token_file`) is set, `/admin/*` requires
 //! `Authorization: Bearer <token>`, compared in constant time; without it the answer is 401,
 //! and `/info` shows only version, mode and readiness. A token is mandatory whenever
@@ -80,6 +85,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
             "/admin/dlq/{tenant}/{id}/redrive",
             post(operate::dlq_redrive),
         )
+        .route_layer(middleware::from_fn(tenant_guard))
         .layer(axum::Extension(Arc::new(operate::RedriveLimit::default())))
         .layer(middleware::from_fn_with_state(token.clone(), require_token));
     Router::new()
@@ -175,6 +181,48 @@ async fn require_token(
         }
     }
     next.run(req).await
+}
+
+/// Refuses a route's tenant — a `{tenant}` in its path or a `tenant` in its query — that
+/// cannot be a tenant ([`is_tenant`](crate::worker::admission::is_tenant)) before the route
+/// runs: 400 naming the rule, never a lookup under an impossible key nor a broker error. The
+/// one check of every tenant-scoped route but `POST /admin/migrate`, whose tenant is in the
+/// body (it calls [`refuse_tenant`]). Behind the token check.
+async fn tenant_guard(req: Request, next: Next) -> Response {
+    use axum::extract::{FromRequestParts, Query, RawPathParams};
+    let (mut parts, body) = req.into_parts();
+    let mut given: Vec<String> = Vec::new();
+    if let Ok(params) = RawPathParams::from_request_parts(&mut parts, &()).await {
+        given.extend(
+            params
+                .iter()
+                .filter(|(k, _)| *k == "tenant")
+                .map(|(_, v)| v.to_string()),
+        );
+    }
+    // A query that does not parse is the route's own 400.
+    if let Ok(Query(q)) = Query::<Vec<(String, String)>>::try_from_uri(&parts.uri) {
+        given.extend(q.into_iter().filter(|(k, _)| k == "tenant").map(|(_, v)| v));
+    }
+    if let Some(refused) = given.iter().find_map(|t| refuse_tenant(t)) {
+        return refused;
+    }
+    next.run(Request::from_parts(parts, body)).await
+}
+
+/// The 400 answer naming the rule when `tenant` cannot be a tenant; `None` for a tenant.
+fn refuse_tenant(tenant: &str) -> Option<Response> {
+    use crate::worker::admission::{TENANT_RULE, is_tenant, shown_tenant};
+    (!is_tenant(tenant)).then(|| {
+        operate::error(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`tenant` must be a name: {TENANT_RULE}; given `{}` ({} bytes)",
+                shown_tenant(tenant),
+                tenant.len()
+            ),
+        )
+    })
 }
 
 /// How long `/health` waits for NATS to answer a round trip.

@@ -8,7 +8,9 @@
 //! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
 //!
 //! Only a node that runs the saga worker answers the writes (409 otherwise): a
-//! single-active resume releases in that node's store. Behind the admin token.
+//! single-active resume releases in that node's store. A tenant the control bucket cannot
+//! key (anything but ASCII letters, digits, `-`, `_`, `=`, `/`; `worker::control::pausable`)
+//! is answered 400 naming that rule. Behind the admin token.
 
 use std::sync::Arc;
 

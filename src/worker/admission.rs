@@ -21,6 +21,28 @@ use crate::saga::Input;
 
 /// Longest tenant token accepted.
 pub const MAX_TENANT_BYTES: usize = 128;
+
+/// Whether `t` can be a tenant: what admission takes from a subject (`tenant.<t>.…`) and
+/// configuration from `tenancy.allowed` — a subject token (no `.`, `*`, `>` or whitespace)
+/// of 1 to [`MAX_TENANT_BYTES`] bytes, without NUL (the store's key separator). The admin
+/// API refuses any other tenant with [`TENANT_RULE`].
+pub fn is_tenant(t: &str) -> bool {
+    t.len() <= MAX_TENANT_BYTES && crate::config::is_subject_token(t) && !t.contains('\0')
+}
+
+/// [`is_tenant`] in words, for answers that refuse a tenant.
+pub const TENANT_RULE: &str = "a tenant is 1 to 128 bytes with no NUL, whitespace, `.`, `*` or `>`";
+
+/// A tenant as an answer refusing it shows it: control characters escaped, cut after 64
+/// characters.
+pub fn shown_tenant(t: &str) -> String {
+    let mut cut: String = t.chars().take(64).collect();
+    if cut.len() < t.len() {
+        cut.push('…');
+    }
+    crate::telemetry::escape_controls(&cut).into_owned()
+}
+
 /// Longest correlation id or event id accepted.
 pub const MAX_ID_BYTES: usize = 512;
 
@@ -304,5 +326,25 @@ mod tests {
             check_key("acme", "o\0", "e").map_err(|r| r.kind),
             Err(kind::UNDECODABLE)
         );
+    }
+
+    #[test]
+    fn the_tenant_rule_is_what_admission_takes_and_says_its_limit() {
+        assert!(TENANT_RULE.contains(&format!(" {MAX_TENANT_BYTES} bytes")));
+        for ok in [
+            "acme",
+            "a-b_c",
+            "\u{1b}[31m",
+            "müller",
+            &"t".repeat(MAX_TENANT_BYTES),
+        ] {
+            assert!(is_tenant(ok), "{ok:?}");
+            let subject = format!("tenant.{ok}.aggregate.A.1");
+            assert_eq!(split_subject(&subject).map(|(t, _)| t), Some(ok));
+        }
+        let long = "t".repeat(MAX_TENANT_BYTES + 1);
+        for bad in ["", "a\0b", "a b", "a.b", "*", "a>", "tab\t", &long] {
+            assert!(!is_tenant(bad), "{bad:?}");
+        }
     }
 }

@@ -131,11 +131,30 @@ fn key(tenant: &str) -> String {
     format!("paused.{tenant}")
 }
 
+/// Which tenants can be paused, in words (see [`pausable`]).
+pub const PAUSE_RULE: &str = "a paused tenant is a key of the control bucket: 1 to 128 bytes \
+     of ASCII letters, digits, `-`, `_`, `=` and `/`";
+
+/// Whether `tenant` can be paused: a tenant ([`is_tenant`]) that is also a NATS KV key
+/// token, so [`key`] is a key the bucket takes (a tenant the bucket refuses would otherwise
+/// fail at the put, as if the broker were down).
+///
+/// [`is_tenant`]: crate::worker::admission::is_tenant
+pub fn pausable(tenant: &str) -> bool {
+    crate::worker::admission::is_tenant(tenant)
+        && tenant
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_=/".contains(&b))
+}
+
 /// Why a pause or resume failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PauseError {
-    /// The tenant is not a name.
-    #[error("`{0}` is not a tenant name")]
+    /// The tenant cannot be paused ([`pausable`]).
+    #[error(
+        "tenant `{}` cannot be paused or resumed: {PAUSE_RULE}",
+        crate::worker::admission::shown_tenant(.0)
+    )]
     BadTenant(String),
     /// The bucket or the inbox could not be written.
     #[error(transparent)]
@@ -255,7 +274,7 @@ pub async fn watch(state: Arc<AppState>, mut w: kv::Watch, cancel: CancellationT
 
 /// Pauses `tenant` on every node.
 pub async fn pause(state: &AppState, tenant: &str) -> std::result::Result<(), PauseError> {
-    if !crate::config::is_subject_token(tenant) {
+    if !pausable(tenant) {
         return Err(PauseError::BadTenant(tenant.to_string()));
     }
     let kv = bucket(state).await?;
@@ -285,7 +304,7 @@ pub async fn resume(
     state: &Arc<AppState>,
     tenant: &str,
 ) -> std::result::Result<Resumed, PauseError> {
-    if !crate::config::is_subject_token(tenant) {
+    if !pausable(tenant) {
         return Err(PauseError::BadTenant(tenant.to_string()));
     }
     let kv = bucket(state).await?;
