@@ -43,6 +43,20 @@ pub(super) fn error(status: StatusCode, message: impl Into<String>) -> Response 
     (status, Json(json!({ "error": message.into() }))).into_response()
 }
 
+/// 400 naming the rule when `tenant` cannot be a tenant token: the routes that build a
+/// subject or KV key from a tenant check it first ([`crate::subject::check`]), so an
+/// over-long or malformed one is refused here instead of closing the node's connection.
+pub(super) fn bad_tenant(tenant: &str) -> Option<Response> {
+    crate::subject::check(tenant, crate::subject::Rule::TENANT)
+        .err()
+        .map(|e| {
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("`tenant` must be a name: {e}"),
+            )
+        })
+}
+
 fn internal(e: impl std::fmt::Display) -> Response {
     error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
@@ -162,6 +176,9 @@ pub(super) async fn dlq_redrive(
     axum::Extension(limit): axum::Extension<Arc<RedriveLimit>>,
     Path((tenant, id)): Path<(String, u64)>,
 ) -> Response {
+    if let Some(r) = bad_tenant(&tenant) {
+        return r;
+    }
     if let Err(wait) = limit.take() {
         return too_many(wait);
     }
@@ -208,11 +225,8 @@ pub(super) async fn dlq_stream(
     if limit == 0 || limit > 1000 {
         return error(StatusCode::BAD_REQUEST, "`limit` must be 1 to 1000");
     }
-    if p.tenant
-        .as_deref()
-        .is_some_and(|t| !crate::config::is_subject_token(t))
-    {
-        return error(StatusCode::BAD_REQUEST, "`tenant` must be a name");
+    if let Some(r) = p.tenant.as_deref().and_then(bad_tenant) {
+        return r;
     }
     let stream = &state.config.streams.dead_letter;
     match crate::broker::dlq::recent(state.broker.jetstream(), stream, p.tenant.as_deref(), limit)
@@ -228,8 +242,8 @@ pub(super) async fn dlq_stream_redrive(
     axum::Extension(limit): axum::Extension<Arc<RedriveLimit>>,
     Path((tenant, seq)): Path<(String, u64)>,
 ) -> Response {
-    if !crate::config::is_subject_token(&tenant) {
-        return error(StatusCode::BAD_REQUEST, "`tenant` must be a name");
+    if let Some(r) = bad_tenant(&tenant) {
+        return r;
     }
     if let Err(wait) = limit.take() {
         return too_many(wait);
@@ -240,6 +254,7 @@ pub(super) async fn dlq_stream_redrive(
             tracing::info!(message = "Effect command redriven from the dead-letter stream.", tenant = %tenant, seq, subject = %done.subject, duplicate = done.duplicate);
             Json(done).into_response()
         }
+        Err(e @ RedriveError::BadTenant(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ RedriveError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
         Err(e @ RedriveError::Broker(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),

@@ -8,7 +8,9 @@
 //! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
 //!
 //! Only a node that runs the saga worker answers the writes (409 otherwise): a
-//! single-active resume releases in that node's store. Behind the admin token.
+//! single-active resume releases in that node's store. A tenant that cannot be a subject
+//! token (`crate::subject`: empty, a `.`, whitespace, a wildcard, over 128 bytes) is a 400
+//! naming the rule, whatever the node runs. Behind the admin token.
 
 use std::sync::Arc;
 
@@ -18,7 +20,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::operate::error;
+use super::operate::{bad_tenant, error};
 use crate::runtime::AppState;
 use crate::worker::control::{self as pause, PauseError};
 
@@ -43,7 +45,8 @@ pub(super) async fn pause_tenant(
     State(state): State<Arc<AppState>>,
     Path(tenant): Path<String>,
 ) -> Response {
-    if let Some(r) = runs_sagas(&state) {
+    // The tenant becomes a KV key: checked before anything else (400 naming the rule).
+    if let Some(r) = bad_tenant(&tenant).or_else(|| runs_sagas(&state)) {
         return r;
     }
     match pause::pause(&state, &tenant).await {
@@ -56,7 +59,8 @@ pub(super) async fn resume_tenant(
     State(state): State<Arc<AppState>>,
     Path(tenant): Path<String>,
 ) -> Response {
-    if let Some(r) = runs_sagas(&state) {
+    // The tenant becomes a KV key: checked before anything else (400 naming the rule).
+    if let Some(r) = bad_tenant(&tenant).or_else(|| runs_sagas(&state)) {
         return r;
     }
     match pause::resume(&state, &tenant).await {

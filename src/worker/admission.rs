@@ -19,10 +19,9 @@ use serde_json::Value as Json;
 use crate::deadletter::kind;
 use crate::saga::Input;
 
-/// Longest tenant token accepted.
-pub const MAX_TENANT_BYTES: usize = 128;
-/// Longest correlation id or event id accepted.
-pub const MAX_ID_BYTES: usize = 512;
+/// Longest tenant token accepted, and longest correlation id or event id accepted (the
+/// bounds of [`crate::subject`], which every subject built from input is checked against).
+pub use crate::subject::{MAX_ID_BYTES, MAX_TENANT_BYTES};
 
 /// One input as it came off a stream.
 #[derive(Debug, Clone)]

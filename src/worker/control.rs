@@ -134,9 +134,9 @@ fn key(tenant: &str) -> String {
 /// Why a pause or resume failed.
 #[derive(Debug, thiserror::Error)]
 pub enum PauseError {
-    /// The tenant is not a name.
-    #[error("`{0}` is not a tenant name")]
-    BadTenant(String),
+    /// The tenant cannot be a tenant token (it names the rule, not the tenant).
+    #[error("`tenant` must be a name: {0}")]
+    BadTenant(#[from] crate::subject::SubjectError),
     /// The bucket or the inbox could not be written.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -255,9 +255,8 @@ pub async fn watch(state: Arc<AppState>, mut w: kv::Watch, cancel: CancellationT
 
 /// Pauses `tenant` on every node.
 pub async fn pause(state: &AppState, tenant: &str) -> std::result::Result<(), PauseError> {
-    if !crate::config::is_subject_token(tenant) {
-        return Err(PauseError::BadTenant(tenant.to_string()));
-    }
+    // It becomes a KV key (`paused.<tenant>`) and an inbox header.
+    crate::subject::check(tenant, crate::subject::Rule::TENANT)?;
     let kv = bucket(state).await?;
     let at = crate::clock::now_ms().to_string();
     kv.put(key(tenant), at.into_bytes().into())
@@ -285,9 +284,8 @@ pub async fn resume(
     state: &Arc<AppState>,
     tenant: &str,
 ) -> std::result::Result<Resumed, PauseError> {
-    if !crate::config::is_subject_token(tenant) {
-        return Err(PauseError::BadTenant(tenant.to_string()));
-    }
+    // It becomes a KV key (`paused.<tenant>`) and an inbox header.
+    crate::subject::check(tenant, crate::subject::Rule::TENANT)?;
     let kv = bucket(state).await?;
     kv.delete(key(tenant))
         .await
