@@ -74,5 +74,6 @@ pub mod runtime;
 pub mod saga;
 pub mod shutdown;
 pub mod storage;
+pub mod subject;
 pub mod telemetry;
 pub mod worker;

@@ -85,19 +85,30 @@ async fn hostile_tenant_names_are_refused_with_the_rule_and_valid_ones_work() {
 
     // Not a tenant anywhere in Runner: every route refuses it, naming the rule.
     let long = "t".repeat(129);
-    for t in ["a\0b", "a b", "a\tb", "a.b", "*", ">", "a*b", long.as_str()] {
+    for t in [
+        "a\0b",
+        "a b",
+        "a\tb",
+        "a\u{1b}[31mb",
+        "a.b",
+        "*",
+        ">",
+        "a*b",
+        long.as_str(),
+    ] {
         for (method, url, body) in routes(&admin, t) {
             let (status, answer) = call(method.clone(), &url, body).await;
             let error = answer["error"].as_str().unwrap_or_default();
             assert_eq!(status, 400, "{method} {url}: {answer}");
             assert!(error.contains(TENANT_RULE), "{method} {url}: {answer}");
             assert!(!error.contains('\0'), "{method} {url}: {answer}");
+            assert!(!error.contains('\u{1b}'), "escaped: {answer}");
         }
     }
 
     // Tenants admission takes (a subject token may hold them) but the control bucket cannot
     // key: pause and resume refuse them naming their rule; reads still answer.
-    for t in ["a\u{1b}[31mb", "müller", "a+b", "a@b"] {
+    for t in ["müller", "a+b", "a@b"] {
         for verb in ["pause", "resume"] {
             let url = format!("{admin}/admin/tenants/{}/{verb}", enc(t));
             let (status, answer) = call(reqwest::Method::POST, &url, None).await;

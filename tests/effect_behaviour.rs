@@ -56,7 +56,7 @@ effects:
   - name: ask
     provider: nats_request
     settings:
-      subject: "svc.echo.${{ saga.tenant }}"
+      subject: "tenant.${{ saga.tenant }}.svc.echo"
       body: {{ question: "${{ event.payload.n }}" }}
     timeout_ms: 2000
 "#
@@ -98,7 +98,7 @@ async fn timeouts_retry_after_long_calls_and_nats_request() {
     let w = worker(&bed);
     // A service answering on the request subject.
     let client = async_nats::connect(bed.nats.url()).await.unwrap();
-    let mut sub = client.subscribe("svc.echo._").await.unwrap();
+    let mut sub = client.subscribe("tenant._.svc.echo").await.unwrap();
     client.flush().await.unwrap();
     let responder = client.clone();
     tokio::spawn(async move {

@@ -122,7 +122,7 @@ fn an_effect_without_secrets_that_reads_one_is_told_none_is_declared() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("e.yaml"),
-        "format: 1\neffects:\n  - name: n\n    provider: nats_publish\n    settings:\n      subject: \"x.${ saga.secrets.s }\"\n",
+        "format: 1\neffects:\n  - name: n\n    provider: nats_publish\n    settings:\n      subject: \"tenant.t.${ saga.secrets.s }\"\n",
     )
     .unwrap();
     let out = runner(dir.path(), &["validate", "e.yaml"]);

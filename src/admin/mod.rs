@@ -212,17 +212,16 @@ async fn tenant_guard(req: Request, next: Next) -> Response {
 
 /// The 400 answer naming the rule when `tenant` cannot be a tenant; `None` for a tenant.
 fn refuse_tenant(tenant: &str) -> Option<Response> {
-    use crate::worker::admission::{TENANT_RULE, is_tenant, shown_tenant};
-    (!is_tenant(tenant)).then(|| {
-        operate::error(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "`tenant` must be a name: {TENANT_RULE}; given `{}` ({} bytes)",
-                shown_tenant(tenant),
-                tenant.len()
-            ),
-        )
-    })
+    use crate::worker::admission::{TENANT_RULE, shown_tenant};
+    let problem = crate::subject::check(tenant, crate::subject::Rule::TENANT).err()?;
+    Some(operate::error(
+        StatusCode::BAD_REQUEST,
+        format!(
+            "`tenant` must be a name: {problem}; {TENANT_RULE}; given `{}` ({} bytes)",
+            shown_tenant(tenant),
+            tenant.len()
+        ),
+    ))
 }
 
 /// How long `/health` waits for NATS to answer a round trip.

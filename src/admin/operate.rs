@@ -231,6 +231,7 @@ pub(super) async fn dlq_stream_redrive(
             tracing::info!(message = "Effect command redriven from the dead-letter stream.", tenant = %tenant, seq, subject = %done.subject, duplicate = done.duplicate);
             Json(done).into_response()
         }
+        Err(e @ RedriveError::BadTenant(_)) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Err(e @ RedriveError::NotFound { .. }) => error(StatusCode::NOT_FOUND, e.to_string()),
         Err(e @ RedriveError::Broker(_)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(e) => error(StatusCode::CONFLICT, e.to_string()),

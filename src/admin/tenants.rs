@@ -45,6 +45,7 @@ pub(super) async fn pause_tenant(
     State(state): State<Arc<AppState>>,
     Path(tenant): Path<String>,
 ) -> Response {
+    // The tenant was checked by the route layer (`admin/mod.rs`, 400 naming the rule).
     if let Some(r) = runs_sagas(&state) {
         return r;
     }
@@ -58,6 +59,7 @@ pub(super) async fn resume_tenant(
     State(state): State<Arc<AppState>>,
     Path(tenant): Path<String>,
 ) -> Response {
+    // The tenant was checked by the route layer (`admin/mod.rs`, 400 naming the rule).
     if let Some(r) = runs_sagas(&state) {
         return r;
     }

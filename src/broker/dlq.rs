@@ -8,7 +8,9 @@
 //! the command is published with a message id derived from the letter (so a second redrive
 //! of the same letter inside the duplicate window is dropped by JetStream) and the letter is
 //! then deleted from the stream (so after it a second redrive finds nothing). Only the
-//! letter's own tenant can redrive it, and only a letter that holds the whole command.
+//! letter's own tenant can redrive it, and only a letter that holds the whole command; the
+//! tenant and the subject the command goes back to pass the one subject check
+//! ([`crate::subject::check`]) first.
 
 use async_nats::jetstream;
 use serde::Serialize;
@@ -124,6 +126,9 @@ pub enum RedriveError {
         /// Where it came from.
         origin: String,
     },
+    /// The tenant cannot be a tenant token.
+    #[error("`tenant` must be a name: {0}")]
+    BadTenant(#[from] crate::subject::SubjectError),
     /// JetStream failed.
     #[error(transparent)]
     Broker(#[from] BrokerError),
@@ -142,6 +147,9 @@ pub async fn redrive(
         stream: stream.to_string(),
         reason: e.to_string(),
     };
+    // The tenant and the letter's subject are checked with the one subject check before
+    // either reaches the broker (`crate::subject`).
+    crate::subject::check(tenant, crate::subject::Rule::TENANT)?;
     let not_found = || RedriveError::NotFound {
         tenant: tenant.to_string(),
         seq,
@@ -177,6 +185,9 @@ pub async fn redrive(
         return Err(not_command(&format!(
             "its subject {subject:?} is not one of this tenant's effect commands"
         )));
+    }
+    if let Err(e) = crate::subject::check(subject, crate::subject::Rule::PUBLISH) {
+        return Err(not_command(&format!("its {e}")));
     }
     if let Some(bytes) = letter["body_bytes"].as_u64() {
         return Err(RedriveError::Excerpt {

@@ -10,12 +10,10 @@ use super::Config;
 use super::error::ConfigError;
 use super::types::{ByteSize, HumanDuration};
 
-/// A NATS subject token: non-empty, no dots, wildcards or whitespace.
+/// A NATS subject token: non-empty, no dots, wildcards, whitespace or control characters,
+/// at most [`crate::subject::MAX_SUBJECT_BYTES`] (the one check, [`crate::subject::check`]).
 pub fn is_subject_token(s: &str) -> bool {
-    !s.is_empty()
-        && !s
-            .chars()
-            .any(|c| c == '.' || c == '*' || c == '>' || c.is_whitespace())
+    crate::subject::check(s, crate::subject::Rule::NAME).is_ok()
 }
 
 /// `v` within `lo..=hi`, else an error naming `key`.
@@ -198,15 +196,19 @@ impl Config {
                 );
             }
         }
-        if !is_subject_token(&self.tenancy.default_tenant) {
+        use crate::subject::{Rule, check};
+        if let Err(e) = check(&self.tenancy.default_tenant, Rule::TENANT) {
             return invalid(
                 "tenancy.default_tenant",
-                format!("{:?} is not a subject token", self.tenancy.default_tenant),
+                format!("is not a subject token: {e}"),
             );
         }
-        for t in &self.tenancy.allowed {
-            if !is_subject_token(t) {
-                return invalid("tenancy.allowed", format!("{t:?} is not a subject token"));
+        for (i, t) in self.tenancy.allowed.iter().enumerate() {
+            if let Err(e) = check(t, Rule::TENANT) {
+                return invalid(
+                    "tenancy.allowed",
+                    format!("entry {i} is not a subject token: {e}"),
+                );
             }
         }
         if self.storage.max_size < ByteSize::mib(16) {

@@ -172,14 +172,16 @@ impl std::fmt::Debug for Claims {
 }
 
 /// A claim key: `<tenant>.<command_id>`, or `None` when either part has characters a KV key
-/// cannot hold.
+/// cannot hold or is longer than a subject token may be ([`crate::subject::Rule::TENANT`],
+/// [`crate::subject::Rule::ID`]).
 pub fn claim_key(tenant: &str, command_id: &str) -> Option<String> {
-    let ok = |s: &str| {
-        !s.is_empty()
+    use crate::subject::{Rule, check};
+    let ok = |s: &str, rule: Rule| {
+        check(s, rule).is_ok()
             && s.chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '=' | '/'))
     };
-    (ok(tenant) && ok(command_id)).then(|| format!("{tenant}.{command_id}"))
+    (ok(tenant, Rule::TENANT) && ok(command_id, Rule::ID)).then(|| format!("{tenant}.{command_id}"))
 }
 
 impl Claims {
@@ -372,5 +374,11 @@ mod tests {
         assert_eq!(claim_key("acme", "a.b"), None);
         assert_eq!(claim_key("", "x"), None);
         assert_eq!(claim_key("t", "x y"), None);
+        // Bounded like every subject token built from input (`crate::subject`).
+        let (t, id) = ("t".repeat(128), "i".repeat(512));
+        assert!(claim_key(&t, &id).is_some());
+        assert_eq!(claim_key(&"t".repeat(129), "x"), None);
+        assert_eq!(claim_key("t", &"i".repeat(513)), None);
+        assert_eq!(claim_key(&"t".repeat(5000), "x"), None);
     }
 }

@@ -67,6 +67,10 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
             (kind, e.to_string())
         })
         .and_then(|c| {
+            // Its tenant goes into the result's subject and the claim's key: a token the
+            // server would refuse (too long for its control line) is refused here instead.
+            crate::subject::check(&c.tenant, crate::subject::Rule::TENANT)
+                .map_err(|e| (deadletter::kind::UNDECODABLE, format!("the command's {e}")))?;
             let allowed = &ctx.state.config.tenancy.allowed;
             if !allowed.is_empty() && !allowed.contains(&c.tenant) {
                 return Err((
@@ -78,7 +82,15 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 Some(key) => Ok((c, key)),
                 None => Err((
                     deadletter::kind::UNDECODABLE,
-                    format!("command id {:?} cannot be a claim key", c.command_id),
+                    if c.command_id.len() <= 80 {
+                        format!("command id {:?} cannot be a claim key", c.command_id)
+                    } else {
+                        format!(
+                            "command id of {} bytes cannot be a claim key (at most {})",
+                            c.command_id.len(),
+                            crate::subject::MAX_ID_BYTES
+                        )
+                    },
                 )),
             }
         });
@@ -277,7 +289,7 @@ async fn refuse(
     let tenant = subject
         .split('.')
         .nth(1)
-        .filter(|t| crate::config::is_subject_token(t))
+        .filter(|t| crate::subject::check(t, crate::subject::Rule::TENANT).is_ok())
         .unwrap_or(ctx.state.config.tenancy.default_tenant.as_str())
         .to_string();
     let source = match msg.info() {

@@ -21,8 +21,16 @@ use crate::manifest::Catalog;
 use crate::manifest::catalog::{Emit, Saga};
 use crate::manifest::model::RetryPolicy;
 
+/// A token of a subject Runner builds (a correlation id): the one subject check
+/// ([`crate::subject::check`]) without its length bound — a correlation id longer than
+/// [`crate::subject::MAX_ID_BYTES`] is refused as `too_large` when the instance key is
+/// checked (`worker::admission::check_key`), before anything is published with it.
 pub(super) fn valid_token(s: &str) -> bool {
-    !s.is_empty() && !s.contains(['.', '*', '>']) && !s.chars().any(char::is_whitespace)
+    let rule = crate::subject::Rule {
+        max_bytes: usize::MAX,
+        ..crate::subject::Rule::ID
+    };
+    crate::subject::check(s, rule).is_ok()
 }
 
 /// The `event` variable: the input's envelope plus its `subject` and event `name`,
@@ -175,9 +183,17 @@ impl Emitter<'_> {
                         )));
                     }
                 };
-                if !valid_token(&agg_id) {
+                // It becomes a token of the command's subject.
+                if let Err(e) =
+                    crate::subject::check(&agg_id, crate::subject::Rule::ID.named("aggregate id"))
+                {
+                    let shown = if agg_id.len() <= 80 {
+                        agg_id.as_str()
+                    } else {
+                        "…"
+                    };
                     return Err(StepError::poison(format!(
-                        "aggregate id `{agg_id}` is not a valid subject token"
+                        "aggregate id `{shown}` is not a valid subject token: {e}"
                     )));
                 }
                 let mut w = ObjectWriter::new();

@@ -19,19 +19,22 @@ use serde_json::Value as Json;
 use crate::deadletter::kind;
 use crate::saga::Input;
 
-/// Longest tenant token accepted.
-pub const MAX_TENANT_BYTES: usize = 128;
+/// Longest tenant token accepted, and longest correlation id or event id accepted (the
+/// bounds of [`crate::subject`], which every subject built from input is checked against).
+pub use crate::subject::{MAX_ID_BYTES, MAX_TENANT_BYTES};
 
 /// Whether `t` can be a tenant: what admission takes from a subject (`tenant.<t>.…`) and
-/// configuration from `tenancy.allowed` — a subject token (no `.`, `*`, `>` or whitespace)
-/// of 1 to [`MAX_TENANT_BYTES`] bytes, without NUL (the store's key separator). The admin
-/// API refuses any other tenant with [`TENANT_RULE`].
+/// configuration from `tenancy.allowed` — a subject token (no `.`, `*`, `>`, whitespace or
+/// control character, so no NUL, the store's key separator) of 1 to [`MAX_TENANT_BYTES`]
+/// bytes ([`crate::subject::Rule::TENANT`]). Admission dead-letters an input whose subject
+/// names any other tenant, and the admin API refuses it with [`TENANT_RULE`].
 pub fn is_tenant(t: &str) -> bool {
-    t.len() <= MAX_TENANT_BYTES && crate::config::is_subject_token(t) && !t.contains('\0')
+    crate::subject::check(t, crate::subject::Rule::TENANT).is_ok()
 }
 
 /// [`is_tenant`] in words, for answers that refuse a tenant.
-pub const TENANT_RULE: &str = "a tenant is 1 to 128 bytes with no NUL, whitespace, `.`, `*` or `>`";
+pub const TENANT_RULE: &str =
+    "a tenant is 1 to 128 bytes with no whitespace, control character, `.`, `*` or `>`";
 
 /// A tenant as an answer refusing it shows it: control characters escaped, cut after 64
 /// characters.
@@ -42,9 +45,6 @@ pub fn shown_tenant(t: &str) -> String {
     }
     crate::telemetry::escape_controls(&cut).into_owned()
 }
-
-/// Longest correlation id or event id accepted.
-pub const MAX_ID_BYTES: usize = 512;
 
 /// One input as it came off a stream.
 #[derive(Debug, Clone)]
@@ -163,6 +163,10 @@ pub fn admit<'r>(raw: &'r RawInput, limits: &Limits) -> Result<Admitted<'r>, Ref
             tenant.len()
         );
         return Err(refuse(unknown, kind::TOO_LARGE, why));
+    }
+    if !is_tenant(tenant) {
+        let why = format!("`{}` is not a tenant: {TENANT_RULE}", shown_tenant(tenant));
+        return Err(refuse(unknown, kind::UNDECODABLE, why));
     }
     if let Some(why) = &raw.refused {
         return Err(refuse(tenant, kind::TOO_LARGE, why.clone()));
@@ -331,20 +335,35 @@ mod tests {
     #[test]
     fn the_tenant_rule_is_what_admission_takes_and_says_its_limit() {
         assert!(TENANT_RULE.contains(&format!(" {MAX_TENANT_BYTES} bytes")));
-        for ok in [
-            "acme",
-            "a-b_c",
-            "\u{1b}[31m",
-            "müller",
-            &"t".repeat(MAX_TENANT_BYTES),
-        ] {
+        for ok in ["acme", "a-b_c", "müller", &"t".repeat(MAX_TENANT_BYTES)] {
             assert!(is_tenant(ok), "{ok:?}");
             let subject = format!("tenant.{ok}.aggregate.A.1");
             assert_eq!(split_subject(&subject).map(|(t, _)| t), Some(ok));
         }
         let long = "t".repeat(MAX_TENANT_BYTES + 1);
-        for bad in ["", "a\0b", "a b", "a.b", "*", "a>", "tab\t", &long] {
+        for bad in [
+            "",
+            "a\0b",
+            "a b",
+            "a.b",
+            "*",
+            "a>",
+            "tab\t",
+            "\u{1b}[31m",
+            &long,
+        ] {
             assert!(!is_tenant(bad), "{bad:?}");
         }
+        // Admission refuses a subject naming such a tenant, naming the rule.
+        let limits = Limits {
+            allowed_tenants: Vec::new(),
+            max_message_bytes: 1 << 20,
+            max_payload: 0,
+        };
+        let raw = raw("tenant.a\u{1b}[31m.aggregate.A.1", r#"{"tenant_id":"x"}"#);
+        let refusal = admit(&raw, &limits).expect_err("refused");
+        assert_eq!(refusal.kind, kind::UNDECODABLE);
+        assert!(refusal.reason.contains(TENANT_RULE), "{}", refusal.reason);
+        assert!(!refusal.reason.contains('\u{1b}'), "{}", refusal.reason);
     }
 }
