@@ -42,6 +42,7 @@ fn commit(c: &mut Criterion) {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
+        max_output_bytes: usize::MAX,
     };
     let mut group = c.benchmark_group("commit");
     group.throughput(Throughput::Elements(BATCH as u64));

@@ -44,6 +44,7 @@ fn limits() -> Limits {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
+        max_output_bytes: usize::MAX,
     }
 }
 

@@ -39,6 +39,7 @@ fn filled_store() -> tempfile::TempDir {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
+        max_output_bytes: usize::MAX,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());

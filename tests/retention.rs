@@ -92,6 +92,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
         allowed_tenants: Vec::new(),
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
+        max_output_bytes: usize::MAX,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());

@@ -44,6 +44,7 @@ fn ledger_store() -> (
         allowed_tenants: vec![],
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
+        max_output_bytes: usize::MAX,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());

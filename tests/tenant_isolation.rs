@@ -142,6 +142,7 @@ fn run(seed: u64, allowed: &[&str]) {
         allowed_tenants: allowed.iter().map(|s| s.to_string()).collect(),
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
+        max_output_bytes: usize::MAX,
     };
     let (_dir, store) = store();
     // The model: per (tenant, id), the amount of the first order placed (what the instance

@@ -198,11 +198,15 @@ impl Default for EffectConfig {
 pub struct SagaConfig {
     /// Most inputs applied in one libmdbx transaction (1..=10000).
     pub batch_size: usize,
-    /// Largest input body accepted; larger ones are dead-lettered as `too_large`.
+    /// Largest input accepted, headers and body together; larger ones are dead-lettered as
+    /// `too_large`.
     pub max_message_bytes: ByteSize,
     /// Most input bytes applied in one transaction: a batch of large events is split so
-    /// (one larger input is a batch of its own). Partitioned mode: also the most bytes of
-    /// copies a router sends in one batch (one input's copies stay together).
+    /// (one larger input is a batch of its own). Also the most output bytes one
+    /// transaction writes: it stops taking inputs there (the rest go to the next one), and
+    /// an input whose outputs alone pass it is dead-lettered as `too_large`. Partitioned
+    /// mode: also the most bytes of copies a router sends in one batch (one input's copies
+    /// stay together).
     pub max_batch_bytes: ByteSize,
     /// About the most input bytes one pull of a saga input consumer (or, partitioned, of a
     /// router's source) asks for: the pull's message count follows the average input size

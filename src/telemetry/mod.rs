@@ -42,6 +42,8 @@ pub struct Metrics {
     pub manifest_sagas: IntGauge,
     /// See [`names::SAGA_BATCH_SIZE`].
     pub saga_batch_size: Histogram,
+    /// See [`names::SAGA_DEFERRED_INPUTS_TOTAL`].
+    pub saga_deferred: IntCounter,
     /// See [`names::SAGA_COMMIT_SECONDS`].
     pub saga_commit_seconds: Histogram,
     /// See [`names::SAGA_TRANSITIONS_TOTAL`].
@@ -201,6 +203,13 @@ impl Metrics {
             &[
                 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
             ],
+        )?;
+        let saga_deferred = reg(
+            r,
+            IntCounter::new(
+                names::SAGA_DEFERRED_INPUTS_TOTAL,
+                "Inputs a transaction left for the next one: its outputs reached saga.max_batch_bytes.",
+            )?,
         )?;
         let saga_commit_seconds = hist(
             names::SAGA_COMMIT_SECONDS,
@@ -520,6 +529,7 @@ impl Metrics {
             manifest_reloads,
             manifest_sagas,
             saga_batch_size,
+            saga_deferred,
             saga_commit_seconds,
             saga_transitions,
             saga_inputs,

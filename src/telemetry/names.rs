@@ -13,6 +13,9 @@ pub const MANIFEST_RELOADS_TOTAL: &str = "runner_manifest_reloads_total";
 pub const MANIFEST_SAGAS: &str = "runner_manifest_sagas";
 /// Inputs applied per libmdbx transaction.
 pub const SAGA_BATCH_SIZE: &str = "runner_saga_batch_size";
+/// Inputs a transaction left for the next one because its outputs reached
+/// `saga.max_batch_bytes`.
+pub const SAGA_DEFERRED_INPUTS_TOTAL: &str = "runner_saga_deferred_inputs_total";
 /// Time to apply a batch and commit it durably, seconds.
 pub const SAGA_COMMIT_SECONDS: &str = "runner_saga_commit_seconds";
 /// Seconds from an input being stored in its stream to the saga worker reading it (the

@@ -71,12 +71,16 @@ pub struct RawInput {
 pub struct Limits {
     /// Allowed tenants; empty means any.
     pub allowed_tenants: Vec<String>,
-    /// Largest accepted body.
+    /// Largest accepted input, header block and body together.
     pub max_message_bytes: usize,
-    /// Largest body of a record written for publication (the broker's `max_payload` less
-    /// the header allowance); 0 when unknown (no check). An input whose outputs would not
-    /// fit is dead-lettered instead of applied.
+    /// The broker's `max_payload`, which bounds every message Runner publishes (headers
+    /// and body, `broker::headers::record_fits`); 0 when unknown (no check). An input whose
+    /// outputs would not fit is dead-lettered instead of applied.
     pub max_payload: usize,
+    /// Most bytes of outputs one transaction writes (`saga.max_batch_bytes`): an input whose
+    /// outputs alone pass it is dead-lettered, and a transaction stops taking inputs once
+    /// its outputs reach it (the rest wait for the next one).
+    pub max_output_bytes: usize,
 }
 
 impl Limits {
@@ -87,6 +91,7 @@ impl Limits {
             max_message_bytes: usize::try_from(c.saga.max_message_bytes.get())
                 .unwrap_or(usize::MAX),
             max_payload: 0,
+            max_output_bytes: usize::try_from(c.saga.max_batch_bytes.get()).unwrap_or(usize::MAX),
         }
     }
 
@@ -264,6 +269,7 @@ mod tests {
     fn each_envelope_check_refuses_with_its_kind_and_tenant() {
         let limits = Limits {
             max_payload: 0,
+            max_output_bytes: usize::MAX,
             allowed_tenants: vec!["acme".into()],
             max_message_bytes: 64,
         };
@@ -359,6 +365,7 @@ mod tests {
             allowed_tenants: Vec::new(),
             max_message_bytes: 1 << 20,
             max_payload: 0,
+            max_output_bytes: usize::MAX,
         };
         let raw = raw("tenant.a\u{1b}[31m.aggregate.A.1", r#"{"tenant_id":"x"}"#);
         let refusal = admit(&raw, &limits).expect_err("refused");

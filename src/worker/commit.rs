@@ -17,6 +17,10 @@
 //!   nothing of it was written, so each loop re-reads from its checkpoint.
 //! - **Order per stream.** A loop submits its next batch only after the answer to the
 //!   previous one, so batches of one stream never overtake each other.
+//! - **Bounded outputs.** A transaction stops taking inputs once the outbox records it
+//!   wrote reach `saga.max_batch_bytes` (one input's outputs alone never pass it: such an
+//!   input is dead-lettered, `process.rs`); the inputs it did not take are answered back
+//!   as [`Applied::deferred`] and submitted again, in order, before anything newer.
 //! - The commit thread ends when every [`Committer`] handle is dropped (every consumer loop
 //!   has returned), after answering what it holds.
 
@@ -39,8 +43,19 @@ use crate::runtime::AppState;
 use crate::storage::tables::DEFAULT_PARTITION;
 use crate::storage::{Result, StorageError, Store, Tables};
 
-/// What a batch commit returns: the stream's new checkpoint and what happened.
-pub(crate) type Committed = Result<(u64, Tally)>;
+/// What a batch commit returns (or the error that kept its transaction from committing).
+pub(crate) type Committed = Result<Applied>;
+
+/// A batch's part in a committed transaction.
+pub(crate) struct Applied {
+    /// The stream's new checkpoint.
+    pub checkpoint: u64,
+    /// What happened.
+    pub tally: Tally,
+    /// The batch's inputs after the checkpoint, not applied because the transaction's
+    /// outputs reached `saga.max_batch_bytes` first: the loop submits them again, first.
+    pub deferred: Vec<(u64, RawInput)>,
+}
 
 /// Most batches merged into one transaction.
 pub(crate) const MAX_MERGED: usize = 8;
@@ -177,9 +192,20 @@ impl CommitTask {
                 for (p, upto) in &doomed {
                     t.delete_outbox_through(*p, *upto)?;
                 }
+                let mut written = 0u64;
                 work.iter()
                     .map(|(key, batch, scope)| {
-                        apply_in(t, &catalog, &limits, key, batch, *scope, &paused)
+                        let (cp, tally) = apply_in(
+                            t,
+                            &catalog,
+                            &limits,
+                            key,
+                            batch,
+                            *scope,
+                            &paused,
+                            &mut written,
+                        )?;
+                        Ok((cp, tally))
                     })
                     .collect::<Result<Vec<_>>>()
             })
@@ -198,10 +224,21 @@ impl CommitTask {
                 metrics
                     .saga_commit_seconds
                     .observe(started.elapsed().as_secs_f64());
-                metrics.saga_batch_size.observe(inputs as f64);
-                for (reply, r) in replies.into_iter().zip(results) {
-                    let _ = reply.send(Ok(r));
+                let mut applied = inputs;
+                for ((reply, (checkpoint, tally)), (_, batch, _)) in
+                    replies.into_iter().zip(results).zip(work)
+                {
+                    let deferred: Vec<_> =
+                        batch.into_iter().filter(|(s, _)| *s > checkpoint).collect();
+                    metrics.saga_deferred.inc_by(deferred.len() as u64);
+                    applied -= deferred.len();
+                    let _ = reply.send(Ok(Applied {
+                        checkpoint,
+                        tally,
+                        deferred,
+                    }));
                 }
+                metrics.saga_batch_size.observe(applied as f64);
             }
             Err(e) => {
                 let why = e.to_string();
@@ -232,11 +269,15 @@ pub fn apply_inputs(
             batch,
             None,
             &Arc::default(),
+            &mut 0,
         )
     })
 }
 
-/// [`apply_inputs`] inside the caller's transaction.
+/// [`apply_inputs`] inside the caller's transaction. `written` counts the output bytes the
+/// transaction wrote so far: once it reaches [`Limits::max_output_bytes`] no further input
+/// is taken (the checkpoint says where it stopped).
+#[allow(clippy::too_many_arguments)]
 fn apply_in(
     t: &Tables<'_, libmdbx::RW>,
     catalog: &Catalog,
@@ -245,6 +286,7 @@ fn apply_in(
     batch: &[(u64, RawInput)],
     scope: Option<(u32, u32)>,
     paused: &Arc<BTreeSet<String>>,
+    written: &mut u64,
 ) -> Result<(u64, Tally)> {
     let cp = t.checkpoint(checkpoint_key)?;
     let mut p = Processor::new(catalog, limits, now_ms());
@@ -256,9 +298,13 @@ fn apply_in(
         ord: 0,
     });
     let mut last = cp;
+    let max = u64::try_from(limits.max_output_bytes).unwrap_or(u64::MAX);
     for (seq, raw) in batch {
         if *seq <= last {
             continue;
+        }
+        if *written + p.tally.outbox_bytes >= max {
+            break;
         }
         p.cause(*seq);
         if raw.subject == TIMER_SUBJECT {
@@ -273,5 +319,6 @@ fn apply_in(
     if last > cp {
         t.set_checkpoint(checkpoint_key, last)?;
     }
+    *written += p.tally.outbox_bytes;
     Ok((last, p.tally))
 }

@@ -30,7 +30,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
-use super::commit::{Committer, Scoped};
+use super::commit::{Applied, Committer, Scoped};
 use super::pull::{PullSize, ReadAhead};
 use crate::backoff::Backoff;
 use crate::broker::headers;
@@ -284,17 +284,28 @@ pub(crate) async fn run(
                         pieces.push_front(excess);
                     }
                 }
-                let n = batch.len();
-                let replayed = input.scope.as_ref().map_or(0, |s| {
-                    batch
-                        .iter()
-                        .filter(|(seq, _)| *seq <= s.replay_until)
-                        .count()
-                });
+                let replayed_in = |batch: &[(u64, RawInput)]| {
+                    input.scope.as_ref().map_or(0, |s| {
+                        batch
+                            .iter()
+                            .filter(|(seq, _)| *seq <= s.replay_until)
+                            .count()
+                    })
+                };
+                let (n, replayed) = (batch.len(), replayed_in(&batch));
                 // The next batch is read while this one commits (see `ReadAhead`).
                 let commit = committer.submit(&input.checkpoint, batch, input.scope.clone());
                 match reader.during(commit).await {
-                    Ok((cp, tally)) => {
+                    Ok(Applied {
+                        checkpoint: cp,
+                        tally,
+                        deferred,
+                    }) => {
+                        // What the transaction had no room for goes again, first.
+                        let (n, replayed) = (n - deferred.len(), replayed - replayed_in(&deferred));
+                        if !deferred.is_empty() {
+                            pieces.push_front(deferred);
+                        }
                         metrics.partition_replayed.inc_by(replayed as u64);
                         metrics
                             .saga_inputs

@@ -91,8 +91,9 @@ impl Scope {
     }
 }
 
-/// Why an input's outputs cannot all be published: one of them, with the headers it will
-/// be published with, is larger than the broker takes (`broker::headers::record_fits`
+/// Why an input's outputs cannot all be written: together they pass what one transaction
+/// writes ([`Limits::max_output_bytes`]), or one of them, with the headers it will be
+/// published with, is larger than the broker takes (`broker::headers::record_fits`
 /// against [`Limits::max_payload`]; 0 checks only the header limit).
 fn over_budget(
     work: &[saga::WorkItem],
@@ -100,7 +101,7 @@ fn over_budget(
     traceparent: Option<&str>,
     limits: &Limits,
 ) -> Option<String> {
-    work.iter().find_map(|w| {
+    let one = work.iter().find_map(|w| {
         headers::record_fits(
             &w.msg_id,
             Some(tenant),
@@ -110,6 +111,17 @@ fn over_budget(
         )
         .err()
         .map(|why| format!("its output `{}`: {why}", w.subject))
+    });
+    one.or_else(|| {
+        let all: usize = work.iter().map(|w| w.body.as_str().len()).sum();
+        (all > limits.max_output_bytes).then(|| {
+            format!(
+                "its {} outputs would be {all} bytes in all; one transaction writes at most {} \
+                 (saga.max_batch_bytes)",
+                work.len(),
+                limits.max_output_bytes
+            )
+        })
     })
 }
 
@@ -362,6 +374,7 @@ impl<'a> Processor<'a> {
                     };
                     let (partition, cause) = self.next_slot();
                     let rec = OutboxRecord { cause, ..rec };
+                    self.tally.outbox_bytes += rec.body.len() as u64;
                     self.tally.last_outbox = tx.push_outbox(partition, &rec)?;
                     self.tally.outbox += 1;
                 }
@@ -581,6 +594,7 @@ mod tests {
                 allowed_tenants: Vec::new(),
                 max_message_bytes: 1024,
                 max_payload: 0,
+                max_output_bytes: usize::MAX,
             },
         );
         let raw = RawInput {

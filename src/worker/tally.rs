@@ -20,6 +20,8 @@ pub struct Tally {
     pub outbox: u64,
     /// Highest outbox sequence written (0 when none).
     pub last_outbox: u64,
+    /// Body bytes of the outbox records written (what bounds a transaction's outputs).
+    pub outbox_bytes: u64,
     /// Tenants a control input resumed (partitioned mode): the node forgets their pause
     /// once this commits, even before its watch of the control bucket says so.
     pub resumed: Vec<String>,
