@@ -21,6 +21,7 @@ use crate::manifest::{self, Diagnostic};
 use crate::relay::{Relay, RelayHandle};
 use crate::runtime::{AppState, GIT_REVISION, Lifecycle, VERSION, stranded_in};
 use crate::storage::Store;
+use crate::storage::tables::DEFAULT_PARTITION;
 use crate::telemetry::Metrics;
 
 /// Errors that stop the start.
@@ -320,6 +321,13 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         );
     } else if mode.runs_sagas() {
         let handle = RelayHandle::new();
+        // What an earlier run left in the outbox is published first: counted from the start.
+        match state.store.read(|t| t.outbox_len(DEFAULT_PARTITION)).await {
+            Ok(n) => handle.note_stored(n),
+            Err(e) => {
+                tracing::warn!(message = "Cannot count the outbox left by an earlier run.", error = %e)
+            }
+        }
         let relay = Relay {
             js: state.broker.jetstream().clone(),
             store: state.store.clone(),
@@ -328,8 +336,14 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             window: state.config.saga.relay_window,
             poll: state.config.saga.relay_poll.get(),
             refused: Default::default(),
+            relays: Some(state.relays.clone()),
         };
-        relay_task = Some(tokio::spawn(relay.run(relay_stop.clone())));
+        let registered = state.relays.register(handle.clone());
+        let stop = relay_stop.clone();
+        relay_task = Some(tokio::spawn(async move {
+            relay.run(stop).await;
+            drop(registered);
+        }));
         crate::worker::spawn(
             &workers,
             state.clone(),

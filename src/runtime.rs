@@ -103,6 +103,8 @@ pub struct AppState {
     pub replays: crate::asked::Replays,
     /// Fenced batches shared by this process's partition relays (`relay/combine.rs`).
     pub shared_batches: Arc<crate::relay::combine::Combiner>,
+    /// Every relay of this node, for the node-wide outbox depth.
+    pub relays: Arc<crate::relay::Relays>,
 }
 
 /// Result of a manifest reload.
@@ -146,6 +148,7 @@ impl AppState {
             paused: Default::default(),
             replays: Default::default(),
             shared_batches: Default::default(),
+            relays: Default::default(),
         }
     }
 

@@ -44,7 +44,7 @@ fn write_outbox(store: &Store, handle: &RelayHandle, records: Vec<OutboxRecord>)
                 .collect::<runner::storage::Result<Vec<_>>>()
         })
         .unwrap();
-    handle.note_written(*seqs.last().unwrap());
+    handle.note_written(*seqs.last().unwrap(), seqs.len() as u64);
     handle.wake();
     seqs
 }
@@ -64,6 +64,7 @@ fn spawn_relay(
         window: WINDOW,
         poll: Duration::from_millis(50),
         refused: Default::default(),
+        relays: None,
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(relay.run(stop.clone()));

@@ -96,3 +96,86 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
     assert_eq!(inst.state, "open");
     assert_eq!(inst.data["count"], json!(total));
 }
+
+/// Partitioned, `saga.max_outbox_depth` holds for the node, not per partition (finding: a
+/// node owning P partitions held P times the bound, and each partition overwrote the depth
+/// gauge with its own). The command stream is closed to new writes once every partition
+/// has raised its fence there, so no output can be published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_the_outbox_bound_holds_for_the_node() {
+    const P: u64 = 8;
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    let depth = MAX_DEPTH.to_string();
+    let partitions = P.to_string();
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "tests/manifests/ledger.yaml",
+        &[
+            ("RUNNER__PARTITIONS__ENABLED", "true"),
+            ("RUNNER__PARTITIONS__COUNT", &partitions),
+            ("RUNNER__SAGA__MAX_OUTBOX_DEPTH", &depth),
+            ("RUNNER__SAGA__BATCH_SIZE", "1"),
+        ],
+    );
+    let admin = runner.admin.clone();
+    wait_until("every partition owned", Duration::from_secs(30), || async {
+        common::metrics::metric(&admin, "runner_partitions_owned").await == P as f64
+    })
+    .await;
+    // Full from now on: every publication of an output is refused.
+    let mut stream = js.get_stream("WORKFLOW_COMMANDS").await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.max_messages = stream.info().await.unwrap().state.messages as i64;
+    config.discard = async_nats::jetstream::stream::DiscardPolicy::New;
+    js.update_stream(config).await.unwrap();
+
+    // One deposit each for 40 accounts: spread over the partitions.
+    let total = 40u64;
+    for a in 0..total {
+        let ev = aggregate_event(
+            "bank",
+            "Account",
+            &format!("a-{a}"),
+            "Deposited",
+            1_800_000_000_000 + a,
+            json!({"n": 1, "amount": 1}),
+        );
+        common::publish_json(&js, &format!("tenant.bank.aggregate.Account.a-{a}"), &ev).await;
+    }
+    let applied = || async {
+        common::metrics::metric(&admin, "runner_saga_inputs_total{stream=\"SAGA_INBOX\"}").await
+    };
+    wait_until(
+        "the node waits at the limit",
+        Duration::from_secs(30),
+        || async {
+            common::metrics::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64
+        },
+    )
+    .await;
+    let errors = common::metrics::metric(&admin, "runner_relay_errors_total").await;
+    wait_until("more refused batches", Duration::from_secs(60), || async {
+        common::metrics::metric(&admin, "runner_relay_errors_total").await >= errors + 3.0
+    })
+    .await;
+    let first = applied().await;
+    wait_until(
+        "still more refused batches",
+        Duration::from_secs(60),
+        || async {
+            common::metrics::metric(&admin, "runner_relay_errors_total").await >= errors + 6.0
+        },
+    )
+    .await;
+    let still = applied().await;
+    assert_eq!(still, first, "fetching went on past the limit");
+    // Each partition's loop may pass the check once before the others' commits land.
+    assert!(
+        still <= (MAX_DEPTH + P + 1) as f64,
+        "{still} inputs applied with at most {MAX_DEPTH} outputs waiting on the node"
+    );
+    let gauge = common::metrics::metric(&admin, "runner_outbox_depth").await;
+    assert_eq!(gauge, still, "the gauge counts every partition's outbox");
+}

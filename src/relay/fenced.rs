@@ -130,9 +130,11 @@ impl PartitionRelay {
                 continue;
             }
             for run in runs(&records, &*self.stream_of) {
+                let n = run.records.len() as u64;
                 match self.send_run(run).await {
                     Ok(through) => {
                         self.handle.acked.fetch_max(through, Ordering::SeqCst);
+                        self.handle.note_published(n);
                         self.metrics.stalls.progressed(&self.stage());
                         backoff.reset();
                     }

@@ -59,6 +59,10 @@ pub struct RelayHandle {
     deleted: Arc<AtomicU64>,
     /// Highest sequence a writer has committed.
     written: Arc<AtomicU64>,
+    /// Records committed (or found stored at start) and not yet published: a count, since
+    /// outbox sequences are shared by every partition of the store and say nothing about
+    /// how many records one partition holds.
+    pending: Arc<AtomicU64>,
 }
 
 impl RelayHandle {
@@ -76,17 +80,29 @@ impl RelayHandle {
         let acked = self.acked.load(Ordering::SeqCst);
         (acked > self.deleted.load(Ordering::SeqCst)).then_some(acked)
     }
-    /// Records that a writer committed records through sequence `seq`.
-    pub fn note_written(&self, seq: u64) {
+    /// Records that a writer committed `records` records, through sequence `seq`.
+    pub fn note_written(&self, seq: u64, records: u64) {
         self.written.fetch_max(seq, Ordering::SeqCst);
+        self.pending.fetch_add(records, Ordering::SeqCst);
+    }
+    /// Counts `records` already stored when the relay starts (an earlier run's, or a
+    /// restored snapshot's): it publishes them first.
+    pub fn note_stored(&self, records: u64) {
+        self.pending.fetch_add(records, Ordering::SeqCst);
+    }
+    /// Records that the relay is done with `records` records (acknowledged, or skipped as
+    /// covered by the fence watermark).
+    pub(crate) fn note_published(&self, records: u64) {
+        let _ = self
+            .pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
+                Some(p.saturating_sub(records))
+            });
     }
     /// Records committed but not yet acknowledged by JetStream, as far as this process
-    /// knows (cheap: no storage read). Before the relay's first window after a start it can
-    /// over-count a backlog left by an earlier run, which only delays intake briefly.
+    /// knows (cheap: no storage read).
     pub fn unpublished(&self) -> u64 {
-        self.written
-            .load(Ordering::SeqCst)
-            .saturating_sub(self.acked.load(Ordering::SeqCst))
+        self.pending.load(Ordering::SeqCst)
     }
     /// Records that everything through `upto` was deleted in a committed transaction.
     pub fn note_deleted(&self, upto: u64) {
@@ -123,6 +139,54 @@ impl RelayHandle {
     }
 }
 
+/// Every relay handle of this node: what makes `saga.max_outbox_depth` and the
+/// `runner_outbox_depth` gauge hold for the node, not per partition (a node owning P
+/// partitions would otherwise hold P times the bound, and each partition would overwrite the
+/// gauge with its own depth). A partition's handle is registered while the partition is
+/// owned ([`Relays::register`]; dropping the returned guard forgets it).
+#[derive(Debug, Default)]
+pub struct Relays {
+    handles: std::sync::Mutex<Vec<RelayHandle>>,
+}
+
+/// Keeps a handle registered in [`Relays`] until dropped.
+#[must_use = "the handle is forgotten when this is dropped"]
+pub struct Registered {
+    relays: Arc<Relays>,
+    handle: RelayHandle,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.relays
+            .lock()
+            .retain(|h| !Arc::ptr_eq(&h.acked, &self.handle.acked));
+    }
+}
+
+impl Relays {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<RelayHandle>> {
+        match self.handles.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        }
+    }
+
+    /// Counts `handle` in the node's depth until the guard is dropped.
+    pub fn register(self: &Arc<Self>, handle: RelayHandle) -> Registered {
+        self.lock().push(handle.clone());
+        Registered {
+            relays: self.clone(),
+            handle,
+        }
+    }
+
+    /// Records written and not yet acknowledged, over every relay of the node.
+    pub fn unpublished(&self) -> u64 {
+        self.lock().iter().map(RelayHandle::unpublished).sum()
+    }
+}
+
 /// This relay's name among the stalled stages ([`crate::telemetry::stall`]).
 const STAGE: &str = "relay";
 
@@ -146,6 +210,8 @@ pub struct Relay {
     /// A record the broker refused for good (`park::refused_for_good`) in the last window,
     /// with the refusal: parked before publishing resumes.
     pub refused: std::sync::Mutex<Option<(u64, String)>>,
+    /// The node's relays, for the `runner_outbox_depth` gauge (node-wide).
+    pub relays: Option<Arc<Relays>>,
 }
 
 /// The headers a record is published with. With span export on, the publication is an
@@ -255,9 +321,9 @@ impl Relay {
                     }
                     continue;
                 }
-                self.metrics
-                    .outbox_depth
-                    .set(self.handle.unpublished() as i64);
+                if let Some(relays) = &self.relays {
+                    self.metrics.outbox_depth.set(relays.unpublished() as i64);
+                }
                 if stopping {
                     self.delete_published().await;
                     tracing::info!(
@@ -386,6 +452,7 @@ impl Relay {
     async fn settle(&self, w: InFlight) -> bool {
         let results = futures::future::join_all(w.acks.into_iter().map(|f| f.into_future())).await;
         let acked = results.iter().take_while(|r| r.is_ok()).count();
+        self.handle.note_published(acked as u64);
         if acked > 0 {
             self.handle
                 .acked

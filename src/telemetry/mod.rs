@@ -94,6 +94,8 @@ pub struct Metrics {
     pub partition_epoch: IntGaugeVec,
     /// See [`names::PARTITION_LAG`].
     pub partition_lag: IntGaugeVec,
+    /// See [`names::PARTITION_CHECKPOINT`].
+    pub partition_checkpoint: IntGaugeVec,
     /// See [`names::LEASE_EVENTS_TOTAL`].
     pub lease_events: IntCounterVec,
     /// See [`names::FENCED_REJECTIONS_TOTAL`].
@@ -404,6 +406,16 @@ impl Metrics {
                 &["partition"],
             )?,
         )?;
+        let partition_checkpoint = reg(
+            r,
+            IntGaugeVec::new(
+                Opts::new(
+                    names::PARTITION_CHECKPOINT,
+                    "Committed inbox checkpoint, per owned partition.",
+                ),
+                &["partition"],
+            )?,
+        )?;
         let partition_lag = reg(
             r,
             IntGaugeVec::new(
@@ -555,6 +567,7 @@ impl Metrics {
             partitions_owned,
             partition_epoch,
             partition_lag,
+            partition_checkpoint,
             lease_events,
             fenced_rejections,
             relay_suppressed,

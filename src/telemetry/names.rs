@@ -62,6 +62,9 @@ pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
 pub const PARTITIONS_OWNED: &str = "runner_partitions_owned";
 /// Lease epoch of each partition this replica owns (0 when not owned).
 pub const PARTITION_EPOCH: &str = "runner_partition_epoch";
+/// The committed inbox checkpoint, by owned partition (`runner_consumer_checkpoint` is the
+/// single-active streams').
+pub const PARTITION_CHECKPOINT: &str = "runner_partition_checkpoint";
 /// Inbox messages after the last one read, by owned partition.
 pub const PARTITION_LAG: &str = "runner_partition_lag";
 /// Partition lease events (`acquired`; `inherited`, an acquire from a hand-over that named its

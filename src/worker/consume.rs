@@ -138,10 +138,7 @@ pub(crate) async fn run(
                 continue;
             }
         };
-        metrics
-            .consumer_checkpoint
-            .with_label_values(&[&input.stream])
-            .set(cp as i64);
+        checkpoint_gauge(metrics, &input, cp);
         let messages = async {
             let stream = liveness.context().get_stream(&input.stream).await?;
             let consumer = stream
@@ -311,10 +308,7 @@ pub(crate) async fn run(
                             .saga_inputs
                             .with_label_values(&[&input.stream])
                             .inc_by(n as u64);
-                        metrics
-                            .consumer_checkpoint
-                            .with_label_values(&[&input.stream])
-                            .set(cp as i64);
+                        checkpoint_gauge(metrics, &input, cp);
                         match (lag, &input.scope) {
                             (Some(l), Some(s)) => metrics
                                 .partition_lag
@@ -328,7 +322,7 @@ pub(crate) async fn run(
                         }
                         tally.record(metrics);
                         if tally.outbox > 0 {
-                            relay.note_written(tally.last_outbox);
+                            relay.note_written(tally.last_outbox, tally.outbox);
                             relay.wake();
                         }
                         backoff.reset();
@@ -376,13 +370,29 @@ fn split_by_bytes(batch: Vec<(u64, RawInput)>, cap: usize) -> Vec<Vec<(u64, RawI
     out
 }
 
-/// Backpressure: waits while the outbox holds more than `saga.max_outbox_depth` records
-/// not yet acknowledged by JetStream (as the relay reports them), waking the relay, unless
-/// `cancel` has fired.
+/// Sets the checkpoint gauge of `input`: per stream for a single-active input, per
+/// partition for a partition's (every partition reads the same inbox stream, so one
+/// stream-labelled gauge would hold whichever partition wrote last).
+fn checkpoint_gauge(metrics: &crate::telemetry::Metrics, input: &Input, cp: u64) {
+    match &input.scope {
+        Some(s) => metrics
+            .partition_checkpoint
+            .with_label_values(&[&s.partition.to_string()])
+            .set(cp as i64),
+        None => metrics
+            .consumer_checkpoint
+            .with_label_values(&[&input.stream])
+            .set(cp as i64),
+    }
+}
+
+/// Backpressure: waits while the node's outboxes hold more than `saga.max_outbox_depth`
+/// records not yet acknowledged by JetStream (as its relays report them, over every owned
+/// partition: [`crate::relay::Relays`]), waking this loop's relay, unless `cancel` has fired.
 async fn wait_for_relay(state: &AppState, relay: &RelayHandle, cancel: &CancellationToken) {
     let max_depth = state.config.saga.max_outbox_depth;
     loop {
-        let depth = relay.unpublished();
+        let depth = state.relays.unpublished();
         state.metrics.outbox_depth.set(depth as i64);
         if depth <= max_depth || cancel.is_cancelled() {
             return;

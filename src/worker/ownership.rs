@@ -90,6 +90,8 @@ pub(crate) struct Ctx {
 
 /// A partition this replica works on.
 struct Running {
+    /// Counts this partition's outbox in the node's depth while it is owned.
+    _registered: crate::relay::Registered,
     lease: Kept,
     consume_stop: CancellationToken,
     consume: JoinHandle<()>,
@@ -369,6 +371,15 @@ async fn start(
         tracing::error!(message = "Inputs this partition needs are gone from the inbox: its state cannot be rebuilt exactly. Keep the inbox longer than snapshot age plus the longest outage.", partition = p, checkpoint = restored.checkpoint, stream = %inbox);
     }
     let handle = RelayHandle::new();
+    // The partition's stored records (restored, or left by an earlier owner on this node)
+    // are published first: counted from the start.
+    match state.store.read(move |t| t.outbox_len(p as u16)).await {
+        Ok(n) => handle.note_stored(n),
+        Err(e) => {
+            tracing::warn!(message = "Cannot count the partition's stored outbox.", partition = p, error = %e)
+        }
+    }
+    let handle_for_depth = handle.clone();
     // Built once: the relay looks the stream of every record up in it.
     let specs = stream_specs(&state.config.streams);
     let relay = PartitionRelay {
@@ -440,6 +451,7 @@ async fn start(
         handed_over_at = ?lease.handed_over_at()
     );
     Some(Running {
+        _registered: state.relays.register(handle_for_depth),
         lease,
         consume_stop,
         consume,
@@ -572,4 +584,9 @@ fn forget(state: &AppState, p: u32) {
         .partition_lag
         .with_label_values(&[&label])
         .set(0);
+    // Another node owns it now: its checkpoint is no longer this node's to report.
+    let _ = state
+        .metrics
+        .partition_checkpoint
+        .remove_label_values(&[&label]);
 }

@@ -77,7 +77,7 @@ pub(crate) async fn run(state: Arc<AppState>, relay: RelayHandle, cancel: Cancel
                     metrics.timers_fired.inc_by(lags.len() as u64);
                     tally.record(metrics);
                     if tally.outbox > 0 {
-                        relay.note_written(tally.last_outbox);
+                        relay.note_written(tally.last_outbox, tally.outbox);
                         relay.wake();
                     }
                     if lags.len() == TIMER_BATCH {

@@ -126,6 +126,20 @@ impl<K: TransactionKind> Tables<'_, K> {
         Ok(out)
     }
 
+    /// Number of outbox records of `partition` (a scan of its keys: for start-up).
+    pub fn outbox_len(&self, partition: u16) -> Result<u64> {
+        let mut cur = self.txn.cursor(&self.outbox)?;
+        let mut n = 0;
+        for item in cur.iter_from::<Vec<u8>, ()>(&outbox_key(partition, 0)) {
+            let (k, ()) = item?;
+            if k.len() != 10 || k[..2] != partition.to_be_bytes() {
+                break;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Number of outbox records (all partitions).
     pub fn outbox_depth(&self) -> Result<u64> {
         Ok(self.txn.table_stat(&self.outbox)?.entries() as u64)
