@@ -250,7 +250,7 @@ pub enum OutputFormat {
 /// `runner dlq` actions.
 #[derive(Debug, Subcommand)]
 pub enum DlqAction {
-    /// List pending dead letters (one line each, or JSON).
+    /// One page of pending dead letters (one line each, or JSON), a tenant's oldest first.
     List {
         /// Only this tenant.
         #[arg(long)]
@@ -262,7 +262,14 @@ pub enum DlqAction {
         /// newest first; read through a node, so it needs `--admin`.
         #[arg(long)]
         stream: bool,
-        /// `text` (a line per letter, then a count) or `json`.
+        /// Page size (1 to 1000); a page may hold fewer when its answer would pass 4 MiB.
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Continue after this point (the `next` a previous page printed).
+        #[arg(long)]
+        after: Option<String>,
+        /// `text` (a line per letter, a count, then `next: …` when more follow) or `json`
+        /// (the page: `items`, `next`, …).
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },

@@ -3,7 +3,8 @@
 //! print (a line per item, or JSON with `--output json`).
 //!
 //! Guarantees: the data directory is opened read-only for every read command, so they work
-//! beside a live node; only redrive, purge and migrate open it for writing. Every line the
+//! beside a live node; a listing (`instances list`, `dlq list`, `dlq list --stream`) prints
+//! one bounded page and the `next` to pass as `--after`, never the whole table; only redrive, purge and migrate open it for writing. Every line the
 //! CLI prints goes through [`out`]: a reader that stops early (`| head`) ends the output
 //! quietly, never a panic.
 
@@ -318,12 +319,17 @@ fn ops_dlq_remote(
         DlqAction::List {
             tenant,
             stream: true,
+            limit,
+            after,
             output,
             ..
         } => {
-            let mut q = "limit=1000".to_string();
+            let mut q = format!("limit={limit}");
             if let Some(t) = &tenant {
                 q += &format!("&tenant={}", enc(t));
+            }
+            if let Some(a) = &after {
+                q += &format!("&after={}", enc(a));
             }
             let v = api.get(&format!("/admin/dlq/stream?{q}"))?;
             if output == OutputFormat::Json {
@@ -346,21 +352,26 @@ fn ops_dlq_remote(
                 )?;
             }
             crate::outln!("{} dead letter(s) on stream {}", items.len(), v["stream"])?;
+            print_next(&v)?;
         }
         DlqAction::List {
             tenant,
             all,
+            limit,
+            after,
             output,
             ..
         } => {
-            let mut q = format!("limit=1000&all={all}");
+            let mut q = format!("limit={limit}&all={all}");
             if let Some(t) = &tenant {
                 q += &format!("&tenant={}", enc(t));
             }
+            if let Some(a) = &after {
+                q += &format!("&after={}", enc(a));
+            }
             let v = api.get(&format!("/admin/dlq?{q}"))?;
-            let items: Vec<crate::storage::tables::DeadLetter> =
-                serde_json::from_value(v["items"].clone())?;
-            print_letters(&items, output)?;
+            let page: crate::deadletter::Page = serde_json::from_value(v)?;
+            print_letters(&page, output)?;
         }
         DlqAction::Show { tenant, id, output } => {
             let v = api.get(&format!("/admin/dlq/{}/{id}", enc(&tenant)))?;
@@ -382,23 +393,20 @@ fn ops_dlq_remote(
     Ok(())
 }
 
-/// Prints dead letters one line each (values escaped: they may come from inputs), or as
-/// one JSON document.
-fn print_letters(
-    items: &[crate::storage::tables::DeadLetter],
-    output: OutputFormat,
-) -> anyhow::Result<()> {
+/// Prints a page of dead letters one line each (values escaped: they may come from
+/// inputs), a count, and `next: …` when more follow; or the page as one JSON document.
+fn print_letters(page: &crate::deadletter::Page, output: OutputFormat) -> anyhow::Result<()> {
     if output == OutputFormat::Json {
-        crate::outln!("{}", serde_json::to_string_pretty(items)?)?;
+        crate::outln!("{}", serde_json::to_string_pretty(page)?)?;
         return Ok(());
     }
     let e = crate::telemetry::escape_controls;
-    for d in items {
+    for d in page.items.iter().map(|l| &l.letter) {
         crate::outln!(
             "{}\t{}\t{}\t{:?}\t{}\t{}/{}\t{}",
             d.id,
             e(&d.tenant),
-            d.kind,
+            e(&d.kind),
             d.status,
             e(&d.source),
             e(d.saga.as_deref().unwrap_or("-")),
@@ -406,7 +414,22 @@ fn print_letters(
             e(&d.reason)
         )?;
     }
-    crate::outln!("{} dead letter(s)", items.len())?;
+    crate::outln!("{} dead letter(s)", page.items.len())?;
+    print_next(&serde_json::to_value(page)?)
+}
+
+/// The end of a printed page: `next: …` when more follow, and why the page is short when it
+/// stopped before its `limit` (its answer's byte cap, or its scan bound).
+fn print_next(page: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(next) = page["next"].as_str() {
+        if let Some(why) = page["stopped_at"].as_str() {
+            crate::outln!(
+                "page stopped at its {}; more may follow",
+                crate::telemetry::escape_controls(why)
+            )?;
+        }
+        crate::outln!("next: {}", crate::telemetry::escape_controls(next))?;
+    }
     Ok(())
 }
 
@@ -433,11 +456,21 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
         DlqAction::List {
             tenant,
             all,
+            limit,
+            after,
             output,
             ..
         } => {
-            let items = crate::deadletter::list(&store, tenant.as_deref(), all)?;
-            print_letters(&items, output)?;
+            let page = crate::deadletter::page(
+                &store,
+                &crate::deadletter::Listing {
+                    tenant: tenant.as_deref(),
+                    all,
+                    after: after.as_deref(),
+                    limit,
+                },
+            )?;
+            print_letters(&page, output)?;
         }
         DlqAction::Show { tenant, id, output } => {
             let letter = crate::deadletter::show(&store, &tenant, id)?;

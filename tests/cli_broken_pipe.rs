@@ -123,8 +123,8 @@ fn read_commands_end_quietly_when_their_reader_stops_early() {
         "1000",
     ];
     let list_json = [&list[..], &["--output", "json"]].concat();
-    let dlq = ["dlq", "list", "--data-dir", d];
-    let dlq_json = ["dlq", "list", "--data-dir", d, "--output", "json"];
+    let dlq = ["dlq", "list", "--data-dir", d, "--limit", "1000"];
+    let dlq_json = [&dlq[..], &["--output", "json"]].concat();
     for args in [&list[..], &list_json, &dlq, &dlq_json] {
         // Read whole, each command works and prints far more than a pipe holds.
         let (code, whole) = run_to_exit(args, &[], Duration::from_secs(60));

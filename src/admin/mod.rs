@@ -10,12 +10,17 @@
 //! | `POST /admin/drain` | begins the drain (202); the process exits when drained |
 //! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
 //! | `GET /admin/instances` | one page of a tenant's instances of a saga by state and age (see `instances.rs`) |
-//! | `GET /admin/instance`, `GET /admin/dlq`, `GET /admin/dlq/{tenant}/{id}`, `POST /admin/dlq/{tenant}/{id}/redrive` | one instance; dead letters listed, shown, redriven, rate-limited (see `operate.rs`) |
-//! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed and redriven once (see `operate.rs`) |
+//! | `GET /admin/instance`, `GET /admin/dlq`, `GET /admin/dlq/{tenant}/{id}`, `POST /admin/dlq/{tenant}/{id}/redrive` | one instance; dead letters listed one bounded page at a time (`after=NEXT`), shown whole, redriven, rate-limited (see `operate.rs`) |
+//! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed one bounded page at a time and redriven once (see `operate.rs`) |
 //! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
 //! | `POST /admin/partitions/{p}/replay` | `{"from", "confirm"}`: the owner reads partition `p`'s inbox again from `from` (see `partitions.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
+//!
+//! The dead-letter listings (`/admin/dlq`, `/admin/dlq/stream`) answer one page whose cost is
+//! bounded whatever is stored — entries read, bytes read, bytes answered (4 MiB), bytes shown
+//! per letter — and a `next` to pass back as `after`, as `/admin/instances` pages its index;
+//! none reads a whole table or stream in one call.
 //!
 //! A tenant given to a tenant-scoped route (`{tenant}` in the path, `tenant` in the query or
 //! the migrate body) that cannot be a tenant (NUL, whitespace, `.`, `*`, `>`, over 128

@@ -5,13 +5,24 @@
 //! | route | answer |
 //! |---|---|
 //! | `GET /admin/instance?tenant=T&saga=S&id=C` | the `runner inspect` view; 404 when there is none |
-//! | `GET /admin/dlq?[tenant=T][&all=true][&limit=N]` | dead letters, newest first (pending only unless `all`), at most `limit` (100; ≤ 1000) |
+//! | `GET /admin/dlq?[tenant=T][&all=true][&limit=N][&after=NEXT]` | one page of dead letters in key order — a tenant's oldest first, tenants by name — pending only unless `all`, at most `limit` (100; ≤ 1000): `{items, next?, total?, scanned, stopped_at?}` (`deadletter::page`) |
 //! | `GET /admin/dlq/{tenant}/{id}` | one dead letter in full |
-//! | `GET /admin/dlq/stream?[tenant=T][&limit=N]` | the newest letters of the dead-letter stream (effect commands refused by effect workers among them), newest first, at most `limit` (100; ≤ 1000) |
+//! | `GET /admin/dlq/stream?[tenant=T][&limit=N][&after=NEXT]` | one page of the dead-letter stream's letters (effect commands refused by effect workers among them), newest first, at most `limit` (100; ≤ 1000): `{stream, items, next?, scanned, scanned_bytes, stopped_at?}` (`broker::dlq::recent`) |
 //! | `POST /admin/dlq/{tenant}/{id}/redrive` | applies it again with the manifests in force, then what was held behind it; the redrive report |
 //! | `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | puts the effect command kept in letter `seq` of the dead-letter stream back on its subject and deletes the letter (see `broker::dlq::redrive`) |
 //!
-//! Guarantees: a redrive is applied once — the store marks the letter redriven in the same
+//! Guarantees: a listing reads one bounded page, never the whole table or stream: at most
+//! `limit` + 1 stored letters and never more than 10 000 of them or 16 MiB
+//! (`deadletter::SCAN_ENTRIES`, `SCAN_BYTES`), or 20 × `limit` stream messages and 16 MiB of
+//! their payloads; filters apply while it reads, so one that matches nothing ends its page
+//! there, with `next`. Its answer is at most 4 MiB (`deadletter::ANSWER_BYTES`): it holds
+//! fewer than `limit` items, with `next` and `stopped_at: "answer_bytes"`, rather than pass
+//! it; and each letter shows at most 4 KiB of its body (`body_stored_bytes` gives the whole
+//! size, `cut: true` says something was cut; `GET /admin/dlq/{tenant}/{id}` shows it whole).
+//! A page's `next` is opaque: pass it back as `after`; a tenant's `next` never reaches
+//! another tenant's letters. `total` is given only when one page holds the whole listing.
+//!
+//! A redrive is applied once — the store marks the letter redriven in the same
 //! transaction, so a second request for it is refused; a stream letter is republished under
 //! a message id of its own and deleted — and redrives of both kinds share one rate limit per
 //! node ([`REDRIVES_PER_SECOND`], 429 with `Retry-After` beyond it), so a script cannot turn
@@ -76,26 +87,29 @@ pub(super) struct ListParams {
     #[serde(default)]
     all: bool,
     limit: Option<usize>,
+    after: Option<String>,
 }
 
 pub(super) async fn dlq_list(
     State(state): State<Arc<AppState>>,
     Query(p): Query<ListParams>,
 ) -> Response {
-    let limit = p.limit.unwrap_or(100);
-    if limit == 0 || limit > 1000 {
-        return error(StatusCode::BAD_REQUEST, "`limit` must be 1 to 1000");
-    }
     let store = state.store.clone();
-    match tokio::task::spawn_blocking(move || deadletter::list(&store, p.tenant.as_deref(), p.all))
-        .await
-    {
-        Ok(Ok(mut items)) => {
-            let total = items.len();
-            items.sort_by(|a, b| b.at_ms.cmp(&a.at_ms).then(b.id.cmp(&a.id)));
-            items.truncate(limit);
-            Json(json!({ "total": total, "items": items })).into_response()
-        }
+    let result = tokio::task::spawn_blocking(move || {
+        deadletter::page(
+            &store,
+            &deadletter::Listing {
+                tenant: p.tenant.as_deref(),
+                all: p.all,
+                after: p.after.as_deref(),
+                limit: p.limit.unwrap_or(100),
+            },
+        )
+    })
+    .await;
+    match result {
+        Ok(Ok(page)) => Json(page).into_response(),
+        Ok(Err(e @ DeadLetterError::BadQuery(_))) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Ok(Err(e)) => internal(e),
         Err(e) => internal(e),
     }
@@ -198,6 +212,7 @@ pub(super) async fn dlq_redrive(
 pub(super) struct StreamParams {
     tenant: Option<String>,
     limit: Option<usize>,
+    after: Option<String>,
 }
 
 pub(super) async fn dlq_stream(
@@ -205,14 +220,26 @@ pub(super) async fn dlq_stream(
     Query(p): Query<StreamParams>,
 ) -> Response {
     let limit = p.limit.unwrap_or(100);
-    if limit == 0 || limit > 1000 {
-        return error(StatusCode::BAD_REQUEST, "`limit` must be 1 to 1000");
+    if limit == 0 || limit > deadletter::MAX_PAGE {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("`limit` must be 1 to {}", deadletter::MAX_PAGE),
+        );
     }
+    let after = match p.after.as_deref().map(crate::broker::dlq::parse_after) {
+        None => None,
+        Some(Some(seq)) => Some(seq),
+        Some(None) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "`after` is not the `next` of an earlier page",
+            );
+        }
+    };
     let stream = &state.config.streams.dead_letter;
-    match crate::broker::dlq::recent(state.broker.jetstream(), stream, p.tenant.as_deref(), limit)
-        .await
-    {
-        Ok(items) => Json(json!({ "stream": stream, "items": items })).into_response(),
+    let js = state.broker.jetstream();
+    match crate::broker::dlq::recent(js, stream, p.tenant.as_deref(), after, limit).await {
+        Ok(page) => Json(page).into_response(),
         Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }

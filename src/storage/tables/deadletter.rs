@@ -4,8 +4,12 @@
 //!
 //! Guarantee: ids come from one counter in `meta`, assigned in the recording transaction,
 //! so they increase in the order dead letters were committed and a tenant's entries list
-//! oldest first. The protocol around these rows (what parks a key, how a redrive replays
-//! it) is [`crate::deadletter`]'s.
+//! oldest first. A listing walks them in that key order from a position
+//! ([`Tables::walk_dead_letters`]), reading only what it hands over, never the whole table.
+//! The protocol around these rows (what parks a key, how a redrive replays it) is
+//! [`crate::deadletter`]'s.
+
+use std::borrow::Cow;
 
 use libmdbx::{RW, TransactionKind, WriteFlags};
 use serde::{Deserialize, Serialize};
@@ -78,7 +82,45 @@ impl<K: TransactionKind> Tables<'_, K> {
         v.map(|b| json(&b, "dead letter")).transpose()
     }
 
-    /// Every dead letter, by tenant then id.
+    /// Walks the stored dead letters in key order — one tenant's, oldest first, or every
+    /// tenant's, by tenant then id — starting strictly after `after`, a position this walk
+    /// handed out earlier. `visit` gets each letter's position (relative to the tenant's
+    /// entries when `tenant` is given, so no position reaches another tenant's) and its
+    /// stored bytes, borrowed from the store, and returns whether to go on. Returns `true`
+    /// when the letters ran out, `false` when `visit` stopped the walk. Reads nothing it
+    /// does not hand to `visit`, beyond the one key that ends a tenant's entries.
+    pub fn walk_dead_letters(
+        &self,
+        tenant: Option<&str>,
+        after: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool>,
+    ) -> Result<bool> {
+        let mut prefix = Vec::new();
+        if let Some(t) = tenant {
+            prefix.extend_from_slice(t.as_bytes());
+            prefix.push(0);
+        }
+        let mut start = prefix.clone();
+        if let Some(a) = after {
+            start.extend_from_slice(a);
+            start.push(0); // strictly after it
+        }
+        let mut cur = self.txn.cursor(&self.deadletter)?;
+        for item in cur.iter_from::<Cow<'_, [u8]>, Cow<'_, [u8]>>(&start) {
+            let (k, v) = item?;
+            let Some(position) = k.strip_prefix(prefix.as_slice()) else {
+                return Ok(true);
+            };
+            if !visit(position, &v)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Every dead letter, by tenant then id: the whole table in memory, for the protocol's
+    /// own passes (purge, release) and tests. The operator's listings page with
+    /// [`Tables::walk_dead_letters`] instead.
     pub fn dead_letters(&self) -> Result<Vec<DeadLetter>> {
         let mut cur = self.txn.cursor(&self.deadletter)?;
         let mut out = Vec::new();

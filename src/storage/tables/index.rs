@@ -104,8 +104,9 @@ pub(crate) fn instance_of_index_key(key: &[u8]) -> Option<[&str; 3]> {
     Some([tenant, saga, corr])
 }
 
-/// A continuation as text: the hex of the position within the listing's prefix.
-fn encode_after(suffix: &[u8]) -> String {
+/// A continuation as text: the hex of the position within the listing's prefix (also the
+/// shape of a dead-letter listing's `next`: [`Tables::walk_dead_letters`]).
+pub fn encode_after(suffix: &[u8]) -> String {
     suffix.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -115,7 +116,8 @@ pub fn is_continuation(s: &str) -> bool {
     decode_after(s).is_some()
 }
 
-fn decode_after(s: &str) -> Option<Vec<u8>> {
+/// The position a continuation names; `None` when `s` is not one.
+pub fn decode_after(s: &str) -> Option<Vec<u8>> {
     if !s.len().is_multiple_of(2) {
         return None;
     }

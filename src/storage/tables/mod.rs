@@ -39,7 +39,9 @@ pub mod txn;
 pub use deadletter::{DeadLetter, DeadLetterStatus};
 pub use dedupe::dedupe_key;
 pub use history::{HISTORY_KEEP, HistoryEntry};
-pub use index::{InstancePage, InstanceQuery, MAX_PAGE, is_continuation};
+pub use index::{
+    InstancePage, InstanceQuery, MAX_PAGE, decode_after, encode_after, is_continuation,
+};
 pub use keys::instance_key;
 pub use outbox::{DEFAULT_PARTITION, OutboxRecord};
 pub use timers::TimerEntry;
