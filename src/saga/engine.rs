@@ -59,8 +59,15 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             .eval_string(&vars)
             .map_err(|e| StepError::poison(format!("correlation of saga `{name}`: {e}")))?;
         if !valid_token(&corr) {
+            // Shown escaped and cut: it came from the input.
+            let mut shown: String = corr.chars().take(80).collect();
+            if shown.len() < corr.len() {
+                shown.push('…');
+            }
             return Err(StepError::poison(format!(
-                "correlation id `{corr}` of saga `{name}` is not a valid subject token"
+                "correlation id `{}` of saga `{name}` is not a valid subject token (no \
+                 whitespace, control character, `.`, `*` or `>`)",
+                crate::telemetry::escape_controls(&shown)
             )));
         }
         out.push(Route {
