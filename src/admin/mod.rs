@@ -29,7 +29,9 @@
 //! loopback without one the start-up log says the admin API is open. The probes and
 //! `/metrics` stay open so orchestrators and scrapers need no secret (metrics carry no
 //! tenant data or secrets). The listener caps open connections and times out idle and
-//! long-lived ones (`guard.rs`).
+//! long-lived ones (`guard.rs`); at the cap a new connection takes the slot of the one that
+//! has waited longest without a request in flight, so slow or idle connections filling the
+//! cap cannot starve the probes.
 
 use std::sync::Arc;
 
@@ -133,10 +135,17 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
             idle: a.idle_timeout.get(),
             lifetime: a.connection_timeout.get(),
         },
-        state.metrics.admin_connections.clone(),
-        state.metrics.admin_connections_refused.clone(),
+        guard::Counters {
+            open: state.metrics.admin_connections.clone(),
+            evicted: state.metrics.admin_connections_evicted.clone(),
+            refused: state.metrics.admin_connections_refused.clone(),
+        },
     );
-    let app = router(state, token);
+    // Each request is marked in flight on its connection, which keeps the connection from
+    // being evicted at the cap meanwhile (`guard.rs`).
+    let app = router(state, token)
+        .layer(middleware::from_fn(guard::track))
+        .into_make_service_with_connect_info::<guard::Slot>();
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub admin_connections: IntGauge,
     /// See [`names::ADMIN_CONNECTIONS_REFUSED_TOTAL`].
     pub admin_connections_refused: IntCounter,
+    /// See [`names::ADMIN_CONNECTIONS_EVICTED_TOTAL`].
+    pub admin_connections_evicted: IntCounter,
     /// See [`names::RELAY_WINDOW_SECONDS`].
     pub relay_window_seconds: Histogram,
     /// See [`names::TIMERS_PENDING`].
@@ -268,7 +270,14 @@ impl Metrics {
             r,
             IntCounter::new(
                 names::ADMIN_CONNECTIONS_REFUSED_TOTAL,
-                "Admin connections closed at once: admin.max_connections were open.",
+                "Admin connections closed at once: admin.max_connections were open, each with a request in flight.",
+            )?,
+        )?;
+        let admin_connections_evicted = reg(
+            r,
+            IntCounter::new(
+                names::ADMIN_CONNECTIONS_EVICTED_TOTAL,
+                "Admin connections closed to make room for a newer one at admin.max_connections: the one open that had waited longest without a request in flight.",
             )?,
         )?;
         let relay_parked = reg(
@@ -534,6 +543,7 @@ impl Metrics {
             pipeline_stalled,
             admin_connections,
             admin_connections_refused,
+            admin_connections_evicted,
             relay_window_seconds,
             timers_pending,
             timers_fired,

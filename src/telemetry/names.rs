@@ -36,8 +36,12 @@ pub const RELAY_PUBLISHED_TOTAL: &str = "runner_relay_published_total";
 pub const RELAY_ERRORS_TOTAL: &str = "runner_relay_errors_total";
 /// Admin connections open now.
 pub const ADMIN_CONNECTIONS: &str = "runner_admin_connections";
-/// Admin connections closed at once because `admin.max_connections` were open.
+/// Admin connections closed at once because `admin.max_connections` were open, each with a
+/// request in flight.
 pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "runner_admin_connections_refused_total";
+/// Admin connections closed to make room for a newer one at `admin.max_connections`: each
+/// had waited longest of those open without a request in flight (a slow or idle one).
+pub const ADMIN_CONNECTIONS_EVICTED_TOTAL: &str = "runner_admin_connections_evicted_total";
 /// Outputs the relay parked because the broker can never take them (dead-lettered).
 pub const RELAY_PARKED_TOTAL: &str = "runner_relay_parked_total";
 /// Relays and routers failing on every attempt for 30 s or more, read at each scrape.
