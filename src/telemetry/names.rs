@@ -98,6 +98,13 @@ pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
 /// scrape time; close to the pages commits write, aborted transactions included). Over
 /// `runner_saga_batch_size_sum`, the store pages written per input applied.
 pub const STORE_PAGES_DIRTIED_TOTAL: &str = "runner_store_pages_dirtied_total";
+/// 1 while storage writes fail: the last write transaction failed in libmdbx (a full disk,
+/// an I/O error, the map at `storage.max_size`); 0 once one commits. Read at each scrape.
+pub const STORAGE_WRITE_FAILING: &str = "runner_storage_write_failing";
+/// Write transactions failed in libmdbx, by reason (`disk_full`: no room on the disk
+/// holding the data directory, ENOSPC; `other`). Brought up to the store's count at each
+/// scrape.
+pub const STORAGE_WRITE_FAILURES_TOTAL: &str = "runner_storage_write_failures_total";
 /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
 /// `completed`, `failed`, `replayed`).
 pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";
