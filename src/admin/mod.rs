@@ -2,7 +2,7 @@
 //!
 //! | route | answer |
 //! |---|---|
-//! | `GET /health` | 200 when NATS answers a JetStream round trip within 2 s and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked, or a relay or router has failed on every attempt for 30 s (`stalled`) |
+//! | `GET /health` | 200 when NATS answers a JetStream round trip within 2 s and storage answers, else 503; JSON either way, `status` `degraded` (still 200) while outputs the broker can never take are parked, a relay or router has failed on every attempt for 30 s (`stalled`), or storage writes fail (`storage.ok` false, `storage.write_failing` true, `storage.error` the reason — "the disk holding `<data_dir>` is full (ENOSPC)" for a full disk — until a write commits: a restart would not free the disk, and the node goes on by itself) |
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /admin/ui` | the admin page (static, embedded; it holds no data and asks the API below for everything, with the token the operator types in) |
@@ -34,7 +34,9 @@
 //! loopback without one the start-up log says the admin API is open. The probes and
 //! `/metrics` stay open so orchestrators and scrapers need no secret (metrics carry no
 //! tenant data or secrets). The listener caps open connections and times out idle and
-//! long-lived ones (`guard.rs`).
+//! long-lived ones (`guard.rs`); at the cap a new connection takes the slot of the one that
+//! has waited longest without a request in flight, so slow or idle connections filling the
+//! cap cannot starve the probes.
 
 use std::sync::Arc;
 
@@ -138,10 +140,17 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
             idle: a.idle_timeout.get(),
             lifetime: a.connection_timeout.get(),
         },
-        state.metrics.admin_connections.clone(),
-        state.metrics.admin_connections_refused.clone(),
+        guard::Counters {
+            open: state.metrics.admin_connections.clone(),
+            evicted: state.metrics.admin_connections_evicted.clone(),
+            refused: state.metrics.admin_connections_refused.clone(),
+        },
     );
-    let app = router(state, token);
+    // Each request is marked in flight on its connection, which keeps the connection from
+    // being evicted at the cap meanwhile (`guard.rs`).
+    let app = router(state, token)
+        .layer(middleware::from_fn(guard::track))
+        .into_make_service_with_connect_info::<guard::Slot>();
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(stop.cancelled_owned())
         .await
@@ -242,26 +251,41 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
     let nats_ok = answered;
     state.metrics.nats_connected.set(i64::from(nats_ok));
     let storage = state.store.check().await;
-    let storage_json = match &storage {
+    let writes = storage_writes(&state);
+    let mut storage_json = match &storage {
         Ok(stats) => {
             json!({
                 "ok": true,
                 "entries": stats.entries,
                 "map_size_bytes": stats.map_size,
                 "page_size_bytes": stats.page_size,
+                "write_failing": false,
             })
         }
-        Err(e) => json!({"ok": false, "error": e.to_string()}),
+        Err(e) => json!({"ok": false, "error": e.to_string(), "write_failing": false}),
     };
+    if let Some(f) = &writes {
+        // A store that reads but cannot write: the last write transaction failed.
+        storage_json["ok"] = json!(false);
+        storage_json["write_failing"] = json!(true);
+        storage_json["disk_full"] = json!(f.disk_full);
+        storage_json["failed_writes"] = json!(f.failed_writes);
+        storage_json["failing_for_seconds"] = json!(f.since.elapsed().as_secs());
+        if storage.is_ok() {
+            storage_json["error"] = json!(f.error);
+        }
+    }
     let ok = nats_ok && storage.is_ok();
     // Parked outputs do not make the node unavailable (a restart would not help), but an
     // operator must look at them: the node reports itself degraded until they are handled.
     // Nor does a relay or router that has failed on every attempt for a while (a record
     // refused for a reason Runner does not know to park, a stream it cannot write): the
-    // node is connected, but its outputs do not move.
+    // node is connected, but its outputs do not move. Nor do failing storage writes (a full
+    // disk): a restart would not free the disk, every input stays in its stream and the node
+    // goes on by itself once a commit succeeds.
     let parked = state.metrics.relay_parked.get();
     let stalled = stalled_stages(&state.metrics);
-    let status = match (ok, parked > 0 || !stalled.is_empty()) {
+    let status = match (ok, parked > 0 || !stalled.is_empty() || writes.is_some()) {
         (false, _) => "unavailable",
         (true, false) => "ok",
         (true, true) => "degraded",
@@ -282,6 +306,15 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
         StatusCode::SERVICE_UNAVAILABLE
     };
     (code, Json(body)).into_response()
+}
+
+/// The store's write failure, if its writes fail now; also sets the storage write metrics.
+fn storage_writes(state: &AppState) -> Option<crate::storage::WriteFailure> {
+    let failing = state.store.write_failure();
+    state
+        .metrics
+        .storage_writes(failing.is_some(), state.store.write_failures());
+    failing
 }
 
 /// The stalled stages (`telemetry::stall`), also set on their gauge.
@@ -319,6 +352,7 @@ async fn metrics(State(state): State<Arc<AppState>>) -> Response {
         .nats_connected
         .set(i64::from(state.broker.is_connected()));
     stalled_stages(&state.metrics);
+    storage_writes(&state);
     match state.store.run(|s| s.pages_dirtied()).await {
         Ok(n) => state.metrics.store_pages_dirtied_upto(n),
         Err(e) => tracing::debug!(message = "Cannot read the store's page counters.", error = %e),

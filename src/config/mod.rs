@@ -530,8 +530,11 @@ pub struct AdminConfig {
     pub token: Option<String>,
     /// File whose (trimmed) content is the bearer token.
     pub token_file: Option<PathBuf>,
-    /// Most admin connections open at once (1..=10000); further ones are closed at once,
-    /// so a flood of connections cannot take the descriptors the node needs for NATS.
+    /// Most admin connections open at once (1..=10000), so a flood of connections cannot
+    /// take the descriptors the node needs for NATS. At the cap a new connection takes the
+    /// slot of the open one that has waited longest without a request in flight (closed),
+    /// so slow or idle connections cannot starve the probes; it is refused only when every
+    /// open one has a request in flight.
     pub max_connections: usize,
     /// A connection that sends or receives nothing for this long is closed (half-open
     /// requests, idle keep-alives).

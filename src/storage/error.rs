@@ -2,7 +2,9 @@
 //!
 //! Every storage call reports a [`StorageError`]. Stored bytes that do not decode are
 //! reported as [`StorageError::Corrupt`], never as a panic, so a damaged database is named
-//! as such rather than misread.
+//! as such rather than misread. A write that fails for want of disk space is reported as
+//! [`StorageError::DiskFull`], naming ENOSPC and the data directory, never as a bare
+//! "Input/output error".
 
 use std::path::PathBuf;
 
@@ -43,6 +45,19 @@ pub enum StorageError {
     /// libmdbx reported an error.
     #[error("libmdbx: {0}")]
     Mdbx(#[from] libmdbx::Error),
+    /// A write found no room on the disk holding the data directory: libmdbx said ENOSPC,
+    /// or it cut a write short (which it reports as EIO) with the disk full. Nothing of the
+    /// transaction was written; the write succeeds again once there is room.
+    #[error("the disk holding {} is full (ENOSPC): libmdbx: {source}", path.display())]
+    DiskFull {
+        /// The data directory.
+        path: PathBuf,
+        /// What libmdbx reported.
+        source: libmdbx::Error,
+    },
+    /// A group commit failed; every batch of the group is answered with this text.
+    #[error("{0}")]
+    Commit(String),
     /// Stored bytes do not decode: the database is damaged or was written by another program.
     #[error("corrupt data: {0}")]
     Corrupt(String),

@@ -72,6 +72,8 @@ pub struct Metrics {
     pub admin_connections: IntGauge,
     /// See [`names::ADMIN_CONNECTIONS_REFUSED_TOTAL`].
     pub admin_connections_refused: IntCounter,
+    /// See [`names::ADMIN_CONNECTIONS_EVICTED_TOTAL`].
+    pub admin_connections_evicted: IntCounter,
     /// See [`names::RELAY_WINDOW_SECONDS`].
     pub relay_window_seconds: Histogram,
     /// See [`names::TIMERS_PENDING`].
@@ -124,6 +126,12 @@ pub struct Metrics {
     pub store_pages_dirtied: IntCounter,
     /// The libmdbx count the counter above has reached.
     store_pages_seen: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// See [`names::STORAGE_WRITE_FAILING`]; set by [`Metrics::storage_writes`].
+    pub storage_write_failing: IntGauge,
+    /// See [`names::STORAGE_WRITE_FAILURES_TOTAL`]; advanced by [`Metrics::storage_writes`].
+    pub storage_write_failures: IntCounterVec,
+    /// The store's counts (`disk_full`, `other`) the counter above has reached.
+    storage_failures_seen: std::sync::Arc<[std::sync::atomic::AtomicU64; 2]>,
     /// See [`names::EFFECT_CLAIMS_TOTAL`].
     pub effect_claims: IntCounterVec,
     /// See [`names::EFFECT_COMMANDS_TOTAL`].
@@ -149,6 +157,10 @@ fn reg<C: prometheus::core::Collector + Clone + 'static>(
     r.register(Box::new(c.clone()))?;
     Ok(c)
 }
+
+/// The `reason` label values of [`names::STORAGE_WRITE_FAILURES_TOTAL`], in the order of
+/// [`crate::storage::WriteFailures`]' fields.
+const STORAGE_FAILURE_REASONS: [&str; 2] = ["disk_full", "other"];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
@@ -279,7 +291,14 @@ impl Metrics {
             r,
             IntCounter::new(
                 names::ADMIN_CONNECTIONS_REFUSED_TOTAL,
-                "Admin connections closed at once: admin.max_connections were open.",
+                "Admin connections closed at once: admin.max_connections were open, each with a request in flight.",
+            )?,
+        )?;
+        let admin_connections_evicted = reg(
+            r,
+            IntCounter::new(
+                names::ADMIN_CONNECTIONS_EVICTED_TOTAL,
+                "Admin connections closed to make room for a newer one at admin.max_connections: the one open that had waited longest without a request in flight.",
             )?,
         )?;
         let relay_parked = reg(
@@ -526,6 +545,28 @@ impl Metrics {
                 "Store pages write transactions added or copied for update (about the pages commits write).",
             )?,
         )?;
+        let storage_write_failing = reg(
+            r,
+            IntGauge::new(
+                names::STORAGE_WRITE_FAILING,
+                "1 while storage writes fail: the last write transaction failed (read at each scrape).",
+            )?,
+        )?;
+        let storage_write_failures = reg(
+            r,
+            IntCounterVec::new(
+                Opts::new(
+                    names::STORAGE_WRITE_FAILURES_TOTAL,
+                    "Write transactions failed in libmdbx, by reason (disk_full: ENOSPC on the data directory's disk; other).",
+                ),
+                &["reason"],
+            )?,
+        )?;
+        for reason in STORAGE_FAILURE_REASONS {
+            storage_write_failures
+                .with_label_values(&[reason])
+                .inc_by(0);
+        }
         Ok(Self {
             registry,
             effect_claims,
@@ -556,6 +597,7 @@ impl Metrics {
             pipeline_stalled,
             admin_connections,
             admin_connections_refused,
+            admin_connections_evicted,
             relay_window_seconds,
             timers_pending,
             timers_fired,
@@ -582,7 +624,30 @@ impl Metrics {
             retention_gaps,
             store_pages_dirtied,
             store_pages_seen: Default::default(),
+            storage_write_failing,
+            storage_write_failures,
+            storage_failures_seen: Default::default(),
         })
+    }
+
+    /// Sets [`names::STORAGE_WRITE_FAILING`] and brings [`names::STORAGE_WRITE_FAILURES_TOTAL`]
+    /// up to the store's counts (each failure added once, whatever the order of scrapes).
+    pub fn storage_writes(&self, failing: bool, failures: crate::storage::WriteFailures) {
+        use std::sync::atomic::Ordering;
+        self.storage_write_failing.set(i64::from(failing));
+        let totals = [failures.disk_full, failures.other];
+        for ((reason, total), seen) in STORAGE_FAILURE_REASONS
+            .iter()
+            .zip(totals)
+            .zip(self.storage_failures_seen.iter())
+        {
+            let before = seen.fetch_max(total, Ordering::SeqCst);
+            if total > before {
+                self.storage_write_failures
+                    .with_label_values(&[reason])
+                    .inc_by(total - before);
+            }
+        }
     }
 
     /// Brings [`names::STORE_PAGES_DIRTIED_TOTAL`] up to `total`, libmdbx's running count;
@@ -621,5 +686,26 @@ mod tests {
         m.store_pages_dirtied_upto(15);
         assert_eq!(m.store_pages_dirtied.get(), 15);
         assert!(m.encode().contains("runner_store_pages_dirtied_total 15"));
+    }
+
+    #[test]
+    fn storage_write_failures_are_counted_once_by_reason_and_the_gauge_follows_the_store() {
+        use crate::storage::WriteFailures;
+        let m = Metrics::new("0", "r", "saga").expect("registers");
+        let text = m.encode();
+        assert!(text.contains("runner_storage_write_failing 0"), "{text}");
+        assert!(
+            text.contains(r#"runner_storage_write_failures_total{reason="disk_full"} 0"#),
+            "both reasons are exported before any failure: {text}"
+        );
+        let failures = |disk_full, other| WriteFailures { disk_full, other };
+        m.storage_writes(true, failures(3, 1));
+        m.storage_writes(true, failures(2, 1)); // a scrape that read earlier, answering later
+        let text = m.encode();
+        assert!(text.contains("runner_storage_write_failing 1"), "{text}");
+        assert!(text.contains(r#"runner_storage_write_failures_total{reason="disk_full"} 3"#));
+        assert!(text.contains(r#"runner_storage_write_failures_total{reason="other"} 1"#));
+        m.storage_writes(false, failures(3, 1));
+        assert!(m.encode().contains("runner_storage_write_failing 0"));
     }
 }

@@ -39,8 +39,12 @@ pub const RELAY_PUBLISHED_TOTAL: &str = "runner_relay_published_total";
 pub const RELAY_ERRORS_TOTAL: &str = "runner_relay_errors_total";
 /// Admin connections open now.
 pub const ADMIN_CONNECTIONS: &str = "runner_admin_connections";
-/// Admin connections closed at once because `admin.max_connections` were open.
+/// Admin connections closed at once because `admin.max_connections` were open, each with a
+/// request in flight.
 pub const ADMIN_CONNECTIONS_REFUSED_TOTAL: &str = "runner_admin_connections_refused_total";
+/// Admin connections closed to make room for a newer one at `admin.max_connections`: each
+/// had waited longest of those open without a request in flight (a slow or idle one).
+pub const ADMIN_CONNECTIONS_EVICTED_TOTAL: &str = "runner_admin_connections_evicted_total";
 /// Outputs the relay parked because the broker can never take them (dead-lettered).
 pub const RELAY_PARKED_TOTAL: &str = "runner_relay_parked_total";
 /// Relays and routers failing on every attempt for 30 s or more, read at each scrape.
@@ -100,6 +104,13 @@ pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
 /// scrape time; close to the pages commits write, aborted transactions included). Over
 /// `runner_saga_batch_size_sum`, the store pages written per input applied.
 pub const STORE_PAGES_DIRTIED_TOTAL: &str = "runner_store_pages_dirtied_total";
+/// 1 while storage writes fail: the last write transaction failed in libmdbx (a full disk,
+/// an I/O error, the map at `storage.max_size`); 0 once one commits. Read at each scrape.
+pub const STORAGE_WRITE_FAILING: &str = "runner_storage_write_failing";
+/// Write transactions failed in libmdbx, by reason (`disk_full`: no room on the disk
+/// holding the data directory, ENOSPC; `other`). Brought up to the store's count at each
+/// scrape.
+pub const STORAGE_WRITE_FAILURES_TOTAL: &str = "runner_storage_write_failures_total";
 /// Effect claim events (`acquired`, `busy`, `steal`, `renewed`, `renew_failed`,
 /// `completed`, `failed`, `replayed`).
 pub const EFFECT_CLAIMS_TOTAL: &str = "runner_effect_claims_total";

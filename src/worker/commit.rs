@@ -14,7 +14,9 @@
 //!   produced; inputs at or below the stored checkpoint are skipped as already applied.
 //! - **Answered only after the commit.** A loop hears `Ok` only once the transaction is
 //!   durable; on failure every batch of the transaction is answered with the error and
-//!   nothing of it was written, so each loop re-reads from its checkpoint.
+//!   nothing of it was written, so each loop re-reads from its checkpoint. The error keeps
+//!   its text (a full disk is named: ENOSPC and the data directory), and the store marks
+//!   writes as failing until a commit succeeds (`storage` module doc).
 //! - **Order per stream.** A loop submits its next batch only after the answer to the
 //!   previous one, so batches of one stream never overtake each other.
 //! - **Bounded outputs.** A transaction stops taking inputs once the outbox records it
@@ -243,7 +245,7 @@ impl CommitTask {
             Err(e) => {
                 let why = e.to_string();
                 for reply in replies {
-                    let _ = reply.send(Err(StorageError::Task(why.clone())));
+                    let _ = reply.send(Err(StorageError::Commit(why.clone())));
                 }
             }
         }
