@@ -126,6 +126,9 @@ pub struct Poison<'a> {
     pub route: Option<&'a Route>,
     /// Outbox partition and cause of its message (see [`OutboxRecord::cause`]).
     pub outbox: (u16, (u64, u32)),
+    /// When the broker stored the input, when known: kept, so a redrive applies the input
+    /// within the same time bound ([`DeadLetter::stored_ms`]).
+    pub stored_ms: Option<u64>,
 }
 
 /// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
@@ -143,6 +146,7 @@ pub fn store(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<OutboxRecord, St
     let p = poison.refused;
     let mut letter = letter_of(p);
     letter.traceparent = poison.traceparent.map(str::to_string);
+    letter.stored_ms = poison.stored_ms;
     letter.saga = poison.route.map(|r| r.saga.clone());
     letter.correlation_id = poison.route.map(|r| r.correlation_id.clone());
     let letter = tx.push_dead_letter(letter)?;
@@ -195,6 +199,7 @@ pub fn letter_of(p: Refused<'_>) -> DeadLetter {
         attempts: 1,
         at_ms: p.at_ms,
         status: DeadLetterStatus::Pending,
+        stored_ms: None,
     }
 }
 
@@ -546,6 +551,7 @@ mod tests {
             attempts: 1,
             at_ms: refused.at_ms,
             status: DeadLetterStatus::Pending,
+            stored_ms: None,
         });
         assert_eq!(saga.subject, effect.subject);
         assert_eq!(saga.msg_id, "dl:AGGREGATE_EVENTS:7:order:3");

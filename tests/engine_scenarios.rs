@@ -8,7 +8,9 @@
 
 use runner::manifest::{self, Catalog};
 use runner::saga::migrate::{MigrateError, migrate};
-use runner::saga::{Applied, Input, Instance, Status, StepError, WorkKind, apply, route};
+use runner::saga::{
+    Applied, Input, Instance, Status, StepError, TimeBound, WorkKind, apply, route,
+};
 use serde_json::{Value, json};
 
 const T0: u64 = 1_700_000_000_000;
@@ -682,4 +684,65 @@ fn instances_stored_before_commands_were_recorded_still_take_their_results() {
         json!({"payment_id": "p"}),
     ));
     assert_eq!(paid.instance.state, "reserving_stock");
+}
+
+/// A saga's time is its input's `timestamp_ms`, the producer's clock: the worker passes the
+/// broker's stored time in with the input and the engine applies the timestamp within
+/// `saga.max_clock_skew` of it. The order saga's 15-minute payment timer is then due
+/// 10 to 20 minutes after the order was stored, whatever the producer's clock said — never
+/// in 1970 (fired at once) nor at `u64::MAX` (never).
+#[test]
+fn a_producer_clock_far_off_is_applied_at_the_edge_of_the_stored_time_window() {
+    const STORED: u64 = 1_800_000_000_000;
+    const SKEW: u64 = 300_000;
+    const PAYMENT_TIMEOUT: u64 = 900_000;
+    let c = catalog(&[("order.yaml", include_str!("../manifests/order.yaml"))]);
+    let bound = Some(TimeBound {
+        stored_ms: STORED,
+        skew_ms: SKEW,
+    });
+    let placed = |ts: Value| {
+        let mut i = agg(
+            "Order",
+            "o-1",
+            "OrderPlaced",
+            0,
+            json!({"customer_id": "c", "amount_cents": 100, "items": [{"sku": "s", "qty": 1}]}),
+        );
+        i.body["timestamp_ms"] = ts;
+        i
+    };
+    for (ts, applied_at) in [
+        (json!(0), STORED - SKEW),
+        (json!(u64::MAX), STORED + SKEW),
+        (json!(STORED - SKEW - 1), STORED - SKEW),
+        (json!(STORED + 42), STORED + 42),
+    ] {
+        let input = placed(ts.clone()).with_bound(bound);
+        let mut s = Scenario::new(&c, "order");
+        let a = s.send(input.clone());
+        assert_eq!(a.timers_set.len(), 1, "{ts}");
+        assert_eq!(a.timers_set[0].name, "payment_timeout");
+        assert_eq!(a.timers_set[0].due_ms, applied_at + PAYMENT_TIMEOUT, "{ts}");
+        // Everything the engine derives from the input's time uses the bounded time: the
+        // instance's clock and the outputs' (time-ordered) ids.
+        assert_eq!(
+            (a.instance.started_ms, a.instance.updated_ms),
+            (applied_at, applied_at)
+        );
+        let charge = &a.work[0];
+        let id = uuid::Uuid::parse_str(&charge.msg_id).unwrap();
+        let (secs, nanos) = id.get_timestamp().unwrap().to_unix();
+        assert_eq!(secs * 1000 + u64::from(nanos / 1_000_000), applied_at);
+        // Deterministic: the same input with the same stored time (a re-read after a
+        // crash) gives byte-identical results.
+        let again = apply(&c, "order", "o-1", None, &input).unwrap();
+        assert_eq!(again, a, "{ts}");
+        // The same as an unbounded input that had said the bounded time itself.
+        let honest = apply(&c, "order", "o-1", None, &placed(json!(applied_at))).unwrap();
+        assert_eq!(honest, a, "{ts}");
+    }
+    // An input without a bound (a timer firing: Runner's own time) is applied as it says.
+    let unbounded = apply(&c, "order", "o-1", None, &placed(json!(0))).unwrap();
+    assert_eq!(unbounded.timers_set[0].due_ms, PAYMENT_TIMEOUT);
 }

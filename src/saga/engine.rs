@@ -2,7 +2,8 @@
 //! [`apply`] (one input's effect on one instance).
 //!
 //! Guarantee: both are pure and deterministic. They read only the catalog, the stored
-//! instance and the input (time is the input's `timestamp_ms`), and return either the new
+//! instance and the input (time is the input's `timestamp_ms`, within the input's
+//! [`TimeBound`](super::types::TimeBound) when it has one), and return either the new
 //! instance with its work and timer changes, or a typed [`StepError`] and nothing else: the
 //! caller commits the result, or acts on the error, as one unit. [`apply`] checks what every
 //! saga style shares (version, key, tenant, finished instance, stale timer, initial data) and
@@ -24,6 +25,7 @@ use crate::manifest::catalog::{SagaKind, Trigger, subject_matches};
 /// input is matched against every loaded version's triggers (newest first) and the first
 /// matching trigger's correlation expression gives the instance key.
 pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> {
+    let input = &*input.bounded();
     let p = input.parse()?;
     if p.kind == InputKind::Timer {
         return Ok(vec![Route {
@@ -119,6 +121,7 @@ pub fn apply_owned(
     instance: Option<Instance>,
     input: &Input,
 ) -> Result<Applied, StepError> {
+    let input = &*input.bounded();
     let p = input.parse()?;
     let (def, mut inst, started) = match instance {
         Some(i) => {

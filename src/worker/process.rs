@@ -244,6 +244,7 @@ impl<'a> Processor<'a> {
             header_bytes: 0,
             refused: None,
             source: "timer".into(),
+            stored_ms: None, // its time is its due time, which the engine computed
         };
         let route = Route {
             saga: t.saga.clone(),
@@ -489,6 +490,7 @@ impl<'a> Processor<'a> {
                 },
                 traceparent: raw.traceparent.as_deref(),
                 route,
+                stored_ms: raw.stored_ms,
             },
         )?;
         self.tally.last_outbox = outbox_seq;
@@ -507,6 +509,9 @@ impl Reapply for Processor<'_> {
             header_bytes: 0,
             refused: None,
             source: format!("redrive:{}", dl.id),
+            // The broker's time kept with the letter (older letters: when it was recorded),
+            // so a redrive, however late, applies the input within the bound it had.
+            stored_ms: dl.stored_ms.or(Some(dl.at_ms)),
         };
         let failed_before = self.tally.dead_letters.len();
         match (&dl.saga, &dl.correlation_id, split_subject(&dl.subject)) {
@@ -518,7 +523,8 @@ impl Reapply for Processor<'_> {
                 );
                 let _entered = span.enter();
                 let body: Json = serde_json::from_str(&dl.body).unwrap_or(Json::Null);
-                let input = Input::new(rel, body);
+                let input = Input::new(rel, body)
+                    .with_bound(admission::time_bound(raw.stored_ms, self.limits));
                 let route = Route {
                     saga: saga.clone(),
                     correlation_id: corr.clone(),
@@ -581,6 +587,7 @@ mod tests {
                 allowed_tenants: Vec::new(),
                 max_message_bytes: 1024,
                 max_payload: 0,
+                max_clock_skew_ms: crate::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
             },
         );
         let raw = RawInput {
@@ -590,6 +597,7 @@ mod tests {
             header_bytes: 0,
             refused: None,
             source: "AGGREGATE_EVENTS:7".into(),
+            stored_ms: None,
         };
         tracing::subscriber::with_default(subscriber, || {
             store
