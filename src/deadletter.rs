@@ -47,7 +47,9 @@ pub mod kind {
     /// The engine panicked on this input (a bug; the input is kept for a redrive).
     pub const ENGINE_PANIC: &str = "engine_panic";
     /// An effect result that answers no command the instance issued and waits for (forged,
-    /// another instance's, or a second answer). Its key is not parked.
+    /// another instance's, or a second answer), or an event of an orchestration step's
+    /// result types without `metadata.correlation_id` (it answers no command of any
+    /// instance). Its key is not parked.
     pub const UNANSWERED_RESULT: &str = "unanswered_result";
 
     /// An effect command delivered `effect.max_deliver` times without completing.

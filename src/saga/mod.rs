@@ -21,8 +21,10 @@
 //!   reproduces the same outputs, byte for byte, with the same ids.
 //! - **Typed outcomes.** Everything that is not a transition is a [`StepError`] variant the
 //!   caller acts on: ignore ([`StepError::NotStarting`], [`StepError::NoTransition`],
-//!   [`StepError::Finished`], [`StepError::StaleTimer`]) or dead-letter and park the key
-//!   ([`StepError::Poison`], [`StepError::VersionNotLoaded`], [`StepError::UnknownSaga`]).
+//!   [`StepError::Finished`], [`StepError::StaleTimer`]), dead-letter and park the key
+//!   ([`StepError::Poison`], [`StepError::VersionNotLoaded`], [`StepError::UnknownSaga`]),
+//!   or dead-letter without parking anything ([`StepError::UnansweredCommand`],
+//!   [`StepError::UncorrelatedReply`]: an answer to no command of the instance).
 //!
 //! Event names: transitions are keyed by the input's *event name* — the `event_type` of an
 //! aggregate or workflow event, `<effect>.<result_type>` of an effect result

@@ -131,7 +131,8 @@ pub struct EffectReply {
 pub struct Expect {
     /// `applied` (default), `not_starting`, `no_transition`, `finished`, `stale_timer`,
     /// `unanswered_command` (an effect result for no command the instance waits for),
-    /// `poison`, `not_routed`.
+    /// `uncorrelated_reply` (a step result without `metadata.correlation_id`), `poison`,
+    /// `not_routed`.
     #[serde(default)]
     pub outcome: Option<String>,
     /// State name after the step.
@@ -243,6 +244,7 @@ fn outcome_name(r: &Result<Applied, StepError>) -> &'static str {
         Err(StepError::UnknownSaga(_)) => "unknown_saga",
         Err(StepError::VersionNotLoaded { .. }) => "version_not_loaded",
         Err(StepError::UnansweredCommand { .. }) => "unanswered_command",
+        Err(StepError::UncorrelatedReply { .. }) => "uncorrelated_reply",
     }
 }
 
@@ -292,13 +294,8 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
         let routes = match route(catalog, &input) {
             Ok(r) => r,
             Err(e) => {
-                check_outcome(
-                    &mut failures,
-                    &label,
-                    &step.expect,
-                    "poison",
-                    &e.to_string(),
-                );
+                let outcome = outcome_name(&Err(e.clone()));
+                check_outcome(&mut failures, &label, &step.expect, outcome, &e.to_string());
                 continue;
             }
         };

@@ -413,6 +413,23 @@ pub enum StepError {
         /// The command id the result names (empty when it names none).
         command_id: String,
     },
+    /// An input that matches only result triggers Runner added for an orchestration's steps
+    /// (`effect_result.<effect>.*`, or a command step's `aggregate.<Type>.*` result event)
+    /// but carries no `metadata.correlation_id`: every command Runner sends carries one and
+    /// an answer echoes it, so this input answers no command of any instance. Returned by
+    /// [`route`](super::route) only when no saga at all takes the input; dead-letter it
+    /// without parking any key (it names none), so it can neither move nor stop an instance.
+    #[error(
+        "`{event}` matches the result triggers of saga `{saga}`'s steps but has no \
+         `metadata.correlation_id`, so it answers no command of an instance (an aggregate \
+         answering a command step must echo the command's `metadata`)"
+    )]
+    UncorrelatedReply {
+        /// The (first) saga whose step result triggers it matched.
+        saga: String,
+        /// The input's event name.
+        event: String,
+    },
     /// The input cannot be applied (malformed, expression failed): dead-letter it.
     #[error("poison: {reason}")]
     Poison {

@@ -160,6 +160,11 @@ impl<'a> Processor<'a> {
         };
         let routes = match catch_unwind(AssertUnwindSafe(|| saga::route(self.catalog, &input))) {
             Ok(Ok(r)) => r,
+            Ok(Err(e @ StepError::UncorrelatedReply { .. })) => {
+                // It names no instance: no key is parked, so it can neither move nor stop one.
+                let k = kind::UNANSWERED_RESULT;
+                return self.dead_letter(tx, raw, tenant, k, e.to_string(), None);
+            }
             Ok(Err(e)) => {
                 let k = if matches!(e, StepError::Poison { .. }) && envelope_malformed(&input) {
                     kind::UNDECODABLE
@@ -413,7 +418,9 @@ impl<'a> Processor<'a> {
             )) => {
                 self.tally.note(saga, "ignored");
             }
-            Ok(Err(e @ StepError::UnansweredCommand { .. })) => {
+            Ok(Err(
+                e @ (StepError::UnansweredCommand { .. } | StepError::UncorrelatedReply { .. }),
+            )) => {
                 // Not parked: a forged result must not be able to stop the saga either.
                 self.tally.note(saga, "dead_lettered");
                 let why = e.to_string();
