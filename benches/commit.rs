@@ -32,6 +32,7 @@ fn deposit(account: u64, n: u64, seq: u64) -> RawInput {
         header_bytes: 0,
         refused: None,
         source: format!("AGG:{seq}"),
+        stored_ms: None,
     }
 }
 
@@ -43,6 +44,7 @@ fn commit(c: &mut Criterion) {
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
+        max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
     };
     let mut group = c.benchmark_group("commit");
     group.throughput(Throughput::Elements(BATCH as u64));

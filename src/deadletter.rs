@@ -53,7 +53,9 @@ pub mod kind {
     /// The engine panicked on this input (a bug; the input is kept for a redrive).
     pub const ENGINE_PANIC: &str = "engine_panic";
     /// An effect result that answers no command the instance issued and waits for (forged,
-    /// another instance's, or a second answer). Its key is not parked.
+    /// another instance's, or a second answer), or an event of an orchestration step's
+    /// result types without `metadata.correlation_id` (it answers no command of any
+    /// instance). Its key is not parked.
     pub const UNANSWERED_RESULT: &str = "unanswered_result";
 
     /// An effect command delivered `effect.max_deliver` times without completing.
@@ -132,6 +134,9 @@ pub struct Poison<'a> {
     pub route: Option<&'a Route>,
     /// Outbox partition and cause of its message (see [`OutboxRecord::cause`]).
     pub outbox: (u16, (u64, u32)),
+    /// When the broker stored the input, when known: kept, so a redrive applies the input
+    /// within the same time bound ([`DeadLetter::stored_ms`]).
+    pub stored_ms: Option<u64>,
 }
 
 /// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
@@ -149,6 +154,7 @@ pub fn store(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<OutboxRecord, St
     let p = poison.refused;
     let mut letter = letter_of(p);
     letter.traceparent = poison.traceparent.map(str::to_string);
+    letter.stored_ms = poison.stored_ms;
     letter.saga = poison.route.map(|r| r.saga.clone());
     letter.correlation_id = poison.route.map(|r| r.correlation_id.clone());
     let letter = tx.push_dead_letter(letter)?;
@@ -201,6 +207,7 @@ pub fn letter_of(p: Refused<'_>) -> DeadLetter {
         attempts: 1,
         at_ms: p.at_ms,
         status: DeadLetterStatus::Pending,
+        stored_ms: None,
     }
 }
 
@@ -764,6 +771,7 @@ mod tests {
             attempts: 1,
             at_ms: refused.at_ms,
             status: DeadLetterStatus::Pending,
+            stored_ms: None,
         });
         assert_eq!(saga.subject, effect.subject);
         assert_eq!(saga.msg_id, "dl:AGGREGATE_EVENTS:7:order:3");

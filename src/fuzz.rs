@@ -45,8 +45,13 @@ fn limits() -> Limits {
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
+        max_clock_skew_ms: crate::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
     }
 }
+
+/// The broker's stored time of every fuzzed input, so each input's time is bounded (and any
+/// `timestamp_ms`, 0 and `u64::MAX` included, goes through the bound) as in the service.
+const STORED_MS: u64 = 1_700_000_000_000;
 
 /// Splits `data` at its first newline: (first line, rest).
 fn split_line(data: &[u8]) -> (&[u8], &[u8]) {
@@ -73,6 +78,7 @@ pub fn envelope(data: &[u8]) {
             header_bytes: 0,
             refused: None,
             source: "FUZZ:1".into(),
+            stored_ms: Some(STORED_MS),
         };
         let Ok(admitted) = admit(&raw, &limits) else {
             continue;
@@ -164,6 +170,7 @@ pub fn effect_command(data: &[u8]) {
         header_bytes: 0,
         refused: None,
         source: "FUZZ:1".into(),
+        stored_ms: Some(STORED_MS),
     };
     let limits = limits();
     if let Ok(admitted) = admit(&raw, &limits) {

@@ -47,6 +47,7 @@ fn letter(tenant: &str, id: u64, body: String, reason: String, redriven: bool) -
         correlation_id: Some(format!("o-{id}")),
         attempts: 1,
         at_ms: runner::clock::now_ms(),
+        stored_ms: None,
         status: if redriven {
             DeadLetterStatus::Redriven
         } else {

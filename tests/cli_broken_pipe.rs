@@ -27,6 +27,7 @@ fn raw(subject: String, body: Vec<u8>, seq: usize) -> RawInput {
         header_bytes: 0,
         refused: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
+        stored_ms: None,
     }
 }
 
@@ -40,6 +41,7 @@ fn filled_store() -> tempfile::TempDir {
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
+        max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());

@@ -8,7 +8,9 @@
 
 use runner::manifest::{self, Catalog};
 use runner::saga::migrate::{MigrateError, migrate};
-use runner::saga::{Applied, Input, Instance, Status, StepError, WorkKind, apply, route};
+use runner::saga::{
+    Applied, Input, Instance, Status, StepError, TimeBound, WorkKind, apply, route,
+};
 use serde_json::{Value, json};
 
 const T0: u64 = 1_700_000_000_000;
@@ -682,4 +684,150 @@ fn instances_stored_before_commands_were_recorded_still_take_their_results() {
         json!({"payment_id": "p"}),
     ));
     assert_eq!(paid.instance.state, "reserving_stock");
+}
+
+/// A saga's time is its input's `timestamp_ms`, the producer's clock: the worker passes the
+/// broker's stored time in with the input and the engine applies the timestamp within
+/// `saga.max_clock_skew` of it. The order saga's 15-minute payment timer is then due
+/// 10 to 20 minutes after the order was stored, whatever the producer's clock said — never
+/// in 1970 (fired at once) nor at `u64::MAX` (never).
+#[test]
+fn a_producer_clock_far_off_is_applied_at_the_edge_of_the_stored_time_window() {
+    const STORED: u64 = 1_800_000_000_000;
+    const SKEW: u64 = 300_000;
+    const PAYMENT_TIMEOUT: u64 = 900_000;
+    let c = catalog(&[("order.yaml", include_str!("../manifests/order.yaml"))]);
+    let bound = Some(TimeBound {
+        stored_ms: STORED,
+        skew_ms: SKEW,
+    });
+    let placed = |ts: Value| {
+        let mut i = agg(
+            "Order",
+            "o-1",
+            "OrderPlaced",
+            0,
+            json!({"customer_id": "c", "amount_cents": 100, "items": [{"sku": "s", "qty": 1}]}),
+        );
+        i.body["timestamp_ms"] = ts;
+        i
+    };
+    for (ts, applied_at) in [
+        (json!(0), STORED - SKEW),
+        (json!(u64::MAX), STORED + SKEW),
+        (json!(STORED - SKEW - 1), STORED - SKEW),
+        (json!(STORED + 42), STORED + 42),
+    ] {
+        let input = placed(ts.clone()).with_bound(bound);
+        let mut s = Scenario::new(&c, "order");
+        let a = s.send(input.clone());
+        assert_eq!(a.timers_set.len(), 1, "{ts}");
+        assert_eq!(a.timers_set[0].name, "payment_timeout");
+        assert_eq!(a.timers_set[0].due_ms, applied_at + PAYMENT_TIMEOUT, "{ts}");
+        // Everything the engine derives from the input's time uses the bounded time: the
+        // instance's clock and the outputs' (time-ordered) ids.
+        assert_eq!(
+            (a.instance.started_ms, a.instance.updated_ms),
+            (applied_at, applied_at)
+        );
+        let charge = &a.work[0];
+        let id = uuid::Uuid::parse_str(&charge.msg_id).unwrap();
+        let (secs, nanos) = id.get_timestamp().unwrap().to_unix();
+        assert_eq!(secs * 1000 + u64::from(nanos / 1_000_000), applied_at);
+        // Deterministic: the same input with the same stored time (a re-read after a
+        // crash) gives byte-identical results.
+        let again = apply(&c, "order", "o-1", None, &input).unwrap();
+        assert_eq!(again, a, "{ts}");
+        // The same as an unbounded input that had said the bounded time itself.
+        let honest = apply(&c, "order", "o-1", None, &placed(json!(applied_at))).unwrap();
+        assert_eq!(honest, a, "{ts}");
+    }
+    // An input without a bound (a timer firing: Runner's own time) is applied as it says.
+    let unbounded = apply(&c, "order", "o-1", None, &placed(json!(0))).unwrap();
+    assert_eq!(unbounded.timers_set[0].due_ms, PAYMENT_TIMEOUT);
+}
+
+/// A command step's result is correlated by the `metadata.correlation_id` the command
+/// carried (the aggregate echoes it). An event matching a step's result trigger without it
+/// answers no command: it concerns no instance of the orchestration, is refused as
+/// `UncorrelatedReply` (dead-lettered without parking any key) when no saga takes it, and
+/// still reaches every other saga that wants it. The instance waits on, untouched, and its
+/// later inputs apply.
+#[test]
+fn a_command_step_result_without_a_correlation_id_answers_no_instance() {
+    let other = r#"
+format: 1
+sagas:
+  - name: seat_log
+    version: 1
+    triggers: [{ subject: aggregate.Seat.*, event_type: SeatHeld, correlation: event.aggregate_id, start: true }]
+    initial_state: open
+    states:
+      open: { on: { SeatHeld: { goto: logged } } }
+      logged: { terminal: true }
+"#;
+    let c = catalog(&[("o.yaml", ORCH)]);
+    let (mut s, a1) = start_cmd(&c);
+    assert_eq!(a1.instance.state, "step:seat");
+    let mut bare = reply("Seat", "s7", "SeatHeld", 2, "t9");
+    bare.body["metadata"] = json!({});
+    let refused = s.try_send(bare.clone());
+    match &refused {
+        Err(e @ StepError::UncorrelatedReply { saga, event }) => {
+            assert_eq!((saga.as_str(), event.as_str()), ("cmd", "SeatHeld"));
+            assert!(e.to_string().contains("metadata.correlation_id"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    for no_id in [json!(null), json!({"correlation_id": null})] {
+        let mut i = bare.clone();
+        i.body["metadata"] = no_id;
+        assert!(matches!(
+            route(&c, &i),
+            Err(StepError::UncorrelatedReply { .. })
+        ));
+    }
+    assert_eq!(s.instance().state, "step:seat", "nothing moved");
+    // The instance's later inputs apply: its genuine result completes the step.
+    let done = s.send(reply("Seat", "s7", "SeatHeld", 3, "t9"));
+    assert_eq!(done.instance.status, Status::Completed);
+
+    // Another saga that wants the event by its own correlation still gets it: the
+    // orchestration is skipped, not the input.
+    let both = catalog(&[("o.yaml", ORCH), ("l.yaml", other)]);
+    let routes = route(&both, &bare).unwrap();
+    assert_eq!(routes.len(), 1, "{routes:?}");
+    assert_eq!(
+        (routes[0].saga.as_str(), routes[0].correlation_id.as_str()),
+        ("seat_log", "s7")
+    );
+}
+
+/// A command step whose aggregate does not echo `metadata` is correlated by a result
+/// trigger the saga declares itself: it replaces the one Runner would add.
+#[test]
+fn a_declared_result_trigger_correlates_a_command_step_by_another_field() {
+    let own = r#"
+format: 1
+sagas:
+  - name: hold
+    version: 1
+    triggers:
+      - { subject: aggregate.Booking.*, event_type: Requested, correlation: event.aggregate_id, start: true }
+      - { subject: aggregate.Seat.*, event_type: SeatHeld, correlation: event.aggregate_id }
+      - { subject: aggregate.Seat.*, event_type: SeatBusy, correlation: event.aggregate_id }
+    steps:
+      - name: seat
+        command: { aggregate_type: Seat, command: Hold, aggregate_id: "${ saga.correlation_id }" }
+        success: [SeatHeld]
+        failure: [SeatBusy]
+"#;
+    let c = catalog(&[("h.yaml", own)]);
+    let mut s = Scenario::new(&c, "hold");
+    let a0 = s.send(agg("Booking", "b1", "Requested", 0, json!({})));
+    assert_eq!(a0.work[0].subject, "command.Seat.b1");
+    let mut bare = agg("Seat", "b1", "SeatHeld", 1, json!({}));
+    bare.body["metadata"] = json!({});
+    let done = s.send(bare);
+    assert_eq!(done.instance.status, Status::Completed);
 }

@@ -66,11 +66,16 @@ async fn admin(base: &str, query: &str, token: Option<&str>) -> (u16, Json) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn instances_are_listed_by_state_and_age_per_tenant_and_ended_sagas_announce_it() {
     let nats = NatsServer::start();
+    // Orders are backdated by ten minutes below: beyond the default `saga.max_clock_skew`
+    // (5 minutes), so it is widened to keep their own timestamps.
     let runner = RunnerProc::saga(
         tempfile::tempdir().unwrap(),
         &nats.url(),
         "manifests",
-        &[("RUNNER__ADMIN__TOKEN", TOKEN)],
+        &[
+            ("RUNNER__ADMIN__TOKEN", TOKEN),
+            ("RUNNER__SAGA__MAX_CLOCK_SKEW", "1h"),
+        ],
     );
     let js = jetstream(&nats.url()).await;
     let now = runner::clock::now_ms();

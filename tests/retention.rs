@@ -80,6 +80,7 @@ fn order(tenant: &str, id: &str, items: serde_json::Value, seq: u64) -> RawInput
         header_bytes: 0,
         refused: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
+        stored_ms: None,
     }
 }
 
@@ -93,6 +94,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
+        max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());
@@ -120,6 +122,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
             header_bytes: 0,
             refused: None,
             source: "AGGREGATE_EVENTS:4".into(),
+            stored_ms: None,
         },
     ]);
     // A poison input of an instance `bad`, which parks its key.
@@ -144,6 +147,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
                     traceparent: None,
                     route: Some(&route),
                     outbox: (runner::storage::tables::DEFAULT_PARTITION, (0, 0)),
+                    stored_ms: None,
                 },
             )
         })

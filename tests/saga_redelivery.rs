@@ -28,6 +28,7 @@ fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
             header_bytes: 0,
             refused: None,
             source: format!("AGGREGATE_EVENTS:{seq}"),
+            stored_ms: None,
         },
     )
 }
@@ -45,6 +46,7 @@ fn ledger_store() -> (
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
+        max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());

@@ -59,6 +59,7 @@ fn raw(subject: String, body: &Json, seq: u64) -> RawInput {
         header_bytes: 0,
         refused: None,
         source: format!("TEST:{seq}"),
+        stored_ms: None,
     }
 }
 
@@ -143,6 +144,7 @@ fn run(seed: u64, allowed: &[&str]) {
         max_message_bytes: 1 << 20,
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
+        max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
     };
     let (_dir, store) = store();
     // The model: per (tenant, id), the amount of the first order placed (what the instance
@@ -200,6 +202,7 @@ fn run(seed: u64, allowed: &[&str]) {
                     header_bytes: 0,
                     refused: None,
                     source: format!("TEST:{seq}"),
+                    stored_ms: None,
                 });
             }
         }

@@ -27,6 +27,11 @@ pub const ROUTED_SUBJECT: &str = "Runner-Subject";
 /// On a routed input in the saga inbox: where it was read, `<stream>:<sequence>`.
 pub const ROUTED_SOURCE: &str = "Runner-Source";
 
+/// On a routed input in the saga inbox: when the broker stored the source message (its
+/// JetStream timestamp, ms since the epoch, decimal), so the copy is applied with the
+/// source's time bound, on first read and on every replay of the inbox alike.
+pub const ROUTED_SOURCE_TIME: &str = "Runner-Source-Time";
+
 /// On a routed input in the saga inbox: the router refused it at admission, `<kind>: <why>`;
 /// the partition's owner dead-letters it with that reason instead of admitting it again.
 pub const ROUTED_REFUSAL: &str = "Runner-Refused";
@@ -169,6 +174,21 @@ pub fn stored_age(info: &async_nats::jetstream::message::Info<'_>, now: i128) ->
     (now - info.published.unix_timestamp_nanos()).max(0) as f64 / 1e9
 }
 
+/// When JetStream stored the message `info` describes, ms since the epoch (0 for a time
+/// before the epoch). Fixed per stream sequence: every read of the message gets it.
+pub fn stored_ms(info: &async_nats::jetstream::message::Info<'_>) -> u64 {
+    u64::try_from(info.published.unix_timestamp_nanos() / 1_000_000).unwrap_or(0)
+}
+
+/// The stored time a routed copy is applied with: its source's, from
+/// [`ROUTED_SOURCE_TIME`], or, when that is absent or unreadable (a copy routed before the
+/// header existed), the copy's own `stored_ms` — fixed per inbox sequence as well.
+pub fn routed_stored_ms(source_time: Option<&str>, own_ms: u64) -> u64 {
+    source_time
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(own_ms)
+}
+
 /// The `traceparent` of a received message, if it has a valid one ([`valid_traceparent`]);
 /// a malformed or oversized value is dropped here, so it never reaches a record.
 pub fn traceparent(headers: Option<&HeaderMap>) -> Option<String> {
@@ -197,6 +217,20 @@ mod tests {
     use super::*;
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_routed_copy_is_applied_with_its_source_s_stored_time() {
+        let own = 1_800_000_000_500;
+        assert_eq!(
+            routed_stored_ms(Some("1800000000000"), own),
+            1_800_000_000_000
+        );
+        // A copy without the header (routed by an older router), or with junk in it: the
+        // copy's own stored time, which is as fixed as the source's.
+        for junk in [None, Some(""), Some("soon"), Some("-1"), Some("1e3")] {
+            assert_eq!(routed_stored_ms(junk, own), own, "{junk:?}");
+        }
+    }
 
     #[test]
     fn only_well_formed_trace_contexts_pass() {

@@ -239,6 +239,12 @@ pub struct SagaConfig {
     /// of a batch only as many as there is room for) or routed into the saga inbox
     /// (partitioned); new triggers wait in their stream. 0: off.
     pub max_queued_work: u64,
+    /// How far an input's `timestamp_ms` (the producer's clock, the saga's time: timer due
+    /// times are computed from it) may lie from the time the broker stored the input; one
+    /// outside is applied at the nearest edge of that window (0 to 30 days). The same on
+    /// every saga node, like the manifests: a replay applies an input with the window in
+    /// force then.
+    pub max_clock_skew: HumanDuration,
 }
 
 impl Default for SagaConfig {
@@ -257,6 +263,7 @@ impl Default for SagaConfig {
             finished_retention: HumanDuration::secs(7 * 24 * 3600),
             control_bucket: "RUNNER_CONTROL".into(),
             max_queued_work: 2048,
+            max_clock_skew: HumanDuration::secs(300),
         }
     }
 }

@@ -271,6 +271,12 @@ impl Config {
             HumanDuration::secs(60),
         )?;
         range(
+            "saga.max_clock_skew",
+            self.saga.max_clock_skew,
+            HumanDuration::secs(0),
+            HumanDuration::secs(30 * 24 * 3600),
+        )?;
+        range(
             "saga.timer_poll",
             self.saga.timer_poll,
             HumanDuration::millis(10),

@@ -80,6 +80,11 @@ pub struct Trigger {
     pub correlation: Expr,
     /// Whether this input may start an instance.
     pub start: bool,
+    /// Added by Runner for an orchestration's step results (correlated by
+    /// `event.metadata.correlation_id`, which every command Runner sends carries and its
+    /// answer echoes). An input it matches that has no `metadata.correlation_id` answers no
+    /// command: the saga is skipped, not poisoned (see `StepError::UncorrelatedReply`).
+    pub reply: bool,
 }
 
 impl Trigger {

@@ -117,6 +117,8 @@ pub(crate) async fn park(
                     route: None,
                     // Its message takes the record's place and cause (see the module doc).
                     outbox: (partition, rec.cause),
+                    // An output, not an input: it is never redriven into a saga.
+                    stored_ms: None,
                 },
             )?;
             t.replace_outbox(partition, seq, &letter)

@@ -2,7 +2,8 @@
 //! [`apply`] (one input's effect on one instance).
 //!
 //! Guarantee: both are pure and deterministic. They read only the catalog, the stored
-//! instance and the input (time is the input's `timestamp_ms`), and return either the new
+//! instance and the input (time is the input's `timestamp_ms`, within the input's
+//! [`TimeBound`](super::types::TimeBound) when it has one), and return either the new
 //! instance with its work and timer changes, or a typed [`StepError`] and nothing else: the
 //! caller commits the result, or acts on the error, as one unit. [`apply`] checks what every
 //! saga style shares (version, key, tenant, finished instance, stale timer, initial data) and
@@ -23,7 +24,14 @@ use crate::manifest::catalog::{SagaKind, Trigger, subject_matches};
 /// Which saga instances an input concerns. A timer input names its instance; any other
 /// input is matched against every loaded version's triggers (newest first) and the first
 /// matching trigger's correlation expression gives the instance key.
+///
+/// A saga whose only matching trigger is one Runner added for its steps' results
+/// ([`Trigger::reply`]) is skipped when the input has no `metadata.correlation_id`: such an
+/// input answers no command, so it concerns no instance of that saga, and the other sagas
+/// still get it. When no saga takes it at all, the result is
+/// [`StepError::UncorrelatedReply`] (dead-lettered without parking a key), not poison.
 pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> {
+    let input = &*input.bounded();
     let p = input.parse()?;
     if p.kind == InputKind::Timer {
         return Ok(vec![Route {
@@ -38,6 +46,11 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
     let sender = (p.kind == InputKind::EffectResult)
         .then(|| input.body.pointer("/metadata/saga").and_then(Json::as_str))
         .flatten();
+    let uncorrelated = input
+        .body
+        .pointer("/metadata/correlation_id")
+        .is_none_or(Json::is_null);
+    let mut skipped: Option<&str> = None;
     let mut out = Vec::new();
     for name in catalog.saga_names() {
         if sender.is_some_and(|s| s != name) {
@@ -52,6 +65,10 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
         let Some((saga, trigger)) = found else {
             continue;
         };
+        if trigger.reply && uncorrelated {
+            skipped.get_or_insert(name);
+            continue;
+        }
         let sj = saga_json(name, p.tenant, "", saga.version, "");
         let vars = event.vars(&state, &sj, trigger.correlation.needs());
         let corr = trigger
@@ -75,7 +92,13 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             correlation_id: corr,
         });
     }
-    Ok(out)
+    match skipped {
+        Some(saga) if out.is_empty() => Err(StepError::UncorrelatedReply {
+            saga: saga.to_owned(),
+            event: p.name.to_string(),
+        }),
+        _ => Ok(out),
+    }
 }
 
 /// The one rule for effect results, for every saga style: a result is accepted only when it
@@ -126,6 +149,7 @@ pub fn apply_owned(
     instance: Option<Instance>,
     input: &Input,
 ) -> Result<Applied, StepError> {
+    let input = &*input.bounded();
     let p = input.parse()?;
     let (def, mut inst, started) = match instance {
         Some(i) => {

@@ -11,15 +11,20 @@
 //!
 //! Guarantees:
 //! - **Pure.** No I/O, no clock, no randomness. Time inside a saga is the input's
-//!   `timestamp_ms`: a timer's due time is that plus its delay.
+//!   `timestamp_ms`: a timer's due time is that plus its delay. That timestamp is the
+//!   producer's clock, so the worker passes in with each input the bound it is applied
+//!   within ([`TimeBound`]: the broker's stored time of the input ± `saga.max_clock_skew`);
+//!   a timestamp outside it is moved to its nearest edge before anything reads it.
 //! - **Deterministic.** The same catalog, instance and input give byte-identical results
 //!   (objects are ordered maps, output bodies are written with their keys in order — see
 //!   `body.rs` —, ids are derived, see [`ids`]), so replaying an input after a crash
 //!   reproduces the same outputs, byte for byte, with the same ids.
 //! - **Typed outcomes.** Everything that is not a transition is a [`StepError`] variant the
 //!   caller acts on: ignore ([`StepError::NotStarting`], [`StepError::NoTransition`],
-//!   [`StepError::Finished`], [`StepError::StaleTimer`]) or dead-letter and park the key
-//!   ([`StepError::Poison`], [`StepError::VersionNotLoaded`], [`StepError::UnknownSaga`]).
+//!   [`StepError::Finished`], [`StepError::StaleTimer`]), dead-letter and park the key
+//!   ([`StepError::Poison`], [`StepError::VersionNotLoaded`], [`StepError::UnknownSaga`]),
+//!   or dead-letter without parking anything ([`StepError::UnansweredCommand`],
+//!   [`StepError::UncorrelatedReply`]: an answer to no command of the instance).
 //!
 //! Event names: transitions are keyed by the input's *event name* — the `event_type` of an
 //! aggregate or workflow event, `<effect>.<result_type>` of an effect result
@@ -54,6 +59,7 @@ mod types;
 pub use body::Body;
 pub use engine::{apply, apply_owned, route};
 pub use types::{
-    Applied, ENVELOPE_VERSION, Input, InputKind, Instance, Route, ScheduledTimer, Status,
-    StepError, TERMINAL_EVENTS, TimerCancel, TimerSet, WorkItem, WorkKind, is_terminal_event,
+    Applied, DEFAULT_MAX_CLOCK_SKEW_MS, ENVELOPE_VERSION, Input, InputKind, Instance, Route,
+    ScheduledTimer, Status, StepError, TERMINAL_EVENTS, TimeBound, TimerCancel, TimerSet, WorkItem,
+    WorkKind, is_terminal_event,
 };

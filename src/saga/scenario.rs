@@ -34,6 +34,10 @@
 //!
 //! Envelope defaults: `v: 1`, `tenant_id`, a deterministic `event_id`, and `timestamp_ms`
 //! one second after the previous input (the first at 1 700 000 000 000) unless `at_ms` is given.
+//! That step time plays the broker's stored time: an event that gives its own `timestamp_ms`
+//! is applied within the default `saga.max_clock_skew` (5 minutes) of it, as in the service,
+//! and does not move the test's clock; a timer firing moves the clock to its due time (or
+//! `at_ms`).
 //! Expectations are partial: `data` and work `body` match when every field given is equal
 //! (objects may have more fields; lists must have the same length); a work `subject` may end
 //! in `*`; `work` (when given) must list every item emitted, in order. The comparisons
@@ -52,7 +56,9 @@ use check::{check_expect, check_outcome};
 
 use super::engine::{apply, route};
 use super::ids;
-use super::types::{Applied, Input, Instance, Status, StepError, WorkKind};
+use super::types::{
+    Applied, DEFAULT_MAX_CLOCK_SKEW_MS, Input, Instance, Status, StepError, TimeBound, WorkKind,
+};
 use crate::manifest::{Catalog, Diagnostic, Severity};
 
 /// First input time when a test gives none.
@@ -98,7 +104,7 @@ pub struct ScenarioStep {
     /// last one set (since cancelled), which the engine ignores.
     #[serde(default)]
     pub fire_timer: Option<String>,
-    /// Input time (ms), instead of the default.
+    /// Input time (ms), instead of the default: the time the broker stored the input.
     #[serde(default)]
     pub at_ms: Option<u64>,
     /// Expectations.
@@ -125,7 +131,8 @@ pub struct EffectReply {
 pub struct Expect {
     /// `applied` (default), `not_starting`, `no_transition`, `finished`, `stale_timer`,
     /// `unanswered_command` (an effect result for no command the instance waits for),
-    /// `poison`, `not_routed`.
+    /// `uncorrelated_reply` (a step result without `metadata.correlation_id`), `poison`,
+    /// `not_routed`.
     #[serde(default)]
     pub outcome: Option<String>,
     /// State name after the step.
@@ -237,6 +244,7 @@ fn outcome_name(r: &Result<Applied, StepError>) -> &'static str {
         Err(StepError::UnknownSaga(_)) => "unknown_saga",
         Err(StepError::VersionNotLoaded { .. }) => "version_not_loaded",
         Err(StepError::UnansweredCommand { .. }) => "unanswered_command",
+        Err(StepError::UncorrelatedReply { .. }) => "uncorrelated_reply",
     }
 }
 
@@ -277,19 +285,17 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
                 break;
             }
         };
-        if let Some(ts) = input.body.get("timestamp_ms").and_then(Json::as_u64) {
+        if input.bound.is_none()
+            && let Some(ts) = input.body.get("timestamp_ms").and_then(Json::as_u64)
+        {
+            // A timer firing: the clock moves to its time, as the service's would.
             now = ts;
         }
         let routes = match route(catalog, &input) {
             Ok(r) => r,
             Err(e) => {
-                check_outcome(
-                    &mut failures,
-                    &label,
-                    &step.expect,
-                    "poison",
-                    &e.to_string(),
-                );
+                let outcome = outcome_name(&Err(e.clone()));
+                check_outcome(&mut failures, &label, &step.expect, outcome, &e.to_string());
                 continue;
             }
         };
@@ -355,6 +361,17 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
     failures
 }
 
+/// The bound of an event or effect result read at the step's time `now`: the step's time
+/// plays the broker's stored time, so an event's own `timestamp_ms` is applied within
+/// [`DEFAULT_MAX_CLOCK_SKEW_MS`] of it, as the service (with the default
+/// `saga.max_clock_skew`) would.
+fn step_bound(now: u64) -> TimeBound {
+    TimeBound {
+        stored_ms: now,
+        skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
+    }
+}
+
 /// The last timer of each name a test set: (saga, correlation id, name) → (id, due ms).
 type TimersSeen = BTreeMap<(String, String, String), (String, u64)>;
 
@@ -405,7 +422,7 @@ fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<
         }
         body.entry("payload").or_insert(json!({}));
         body.entry("metadata").or_insert(json!({}));
-        return Ok(Input::new(subject, Json::Object(body)));
+        return Ok(Input::new(subject, Json::Object(body)).with_bound(Some(step_bound(now))));
     }
     if let Some(reply) = &step.effect_result {
         let (_, cmd) = sent
@@ -431,7 +448,8 @@ fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<
                 "timestamp_ms": now,
                 "metadata": cmd.get("metadata").cloned().unwrap_or(Json::Null),
             }),
-        ));
+        )
+        .with_bound(Some(step_bound(now))));
     }
     let name = step.fire_timer.as_deref().unwrap_or_default();
     let key = target

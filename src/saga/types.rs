@@ -19,26 +19,92 @@ use crate::manifest::model::Outcome;
 /// Envelope version of everything the engine emits.
 pub const ENVELOPE_VERSION: u32 = 1;
 
-/// An input: the subject it arrived on (relative to the tenant) and its JSON envelope.
+/// The default of `saga.max_clock_skew` ([`TimeBound::skew_ms`]), in ms: 5 minutes. `runner
+/// test` bounds its inputs' times with it.
+pub const DEFAULT_MAX_CLOCK_SKEW_MS: u64 = 300_000;
+
+/// An input: the subject it arrived on (relative to the tenant), its JSON envelope, and the
+/// bound its time is applied within.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Input {
     /// Subject without the `tenant.<t>.` prefix, e.g. `aggregate.Order.o-1`.
     pub subject: String,
     /// The envelope (`v`, `event_id`, `tenant_id`, `timestamp_ms`, ...; unknown fields ignored).
     pub body: Json,
+    /// The window the envelope's `timestamp_ms` (the producer's clock) is applied within:
+    /// set by the worker from the time the broker stored the input. `None` applies the
+    /// timestamp as it is (a timer firing, whose time is Runner's own; engine tests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bound: Option<TimeBound>,
+}
+
+/// Where an input's time may lie: within `skew_ms` of `stored_ms`, the time the broker
+/// stored it (the JetStream message's own timestamp, fixed per stream sequence, so a
+/// re-read after a crash gets the same bound). A producer's `timestamp_ms` outside it is
+/// moved to its nearest edge ([`TimeBound::clamp`]): a producer clock at 0 cannot make a
+/// 15-minute timer fire at once, nor one at `u64::MAX` keep it from ever firing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeBound {
+    /// When the broker stored the input, ms since the epoch.
+    pub stored_ms: u64,
+    /// How far the producer's `timestamp_ms` may lie from `stored_ms`, either way
+    /// (`saga.max_clock_skew`).
+    pub skew_ms: u64,
+}
+
+impl TimeBound {
+    /// `timestamp_ms` moved into `[stored_ms - skew_ms, stored_ms + skew_ms]` (saturating at
+    /// 0 and `u64::MAX`); a timestamp inside is returned as it is.
+    pub fn clamp(&self, timestamp_ms: u64) -> u64 {
+        timestamp_ms.clamp(
+            self.stored_ms.saturating_sub(self.skew_ms),
+            self.stored_ms.saturating_add(self.skew_ms),
+        )
+    }
 }
 
 impl Input {
-    /// An input from a subject and an envelope.
+    /// An input from a subject and an envelope, its timestamp applied as it is.
     pub fn new(subject: impl Into<String>, body: Json) -> Self {
         Self {
             subject: subject.into(),
             body,
+            bound: None,
+        }
+    }
+
+    /// This input with its time bounded by `bound` (see [`TimeBound`]).
+    pub fn with_bound(mut self, bound: Option<TimeBound>) -> Self {
+        self.bound = bound;
+        self
+    }
+
+    /// The input as the engine applies it: when its `timestamp_ms` lies outside its bound,
+    /// a copy whose `timestamp_ms` is the nearest edge, so everything the engine derives from
+    /// the input's time (timer due times, ids, `started_ms`/`updated_ms`, the timestamps of
+    /// the outputs, and `event.timestamp_ms` in expressions) sees the bounded time. Otherwise
+    /// the input itself (no copy).
+    pub(crate) fn bounded(&self) -> Cow<'_, Input> {
+        let Some(bound) = self.bound else {
+            return Cow::Borrowed(self);
+        };
+        match self.body.get("timestamp_ms").and_then(Json::as_u64) {
+            Some(ts) if bound.clamp(ts) != ts => {
+                let mut body = self.body.clone();
+                body["timestamp_ms"] = Json::from(bound.clamp(ts));
+                Cow::Owned(Input {
+                    subject: self.subject.clone(),
+                    body,
+                    bound: self.bound,
+                })
+            }
+            _ => Cow::Borrowed(self),
         }
     }
 
     /// The input delivered when a timer falls due. `timer_id` is the id the engine gave the
-    /// timer when it set it ([`TimerSet::timer_id`]); it becomes the input's event id.
+    /// timer when it set it ([`TimerSet::timer_id`]); it becomes the input's event id. Its
+    /// time is its due time, which the engine itself computed: it has no [`TimeBound`].
     pub fn timer(
         tenant: &str,
         saga: &str,
@@ -58,6 +124,7 @@ impl Input {
                 "correlation_id": correlation_id,
                 "timer": name,
             }),
+            bound: None,
         }
     }
 }
@@ -116,6 +183,7 @@ impl Input {
             .get("timestamp_ms")
             .and_then(Json::as_u64)
             .ok_or_else(|| StepError::poison("input has no `timestamp_ms` integer"))?;
+        let timestamp_ms = self.bound.map_or(timestamp_ms, |t| t.clamp(timestamp_ms));
         let name = match kind {
             InputKind::Aggregate | InputKind::WorkflowEvent => {
                 Cow::Borrowed(str_field(b, "event_type")?)
@@ -345,6 +413,23 @@ pub enum StepError {
         /// The command id the result names (empty when it names none).
         command_id: String,
     },
+    /// An input that matches only result triggers Runner added for an orchestration's steps
+    /// (`effect_result.<effect>.*`, or a command step's `aggregate.<Type>.*` result event)
+    /// but carries no `metadata.correlation_id`: every command Runner sends carries one and
+    /// an answer echoes it, so this input answers no command of any instance. Returned by
+    /// [`route`](super::route) only when no saga at all takes the input; dead-letter it
+    /// without parking any key (it names none), so it can neither move nor stop an instance.
+    #[error(
+        "`{event}` matches the result triggers of saga `{saga}`'s steps but has no \
+         `metadata.correlation_id`, so it answers no command of an instance (an aggregate \
+         answering a command step must echo the command's `metadata`)"
+    )]
+    UncorrelatedReply {
+        /// The (first) saga whose step result triggers it matched.
+        saga: String,
+        /// The input's event name.
+        event: String,
+    },
     /// The input cannot be applied (malformed, expression failed): dead-letter it.
     #[error("poison: {reason}")]
     Poison {
@@ -416,4 +501,85 @@ pub enum StepStatus {
     CompensationRetryWait,
     /// Undone.
     Compensated,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STORED: u64 = 1_800_000_000_000;
+    const SKEW: u64 = 300_000;
+    const BOUND: TimeBound = TimeBound {
+        stored_ms: STORED,
+        skew_ms: SKEW,
+    };
+
+    #[test]
+    fn a_timestamp_outside_the_bound_is_moved_to_its_nearest_edge() {
+        assert_eq!(BOUND.clamp(0), STORED - SKEW);
+        assert_eq!(BOUND.clamp(u64::MAX), STORED + SKEW);
+        assert_eq!(BOUND.clamp(STORED - SKEW - 1), STORED - SKEW);
+        assert_eq!(BOUND.clamp(STORED + SKEW + 1), STORED + SKEW);
+        for inside in [STORED - SKEW, STORED - 1, STORED, STORED + 1, STORED + SKEW] {
+            assert_eq!(BOUND.clamp(inside), inside, "{inside}");
+        }
+        // Near the ends of the range the window saturates instead of wrapping.
+        let early = TimeBound {
+            stored_ms: 10,
+            skew_ms: SKEW,
+        };
+        assert_eq!((early.clamp(0), early.clamp(u64::MAX)), (0, 10 + SKEW));
+        let late = TimeBound {
+            stored_ms: u64::MAX - 10,
+            skew_ms: SKEW,
+        };
+        assert_eq!(
+            (late.clamp(0), late.clamp(u64::MAX)),
+            (u64::MAX - 10 - SKEW, u64::MAX)
+        );
+        // A skew of 0: always the broker's time.
+        let exact = TimeBound {
+            stored_ms: STORED,
+            skew_ms: 0,
+        };
+        assert_eq!((exact.clamp(0), exact.clamp(u64::MAX)), (STORED, STORED));
+    }
+
+    fn event(ts: Json) -> Input {
+        Input::new(
+            "aggregate.Order.o-1",
+            json!({"v": 1, "event_id": "e-1", "tenant_id": "acme", "event_type": "OrderPlaced",
+                   "timestamp_ms": ts}),
+        )
+    }
+
+    #[test]
+    fn the_engine_reads_the_bounded_time_and_the_body_says_it_too() {
+        for (ts, want) in [
+            (json!(0), STORED - SKEW),
+            (json!(u64::MAX), STORED + SKEW),
+            (json!(STORED + 7), STORED + 7),
+        ] {
+            let input = event(ts.clone()).with_bound(Some(BOUND));
+            assert_eq!(input.parse().map(|p| p.timestamp_ms), Ok(want), "{ts}");
+            let applied = input.bounded();
+            assert_eq!(applied.body["timestamp_ms"], json!(want), "{ts}");
+            assert_eq!(applied.parse().map(|p| p.timestamp_ms), Ok(want));
+            // Only a timestamp that moves costs a copy; the rest of the input is kept.
+            assert_eq!(
+                matches!(applied, Cow::Borrowed(_)),
+                ts == json!(want),
+                "{ts}"
+            );
+            assert_eq!(applied.body["event_id"], "e-1");
+        }
+        // Without a bound (a timer firing, Runner's own time) the timestamp is as given.
+        let unbounded = event(json!(0));
+        assert_eq!(unbounded.parse().map(|p| p.timestamp_ms), Ok(0));
+        assert!(matches!(unbounded.bounded(), Cow::Borrowed(_)));
+        // A missing or malformed timestamp stays poison, bound or not.
+        let bad = event(json!("soon")).with_bound(Some(BOUND));
+        assert!(matches!(bad.parse(), Err(StepError::Poison { .. })));
+        assert!(matches!(bad.bounded(), Cow::Borrowed(_)));
+    }
 }

@@ -5,7 +5,9 @@
 //! subject is `tenant.<t>.…` with a tenant of at most [`MAX_TENANT_BYTES`], the whole
 //! message (its header block and body) is no larger than `saga.max_message_bytes`, its tenant is served here (`tenancy.allowed`), its
 //! body is a JSON object, and the body's `tenant_id` equals the subject's tenant. Once
-//! routed, the instance key it names must also fit a storage key ([`check_key`]).
+//! routed, the instance key it names must also fit a storage key ([`check_key`]). An
+//! admitted input carries the bound its time is applied within ([`time_bound`]): the time
+//! the broker stored it, ± `saga.max_clock_skew`.
 //!
 //! Guarantee: admission is a pure function of the input and the configured [`Limits`]: it
 //! reads no state and writes nothing, so under the same limits an input is refused for the
@@ -17,7 +19,10 @@
 use serde_json::Value as Json;
 
 use crate::deadletter::kind;
-use crate::saga::Input;
+use crate::saga::{Input, TimeBound};
+
+/// The default of `saga.max_clock_skew`, in ms (also what `runner test` applies).
+pub use crate::saga::DEFAULT_MAX_CLOCK_SKEW_MS;
 
 /// Longest tenant token accepted, and longest correlation id or event id accepted (the
 /// bounds of [`crate::subject`], which every subject built from input is checked against).
@@ -64,6 +69,14 @@ pub struct RawInput {
     pub refused: Option<String>,
     /// `stream:seq`, for dead letters.
     pub source: String,
+    /// When the broker stored the input, ms since the epoch: the JetStream timestamp of the
+    /// message read (fixed per stream sequence, so a re-read gets the same value); for a
+    /// routed copy, its source message's (header `Runner-Source-Time`, the copy's own
+    /// timestamp when absent); for a held or dead-lettered input applied again, the value
+    /// kept with it (else when it was dead-lettered). The input's time is applied within
+    /// `saga.max_clock_skew` of it ([`time_bound`]). `None`: no broker time (a timer firing,
+    /// whose time is Runner's own; tests), the input's timestamp is applied as it is.
+    pub stored_ms: Option<u64>,
 }
 
 /// Settings the processor needs.
@@ -81,6 +94,18 @@ pub struct Limits {
     /// outputs alone pass it is dead-lettered, and a transaction stops taking inputs once
     /// its outputs reach it (the rest wait for the next one).
     pub max_output_bytes: usize,
+    /// `saga.max_clock_skew` in ms: how far an input's `timestamp_ms` may lie from the time
+    /// the broker stored it ([`time_bound`]).
+    pub max_clock_skew_ms: u64,
+}
+
+/// The bound an input stored by the broker at `stored_ms` is applied within (see
+/// [`crate::saga::TimeBound`]); none without a stored time.
+pub fn time_bound(stored_ms: Option<u64>, limits: &Limits) -> Option<TimeBound> {
+    stored_ms.map(|stored_ms| TimeBound {
+        stored_ms,
+        skew_ms: limits.max_clock_skew_ms,
+    })
 }
 
 impl Limits {
@@ -92,6 +117,8 @@ impl Limits {
                 .unwrap_or(usize::MAX),
             max_payload: 0,
             max_output_bytes: usize::try_from(c.saga.max_batch_bytes.get()).unwrap_or(usize::MAX),
+            max_clock_skew_ms: u64::try_from(c.saga.max_clock_skew.get().as_millis())
+                .unwrap_or(u64::MAX),
         }
     }
 
@@ -207,7 +234,7 @@ pub fn admit<'r>(raw: &'r RawInput, limits: &Limits) -> Result<Admitted<'r>, Ref
     }
     Ok(Admitted {
         tenant,
-        input: Input::new(rel, body),
+        input: Input::new(rel, body).with_bound(time_bound(raw.stored_ms, limits)),
     })
 }
 
@@ -256,6 +283,7 @@ mod tests {
             header_bytes: 0,
             refused: None,
             source: "AGG:1".into(),
+            stored_ms: None,
         }
     }
 
@@ -272,6 +300,7 @@ mod tests {
             max_output_bytes: usize::MAX,
             allowed_tenants: vec!["acme".into()],
             max_message_bytes: 64,
+            max_clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
         };
         let ok = r#"{"tenant_id":"acme"}"#;
         let long_tenant = format!("tenant.{}.aggregate.A.1", "t".repeat(MAX_TENANT_BYTES + 1));
@@ -321,6 +350,25 @@ mod tests {
     }
 
     #[test]
+    fn an_admitted_input_carries_its_stored_time_and_the_configured_skew() {
+        let limits = Limits::from_config(&crate::config::Config::default());
+        assert_eq!(limits.max_clock_skew_ms, DEFAULT_MAX_CLOCK_SKEW_MS);
+        let mut r = raw(
+            "tenant.acme.aggregate.A.1",
+            r#"{"tenant_id":"acme","timestamp_ms":0}"#,
+        );
+        r.stored_ms = Some(1_800_000_000_000);
+        let a = admit(&r, &limits).expect("admitted");
+        let bound = TimeBound {
+            stored_ms: 1_800_000_000_000,
+            skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
+        };
+        assert_eq!(a.input.bound, Some(bound));
+        r.stored_ms = None;
+        assert_eq!(admit(&r, &limits).expect("admitted").input.bound, None);
+    }
+
+    #[test]
     fn routed_keys_must_fit_a_storage_key() {
         assert!(check_key("acme", "o-1", "e-1").is_ok());
         let long = "x".repeat(MAX_ID_BYTES + 1);
@@ -366,6 +414,7 @@ mod tests {
             max_message_bytes: 1 << 20,
             max_payload: 0,
             max_output_bytes: usize::MAX,
+            max_clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
         };
         let raw = raw("tenant.a\u{1b}[31m.aggregate.A.1", r#"{"tenant_id":"x"}"#);
         let refusal = admit(&raw, &limits).expect_err("refused");

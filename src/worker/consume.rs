@@ -477,6 +477,16 @@ fn read_chunk<E>(
                         refused: routed(headers::ROUTED_REFUSAL),
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
+                        // The broker's time of the input (a routed copy: of its source),
+                        // which bounds the producer's `timestamp_ms` (admission.rs).
+                        stored_ms: Some(if inbox {
+                            headers::routed_stored_ms(
+                                routed(headers::ROUTED_SOURCE_TIME).as_deref(),
+                                headers::stored_ms(&info),
+                            )
+                        } else {
+                            headers::stored_ms(&info)
+                        }),
                     },
                 ));
             }
@@ -503,6 +513,7 @@ mod tests {
                 header_bytes: 0,
                 refused: None,
                 source: format!("s:{seq}"),
+                stored_ms: None,
             },
         )
     }

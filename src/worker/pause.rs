@@ -63,6 +63,8 @@ pub fn hold(
         attempts: 0,
         at_ms,
         status: DeadLetterStatus::Pending,
+        // Released later, it is applied within the time bound it arrived with.
+        stored_ms: raw.stored_ms,
     })?;
     if tx
         .parked_by(tenant, &route.saga, &route.correlation_id)?
@@ -88,6 +90,7 @@ pub fn hold_again(
         header_bytes: 0,
         refused: None,
         source: dl.source.clone(),
+        stored_ms: dl.stored_ms,
     };
     hold(tx, &raw, &dl.tenant, route, at_ms)
 }

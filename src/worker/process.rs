@@ -172,6 +172,11 @@ impl<'a> Processor<'a> {
         };
         let routes = match catch_unwind(AssertUnwindSafe(|| saga::route(self.catalog, &input))) {
             Ok(Ok(r)) => r,
+            Ok(Err(e @ StepError::UncorrelatedReply { .. })) => {
+                // It names no instance: no key is parked, so it can neither move nor stop one.
+                let k = kind::UNANSWERED_RESULT;
+                return self.dead_letter(tx, raw, tenant, k, e.to_string(), None);
+            }
             Ok(Err(e)) => {
                 let k = if matches!(e, StepError::Poison { .. }) && envelope_malformed(&input) {
                     kind::UNDECODABLE
@@ -256,6 +261,7 @@ impl<'a> Processor<'a> {
             header_bytes: 0,
             refused: None,
             source: "timer".into(),
+            stored_ms: None, // its time is its due time, which the engine computed
         };
         let route = Route {
             saga: t.saga.clone(),
@@ -425,7 +431,9 @@ impl<'a> Processor<'a> {
             )) => {
                 self.tally.note(saga, "ignored");
             }
-            Ok(Err(e @ StepError::UnansweredCommand { .. })) => {
+            Ok(Err(
+                e @ (StepError::UnansweredCommand { .. } | StepError::UncorrelatedReply { .. }),
+            )) => {
                 // Not parked: a forged result must not be able to stop the saga either.
                 self.tally.note(saga, "dead_lettered");
                 let why = e.to_string();
@@ -502,6 +510,7 @@ impl<'a> Processor<'a> {
                 },
                 traceparent: raw.traceparent.as_deref(),
                 route,
+                stored_ms: raw.stored_ms,
             },
         )?;
         self.tally.last_outbox = outbox_seq;
@@ -520,6 +529,9 @@ impl Reapply for Processor<'_> {
             header_bytes: 0,
             refused: None,
             source: format!("redrive:{}", dl.id),
+            // The broker's time kept with the letter (older letters: when it was recorded),
+            // so a redrive, however late, applies the input within the bound it had.
+            stored_ms: dl.stored_ms.or(Some(dl.at_ms)),
         };
         let failed_before = self.tally.dead_letters.len();
         match (&dl.saga, &dl.correlation_id, split_subject(&dl.subject)) {
@@ -531,7 +543,8 @@ impl Reapply for Processor<'_> {
                 );
                 let _entered = span.enter();
                 let body: Json = serde_json::from_str(&dl.body).unwrap_or(Json::Null);
-                let input = Input::new(rel, body);
+                let input = Input::new(rel, body)
+                    .with_bound(admission::time_bound(raw.stored_ms, self.limits));
                 let route = Route {
                     saga: saga.clone(),
                     correlation_id: corr.clone(),
@@ -595,6 +608,7 @@ mod tests {
                 max_message_bytes: 1024,
                 max_payload: 0,
                 max_output_bytes: usize::MAX,
+                max_clock_skew_ms: crate::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
             },
         );
         let raw = RawInput {
@@ -604,6 +618,7 @@ mod tests {
             header_bytes: 0,
             refused: None,
             source: "AGGREGATE_EVENTS:7".into(),
+            stored_ms: None,
         };
         tracing::subscriber::with_default(subscriber, || {
             store

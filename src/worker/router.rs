@@ -2,7 +2,8 @@
 //! the source into the saga inbox partition of every saga instance it reaches.
 //!
 //! A routed copy goes to `runner.inbox.<p>.<source>` with headers `Runner-Subject` (where
-//! it was published), `Runner-Source` (`<source>:<seq>`), its `traceparent`, and
+//! it was published), `Runner-Source` (`<source>:<seq>`), `Runner-Source-Time` (when the
+//! broker stored the source message, which bounds the input's time), its `traceparent`, and
 //! `Nats-Msg-Id` `<source>:<seq>:<p>`. An input that reaches several instances in one
 //! partition is copied there once (the partition's owner applies it to each); an input
 //! that cannot be routed (undecodable, a failing correlation expression, an engine panic)
@@ -390,6 +391,7 @@ async fn send(
         }
         let traceparent = headers::traceparent(msg.headers.as_ref());
         let payload = msg.payload.clone();
+        let stored_ms = headers::stored_ms(&info);
         let raw = RawInput {
             subject: msg.subject.to_string(),
             body: payload.clone(),
@@ -397,6 +399,7 @@ async fn send(
             header_bytes: headers::block_bytes(msg.headers.as_ref()),
             refused: None,
             source: format!("{}:{seq}", source.stream),
+            stored_ms: Some(stored_ms),
         };
         // The routing is a span of its own (when spans are exported); the copies name it.
         let hop = otel::hop(
@@ -419,6 +422,10 @@ async fn send(
             );
             h.insert(headers::ROUTED_SUBJECT, raw.subject.as_str());
             h.insert(headers::ROUTED_SOURCE, raw.source.as_str());
+            // The source's stored time travels with the copy: the owner bounds the input's
+            // time by it, on every replay of the inbox the same (not by the copy's own time,
+            // which a router's lag would move).
+            h.insert(headers::ROUTED_SOURCE_TIME, stored_ms.to_string().as_str());
             if let Some(tp) = onward {
                 h.insert(headers::TRACEPARENT_HEADER, tp);
             }

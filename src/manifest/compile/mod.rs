@@ -246,6 +246,7 @@ impl SagaCompiler<'_, '_> {
                     event_type: t.event_type.clone(),
                     correlation,
                     start: t.start,
+                    reply: false,
                 }),
                 None => ok = false,
             }

@@ -72,6 +72,9 @@ impl SagaCompiler<'_, '_> {
         }
         // Result events of effects arrive with the correlation id the saga put in the
         // command's metadata: add those triggers so an orchestration only declares its start.
+        // A result trigger the saga declares itself (same subject and event type) is kept
+        // instead, with its own correlation: that is how a command step whose aggregate
+        // does not echo `metadata` is correlated (by `event.aggregate_id`, say).
         let mut wanted: BTreeSet<(String, Option<String>)> = BTreeSet::new();
         for step in &steps {
             let comp = step
@@ -112,6 +115,7 @@ impl SagaCompiler<'_, '_> {
                     event_type,
                     correlation,
                     start: false,
+                    reply: true,
                 });
             }
         }

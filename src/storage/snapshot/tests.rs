@@ -46,6 +46,7 @@ fn letter(corr: Option<&str>, kind: &str) -> DeadLetter {
         attempts: 1,
         at_ms: 5,
         status: DeadLetterStatus::Pending,
+        stored_ms: None,
     }
 }
 

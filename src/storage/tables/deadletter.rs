@@ -66,6 +66,12 @@ pub struct DeadLetter {
     pub at_ms: u64,
     /// Pending or redriven.
     pub status: DeadLetterStatus,
+    /// When the broker stored the input (its JetStream timestamp, for a routed copy its
+    /// source's), ms since the epoch, when known: a redrive applies the input's time within
+    /// `saga.max_clock_skew` of it, as its first application did. Absent on letters kept
+    /// before it was recorded (a redrive then bounds by `at_ms`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_ms: Option<u64>,
 }
 
 fn deadletter_key(tenant: &str, id: u64) -> Vec<u8> {
