@@ -84,7 +84,7 @@ pub fn route(catalog: &Catalog, input: &Input) -> Result<Vec<Route>, StepError> 
             return Err(StepError::poison(format!(
                 "correlation id `{}` of saga `{name}` is not a valid subject token (no \
                  whitespace, control character, `.`, `*` or `>`)",
-                crate::telemetry::escape_controls(&shown)
+                shown.escape_debug()
             )));
         }
         out.push(Route {
