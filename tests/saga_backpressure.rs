@@ -50,11 +50,14 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
     // (the second whether the first publication was acknowledged by then or not).
     // The worker sets the depth gauge as it checks the limit, so a reading above the limit
     // means it is waiting (it cannot go on: no publication can succeed).
+    // (Once the one publication that can succeed is acknowledged: until then its ack can
+    // still lower the depth and let one more input in.)
     wait_until(
         "the worker waits at the limit",
         Duration::from_secs(30),
         || async {
-            common::metrics::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64
+            common::metrics::metric(&admin, "runner_relay_published_total").await >= 1.0
+                && common::metrics::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64
         },
     )
     .await;
