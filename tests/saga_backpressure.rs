@@ -61,6 +61,17 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
         },
     )
     .await;
+    // The depth gauge is written when the worker checks it: let one more refused window
+    // pass (far longer than the worker's check interval) so the reading is current.
+    let before = common::metrics::metric(&admin, "runner_relay_errors_total").await;
+    wait_until(
+        "one more refused window",
+        Duration::from_secs(60),
+        || async {
+            common::metrics::metric(&admin, "runner_relay_errors_total").await >= before + 1.0
+        },
+    )
+    .await;
     let errors = common::metrics::metric(&admin, "runner_relay_errors_total").await;
     let paused_at = applied().await;
     // Time passes with the relay failing again and again; the worker takes nothing more.
