@@ -90,13 +90,11 @@ async fn input_resumes_when_the_consumers_node_dies() {
     let (mut runner, host, conn) = {
         let mut k = 0;
         let mut found = None;
+        // Restarted on its own data directory: a single-active replica on other storage
+        // would be refused while the killed one's lease lives (`worker/single.rs`).
+        let mut dir = tempfile::tempdir().unwrap();
         for _ in 0..8 {
-            let r = RunnerProc::saga(
-                tempfile::tempdir().unwrap(),
-                &cluster.url(k),
-                manifest,
-                &envs,
-            );
+            let r = RunnerProc::saga(dir, &cluster.url(k), manifest, &envs);
             // One input, so the consumer exists and delivered.
             deposit(&js, 0).await;
             common::wait_until("first deposit applied", Duration::from_secs(30), || {
@@ -109,7 +107,7 @@ async fn input_resumes_when_the_consumers_node_dies() {
                 found = Some((r, h, k));
                 break;
             }
-            drop(r);
+            dir = r.kill();
             k = (k + 1) % 3;
         }
         found.expect("the consumer kept landing on the runner's own node")

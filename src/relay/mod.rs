@@ -17,7 +17,7 @@
 //! On drain it keeps publishing until the outbox is empty, then returns.
 
 pub mod combine;
-mod election;
+pub(crate) mod election;
 pub mod fenced;
 mod park;
 

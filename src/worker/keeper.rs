@@ -171,6 +171,9 @@ async fn renew(
 ) -> Lease {
     let every = lease.renew_every();
     let mut next = Instant::now() + every;
+    // A failing episode is logged once when it starts and once when it ends, not at
+    // every retry (a broker outage would otherwise log every few seconds per lease).
+    let mut failing: Option<(Instant, u32)> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return lease,
@@ -179,6 +182,9 @@ async fn renew(
         match lease.renew().await {
             Ok(()) => {
                 next = Instant::now() + every;
+                if let Some((since, tries)) = failing.take() {
+                    tracing::info!(message = "Lease renewed again.", key = %lease.key(), failed_attempts = tries, seconds = since.elapsed().as_secs());
+                }
                 if let Some(c) = &renewed {
                     c.inc();
                 }
@@ -191,7 +197,20 @@ async fn renew(
             }
             Err(e) => {
                 next = Instant::now() + every / 4;
-                tracing::warn!(message = "Lease renewal failed; retrying.", key = %lease.key(), error = %e);
+                match &mut failing {
+                    Some((_, tries)) => {
+                        *tries += 1;
+                        tracing::debug!(message = "Lease renewal failed again; retrying.", key = %lease.key(), error = %e);
+                    }
+                    None => {
+                        failing = Some((Instant::now(), 1));
+                        if crate::relay::election::is_election(&e.to_string()) {
+                            tracing::warn!(message = "Lease renewal not answered: the leases bucket is electing a leader (or unreachable); retrying, logged again when it succeeds.", key = %lease.key(), error = %e);
+                        } else {
+                            tracing::warn!(message = "Lease renewal failed; retrying, logged again when it succeeds.", key = %lease.key(), error = %e);
+                        }
+                    }
+                }
             }
         }
         deadline.send_replace(lease.valid_until());
