@@ -197,6 +197,27 @@ async fn a_killed_saga_replica_costs_no_double_effect_and_no_lost_order() {
         orders as usize * 5,
         "per order: 3 effect commands, Confirm and MarkShipped"
     );
+    // Every result went straight into its partition's inbox, named by the command's
+    // `Runner-Partition`: none was published to the workflow events stream for a router
+    // to copy.
+    let stray = common::read_stream(&js, "WORKFLOW_EVENTS", "tenant.*.effect_result.>").await;
+    assert!(
+        stray.is_empty(),
+        "{} results went the long way",
+        stray.len()
+    );
+    let direct = common::read_stream(&js, "SAGA_INBOX", "runner.inbox.*.result").await;
+    let mut answered: HashMap<String, usize> = HashMap::new();
+    for r in &direct {
+        *answered
+            .entry(r.body["command_id"].as_str().unwrap().to_string())
+            .or_default() += 1;
+    }
+    assert_eq!(
+        answered.len(),
+        orders as usize * 3,
+        "one result per command"
+    );
     s1.stop();
     e1.stop();
 }

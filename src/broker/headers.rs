@@ -36,6 +36,31 @@ pub const ROUTED_SOURCE_TIME: &str = "Runner-Source-Time";
 /// the partition's owner dead-letters it with that reason instead of admitting it again.
 pub const ROUTED_REFUSAL: &str = "Runner-Refused";
 
+/// On an effect command a partition's relay publishes: the saga inbox partition that owns the
+/// instance waiting for it (decimal). Its executor publishes the result straight into that
+/// partition's inbox ([`inbox_result_subject`]), so a result is read once, by its owner,
+/// instead of being published to the workflow events stream and routed again.
+pub const REPLY_PARTITION: &str = "Runner-Partition";
+
+/// The most partitions a deployment may have (`partitions.count`); a larger
+/// [`REPLY_PARTITION`] is not believed.
+pub const MAX_PARTITIONS: u32 = 1024;
+
+/// The subject of an effect result published straight into inbox partition `p`.
+pub fn inbox_result_subject(p: u32) -> String {
+    format!("runner.inbox.{p}.result")
+}
+
+/// The partition an effect command asks its result to be published into, when it carries a
+/// well-formed [`REPLY_PARTITION`] (a decimal below [`MAX_PARTITIONS`]).
+pub fn reply_partition(headers: Option<&HeaderMap>) -> Option<u32> {
+    let v = headers?.get(REPLY_PARTITION)?.as_str();
+    if v.is_empty() || v.len() > 4 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok().filter(|p| *p < MAX_PARTITIONS)
+}
+
 /// The largest header block JetStream stores (it encodes the length in 16 bits; a larger
 /// one is refused with error 10097).
 pub const MAX_HEADER_BLOCK: usize = u16::MAX as usize;
@@ -217,6 +242,23 @@ mod tests {
     use super::*;
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn only_a_plain_partition_number_sends_a_result_into_the_inbox() {
+        let with = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(REPLY_PARTITION, v);
+            reply_partition(Some(&h))
+        };
+        assert_eq!(with("0"), Some(0));
+        assert_eq!(with("1023"), Some(1023));
+        for bad in ["", "1024", "99999", "-1", "+3", "3 ", "x", "1.5", "0x1"] {
+            assert_eq!(with(bad), None, "{bad:?}");
+        }
+        assert_eq!(reply_partition(None), None);
+        assert_eq!(reply_partition(Some(&HeaderMap::new())), None);
+        assert_eq!(inbox_result_subject(7), "runner.inbox.7.result");
+    }
 
     #[test]
     fn a_routed_copy_is_applied_with_its_source_s_stored_time() {

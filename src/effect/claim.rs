@@ -55,6 +55,10 @@ pub struct StoredResult {
     pub traceparent: Option<String>,
     /// Body, as JSON text.
     pub body: Box<RawValue>,
+    /// The saga inbox subject it is published on instead of `subject` (which it then
+    /// carries as `Runner-Subject`), when its command named the partition waiting for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox: Option<String>,
 }
 
 impl StoredResult {
@@ -71,11 +75,13 @@ impl PartialEq for StoredResult {
             &self.msg_id,
             &self.traceparent,
             self.body.get(),
+            &self.inbox,
         ) == (
             &other.subject,
             &other.msg_id,
             &other.traceparent,
             other.body.get(),
+            &other.inbox,
         )
     }
 }

@@ -55,6 +55,9 @@ pub struct Command {
     pub body: Json,
     /// `traceparent` header.
     pub traceparent: Option<String>,
+    /// The saga inbox partition its result goes straight into (header `Runner-Partition`,
+    /// set by a partition's relay); `None`: the result goes to its `effect_result` subject.
+    pub reply_partition: Option<u32>,
 }
 
 /// Why a command was refused before any execution.
@@ -134,6 +137,7 @@ impl Command {
             effect,
             body,
             traceparent,
+            reply_partition: None,
         })
     }
 
@@ -225,6 +229,9 @@ impl Command {
             msg_id: id,
             traceparent: self.traceparent.clone(),
             body,
+            inbox: self
+                .reply_partition
+                .map(crate::broker::headers::inbox_result_subject),
         }
     }
 }

@@ -57,6 +57,10 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
             ));
     }
     let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
+        .map(|mut c| {
+            c.reply_partition = crate::broker::headers::reply_partition(msg.headers.as_ref());
+            c
+        })
         .map_err(|e| {
             let kind = match &e {
                 CommandError::Mismatch {
@@ -313,6 +317,7 @@ async fn refuse(
         msg_id: message.msg_id,
         traceparent,
         body: serde_json::value::to_raw_value(&message.body).unwrap_or_default(),
+        inbox: None,
     };
     if let Err(e) = publish(ctx, &dl).await {
         // The dead-letter stream did not take it: keep it in this node's store instead, so
@@ -373,17 +378,26 @@ async fn publish(ctx: &Ctx, r: &StoredResult) -> Result<(), async_nats::Error> {
         },
     );
     let tenant: Tenant<'_> = serde_json::from_str(r.body.get()).unwrap_or_default();
-    let h = crate::broker::headers::outgoing(
+    let mut h = crate::broker::headers::outgoing(
         &r.msg_id,
         tenant.tenant_id.as_deref(),
         otel::onward(hop.as_ref(), r.traceparent.as_deref()),
     );
     drop(hop);
+    // Straight into the waiting partition's inbox, named as its own subject there (the
+    // owner reads it as published on `subject`); else on `subject` itself.
+    let to = match &r.inbox {
+        Some(inbox) => {
+            h.insert(crate::broker::headers::ROUTED_SUBJECT, r.subject.as_str());
+            inbox.clone()
+        }
+        None => r.subject.clone(),
+    };
     let body = bytes::Bytes::copy_from_slice(r.body.get().as_bytes());
     ctx.state
         .broker
         .jetstream()
-        .publish_with_headers(r.subject.clone(), h, body)
+        .publish_with_headers(to, h, body)
         .await?
         .await?;
     Ok(())

@@ -31,7 +31,11 @@
 //! 3. **Record** the outcome and the result event in the claim, CAS on the held revision —
 //!    a zombie whose lease was taken over is refused here and publishes nothing.
 //! 4. **Publish** the result on `tenant.<t>.effect_result.<effect>.<command_id>` with
-//!    `Nats-Msg-Id` derived from the command id, awaiting the PubAck.
+//!    `Nats-Msg-Id` derived from the command id, awaiting the PubAck. A command a saga
+//!    partition's relay sent names that partition (`Runner-Partition`): its result goes
+//!    straight into the partition's inbox, `runner.inbox.<p>.result`, carrying its
+//!    `effect_result` subject as `Runner-Subject`, so it is read once, by the owner waiting
+//!    for it, and never routed.
 //! 5. **Ack** the command.
 //!
 //! Recording before publishing is deliberate: the fence must be checked before the one

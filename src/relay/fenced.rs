@@ -21,6 +21,9 @@
 //!   its batch is stored (or it was found covered by the watermark); a batch whose answer
 //!   is lost is checked against the fence before it is sent again.
 //!
+//! An effect command carries the partition (`Runner-Partition`): its executor publishes the
+//! result straight into this partition's inbox, where no router has to copy it.
+//!
 //! On `stop` it publishes until the partition's outbox is empty, then returns.
 
 use std::collections::HashMap;
@@ -199,7 +202,7 @@ impl PartitionRelay {
                 .iter()
                 .map(|(_, r)| BatchMessage {
                     subject: r.subject.clone(),
-                    headers: headers(r),
+                    headers: self.headers(r),
                     payload: r.body.clone().into(),
                 })
                 .collect();
@@ -267,6 +270,19 @@ impl PartitionRelay {
                 Err(Outcome::Retry)
             }
         }
+    }
+
+    /// A record's headers; an effect command also names this partition, so its result is
+    /// published straight into this partition's inbox (`crate::effect`, step 4).
+    fn headers(&self, r: &OutboxRecord) -> async_nats::HeaderMap {
+        let mut h = headers(r);
+        if r.subject.split('.').nth(2) == Some("effect") {
+            h.insert(
+                crate::broker::headers::REPLY_PARTITION,
+                self.partition.to_string().as_str(),
+            );
+        }
+        h
     }
 
     /// Deletes what is published and not yet deleted, in a transaction of its own.
