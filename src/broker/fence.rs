@@ -24,11 +24,14 @@
 //!    `Nats-Expected-Last-Subject-Sequence: F` and
 //!    `Nats-Expected-Last-Subject-Sequence-Subject: runner.fence.<S>.<p>`; the server stores it
 //!    only while `F` is still the last sequence of the fence subject.
-//! 3. *Batch* (the relay and the routers): a fenced publisher's messages go out as atomic
-//!    batches ([`crate::broker::batch`]) whose first message carries the fence headers and
-//!    whose last is a new marker ([`Fence::marker`]) with the publisher's watermark
-//!    ([`Position`]): the messages and the watermark that covers them are stored together or
-//!    not at all, and the marker's sequence becomes the fence's `F` ([`Fence::advance`]).
+//! 3. *Batch* (the relay and the routers, on a replicated stream): a fenced publisher's
+//!    messages go out as atomic batches ([`crate::broker::batch`]) whose first message
+//!    carries the fence headers and whose last is a new marker ([`Fence::marker`]) with the
+//!    publisher's watermark ([`Position`]): the messages and the watermark that covers them
+//!    are stored together or not at all, and the marker's sequence becomes the fence's `F`
+//!    ([`Fence::advance`]). On a stream of one replica they go out as rounds instead
+//!    ([`crate::broker::fenced_round`]): every message fenced, all in flight, then the
+//!    marker once all are stored ([`Fence::publish_marker`]).
 //!    A new owner reads the watermark when it raises ([`Observed::through`]; the raise's own
 //!    marker carries it forward), so it knows exactly what its predecessors stored — however
 //!    long ago, without leaning on the de-duplication window.
@@ -324,6 +327,28 @@ impl Fence {
                 })
                 .unwrap_or_default(),
             ),
+        }
+    }
+
+    /// Publishes this owner's marker at `through` on its own (expecting the fence's `F`)
+    /// and advances the fence to it: the end of a fenced round
+    /// ([`crate::broker::fenced_round`]). An error says why, and whether it was stored is
+    /// for [`Fence::recheck`] to tell.
+    pub async fn publish_marker(
+        &mut self,
+        js: &jetstream::Context,
+        through: Position,
+    ) -> Result<(), String> {
+        let marker = self.marker(through);
+        let mut headers = HeaderMap::new();
+        headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, self.seq.to_string());
+        match send(js, marker.subject, headers, marker.payload).await {
+            Ok(seq) => {
+                self.advance(seq, Some(through));
+                Ok(())
+            }
+            Err(Sent::WrongLastSequence) => Err("marker refused: the fence moved".into()),
+            Err(Sent::Other(reason)) => Err(format!("marker: {reason}")),
         }
     }
 

@@ -32,6 +32,48 @@ pub enum Outcome {
     Retry(String),
 }
 
+/// How a fenced publisher's messages travel to a stream: one way per kind of stream, chosen
+/// by its replica count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// One replica: every message fenced and in flight at once, then the marker
+    /// ([`super::fenced_round`]).
+    Round,
+    /// Replicated: atomic batches ([`publish`]), since the server lets one fenced proposal
+    /// per fence subject be in flight.
+    Batch,
+}
+
+impl Transport {
+    /// The transport for a stream of `replicas` replicas.
+    pub fn for_replicas(replicas: usize) -> Self {
+        if replicas <= 1 {
+            Transport::Round
+        } else {
+            Transport::Batch
+        }
+    }
+
+    /// Publishes `messages` and a marker at `position` under `fence` this way; advances the
+    /// fence when they are stored.
+    pub async fn publish(
+        self,
+        js: &Context,
+        client: &Client,
+        fence: &mut Fence,
+        messages: &[BatchMessage],
+        position: Position,
+        timeout: Duration,
+    ) -> Outcome {
+        match self {
+            Transport::Round => {
+                super::fenced_round::publish(js, fence, messages, position, timeout).await
+            }
+            Transport::Batch => publish(js, client, fence, messages, position, timeout).await,
+        }
+    }
+}
+
 /// Publishes `messages` followed by a marker at `position` as one atomic batch under
 /// `fence`, and advances the fence when it is stored.
 pub async fn publish(

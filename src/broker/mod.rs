@@ -36,6 +36,7 @@ pub mod batch;
 pub mod dlq;
 pub mod fence;
 pub mod fenced_batch;
+pub mod fenced_round;
 pub mod liveness;
 mod streams;
 

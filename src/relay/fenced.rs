@@ -82,8 +82,10 @@ pub struct PartitionRelay {
     pub poll: Duration,
     /// How long to wait for a batch's answer.
     pub timeout: Duration,
-    /// Batches shared with this process's other partition relays.
+    /// Batches shared with this process's other partition relays (replicated streams).
     pub shared: Arc<Combiner>,
+    /// How fenced records travel ([`fenced_batch::Transport`], by the streams' replicas).
+    pub transport: fenced_batch::Transport,
 }
 
 impl PartitionRelay {
@@ -213,42 +215,60 @@ impl PartitionRelay {
         Ok(last_seq)
     }
 
-    /// Publishes `messages` and a marker at `position` as one fenced batch into `stream`.
+    /// Publishes `messages` and a marker at `position` under this partition's fence in
+    /// `stream`: as a round, or as an atomic batch shared with the other partitions' relays.
     async fn publish(
         &mut self,
         stream: &str,
         messages: Vec<BatchMessage>,
         position: Position,
     ) -> Result<(), Outcome> {
-        let fence = self.fences.get_mut(stream).ok_or(Outcome::Retry)?;
         let started = std::time::Instant::now();
-        // Shared with the other partitions' relays when they publish at the same time
-        // (`combine.rs`); a part that did not go out shared goes alone, decided by the fence.
-        let part = Part {
-            fence: fence.clone(),
-            messages: messages.clone(),
-            position,
-            expect: true,
-        };
-        let outcome = match self
-            .shared
-            .publish(&self.client, stream, part, self.timeout)
-            .await
-        {
-            PartOutcome::Stored(seq) => {
-                fence.advance(seq, Some(position));
-                fenced_batch::Outcome::Stored
+        let fence = self.fences.get_mut(stream).ok_or(Outcome::Retry)?;
+        let outcome = match self.transport {
+            fenced_batch::Transport::Round => {
+                self.transport
+                    .publish(
+                        &self.js,
+                        &self.client,
+                        fence,
+                        &messages,
+                        position,
+                        self.timeout,
+                    )
+                    .await
             }
-            PartOutcome::Alone => {
-                fenced_batch::publish(
-                    &self.js,
-                    &self.client,
-                    fence,
-                    &messages,
+            fenced_batch::Transport::Batch => {
+                // Shared with the other partitions' relays when they publish at the same
+                // time (`combine.rs`); a part that did not go out shared goes alone, decided
+                // by the fence.
+                let part = Part {
+                    fence: fence.clone(),
+                    messages: messages.clone(),
                     position,
-                    self.timeout,
-                )
-                .await
+                    expect: true,
+                };
+                match self
+                    .shared
+                    .publish(&self.client, stream, part, self.timeout)
+                    .await
+                {
+                    PartOutcome::Stored(seq) => {
+                        fence.advance(seq, Some(position));
+                        fenced_batch::Outcome::Stored
+                    }
+                    PartOutcome::Alone => {
+                        fenced_batch::publish(
+                            &self.js,
+                            &self.client,
+                            fence,
+                            &messages,
+                            position,
+                            self.timeout,
+                        )
+                        .await
+                    }
+                }
             }
         };
         match outcome {

@@ -397,6 +397,9 @@ async fn start(
         poll: state.config.saga.relay_poll.get(),
         timeout: state.config.nats.request_timeout.get(),
         shared: state.shared_batches.clone(),
+        transport: crate::broker::fenced_batch::Transport::for_replicas(
+            state.config.streams.replicas,
+        ),
     };
     let relay_stop = CancellationToken::new();
     let relay = tokio::spawn(relay.run(relay_stop.clone()));

@@ -515,7 +515,10 @@ async fn flush(
     };
     let timeout = state.config.nats.request_timeout.get();
     let js = state.broker.jetstream();
-    match fenced_batch::publish(js, state.broker.client(), fence, &copies, position, timeout).await
+    let transport = fenced_batch::Transport::for_replicas(state.config.streams.replicas);
+    match transport
+        .publish(js, state.broker.client(), fence, &copies, position, timeout)
+        .await
     {
         fenced_batch::Outcome::Stored => {
             state.metrics.router_copies.inc_by(copies.len() as u64);
