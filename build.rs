@@ -20,6 +20,17 @@ fn main() {
         .unwrap_or(false);
     let rev = if dirty { format!("{rev}-dirty") } else { rev };
     println!("cargo:rustc-env=RUNNER_GIT_REV={rev}");
-    println!("cargo:rerun-if-changed=.git/HEAD");
-    println!("cargo:rerun-if-changed=.git/index");
+    // In a linked worktree `.git` is a file; its HEAD and index live in the worktree's own
+    // git directory. Watching a path that does not exist would rebuild on every run.
+    let git_dir = Command::new("git")
+        .args(["rev-parse", "--git-dir"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| ".git".to_string());
+    println!("cargo:rerun-if-changed={git_dir}/HEAD");
+    println!("cargo:rerun-if-changed={git_dir}/index");
 }
