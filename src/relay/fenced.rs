@@ -1,25 +1,29 @@
-//! The fenced relay of one owned partition (partitioned mode): the partition's outbox →
-//! JetStream, through fenced atomic batches (DESIGN §8.4, §8.6).
+//! The fenced relay of one owned partition: the partition's outbox → JetStream, under the
+//! partition's fence in each stream (DESIGN §8.4, §8.6).
 //!
-//! The partition's records are read in outbox order and cut into runs of consecutive
-//! records bound for the same stream. Each run goes out as one atomic batch (cut at the
-//! batch limit): the records, the first carrying this owner's fence headers for that
-//! stream (`runner.fence.<stream>.<p>`), then a marker whose watermark is the cause of the
-//! run's last record. One batch is in flight per partition; runs go out in order. Runs of
-//! several partitions ready at once share one atomic batch (`combine.rs`), each part with
-//! its own fence headers and marker.
+//! The partition's records are read a window at a time, in outbox order, and split by the
+//! stream each goes to; each stream's records keep their order (nothing orders two streams
+//! for a reader), and the streams of a window go out side by side. A stream's records go out
+//! under this owner's fence for that stream (`runner.fence.<stream>.<p>`), followed by a
+//! marker whose watermark is the cause of its last record; the transport follows the
+//! stream's replicas ([`fenced_batch::Transport`]): a fenced round on one replica, an atomic
+//! batch on a replicated stream, shared with the other partitions' relays publishing at the
+//! same moment (`combine.rs`). One window is in flight per partition.
 //!
 //! **Guarantees.**
-//! - **Nothing from a former owner.** Once a newer owner raised its fence, every batch of
-//!   ours is refused whole by the broker; the relay returns [`Fenced`] and stores nothing.
-//! - **Nothing twice, without the de-duplication window.** A record whose cause is at or
-//!   below the stream's watermark (what this partition's owners, this one included, have
-//!   stored) is not published again: a new owner replaying inputs its predecessor had
-//!   already published skips their records ([`crate::telemetry::Metrics::relay_suppressed`]).
-//!   The watermark and the records it covers are stored in one atomic batch, so it is exact.
+//! - **Nothing from a former owner.** Once a newer owner raised its fence, every publish of
+//!   ours is refused by the broker; the relay returns [`Fenced`] and stops.
+//! - **Nothing twice.** A record whose cause is at or below the stream's watermark (what
+//!   this partition's owners, this one included, have stored) is not published again: a
+//!   new owner replaying inputs its predecessor had already published skips their records
+//!   ([`crate::telemetry::Metrics::relay_suppressed`]). A marker is stored only once every
+//!   record it covers is (in the same atomic batch, or after their acknowledgements in a
+//!   round), so the watermark never claims too much; what a crash leaves stored above it
+//!   is at most the last round's, which a successor re-sends under the same
+//!   `Nats-Msg-Id` (`crate::broker::fenced_round`).
 //! - **Nothing lost.** A record is acknowledged to the worker ([`RelayHandle`]) only after
-//!   its batch is stored (or it was found covered by the watermark); a batch whose answer
-//!   is lost is checked against the fence before it is sent again.
+//!   its window is stored (or found covered by the watermark); a window whose answer is
+//!   lost is checked against the fence before it is sent again.
 //!
 //! An effect command carries the partition (`Runner-Partition`): its executor publishes the
 //! result straight into this partition's inbox, where no router has to copy it.
@@ -134,27 +138,25 @@ impl PartitionRelay {
                 }
                 continue;
             }
-            for run in runs(&records, &*self.stream_of) {
-                let n = run.records.len() as u64;
-                match self.send_run(run).await {
-                    Ok(through) => {
-                        self.handle.acked.fetch_max(through, Ordering::SeqCst);
-                        self.handle.note_published(n);
-                        self.metrics.stalls.progressed(&self.stage());
-                        backoff.reset();
-                    }
-                    Err(Outcome::Fenced(f)) => {
-                        self.metrics.stalls.gone(&self.stage());
-                        return Err(f);
-                    }
-                    Err(Outcome::Retry) => {
-                        self.metrics
-                            .stalls
-                            .failed(&self.stage(), "a batch was not stored (see the log)");
-                        self.metrics.relay_errors.inc();
-                        tokio::time::sleep(backoff.next_wait()).await;
-                        break;
-                    }
+            let n = records.len() as u64;
+            let last = records.last().map_or(0, |(s, _)| *s);
+            match self.send_window(&records).await {
+                Ok(()) => {
+                    self.handle.acked.fetch_max(last, Ordering::SeqCst);
+                    self.handle.note_published(n);
+                    self.metrics.stalls.progressed(&self.stage());
+                    backoff.reset();
+                }
+                Err(Outcome::Fenced(f)) => {
+                    self.metrics.stalls.gone(&self.stage());
+                    return Err(f);
+                }
+                Err(Outcome::Retry) => {
+                    self.metrics
+                        .stalls
+                        .failed(&self.stage(), "a batch was not stored (see the log)");
+                    self.metrics.relay_errors.inc();
+                    tokio::time::sleep(backoff.next_wait()).await;
                 }
             }
         }
@@ -165,12 +167,14 @@ impl PartitionRelay {
         format!("relay.p{}", self.partition)
     }
 
-    /// Publishes one run; returns the outbox sequence through which it is stored.
-    async fn send_run(&mut self, run: Run<'_>) -> Result<u64, Outcome> {
-        let last_seq = run.records.last().map_or(0, |(s, _)| *s);
-        let Some(stream) = run.stream else {
-            // No stream of Runner's captures it: nothing can fence it; publish as is.
-            for (_, rec) in run.records {
+    /// Publishes one window of records: each stream's records in outbox order, the
+    /// streams side by side (nothing orders two streams for a reader), each ending with
+    /// its marker. Records a stream's watermark already covers are skipped.
+    async fn send_window(&mut self, records: &[(u64, OutboxRecord)]) -> Result<(), Outcome> {
+        let mut groups = by_stream(records, &*self.stream_of);
+        if let Some(unfenced) = groups.remove(&None) {
+            // No stream of Runner's captures them: nothing can fence them; publish as is.
+            for (_, rec) in unfenced {
                 let ack = self
                     .js
                     .publish_with_headers(
@@ -184,21 +188,80 @@ impl PartitionRelay {
                     return Err(Outcome::Retry);
                 }
             }
-            return Ok(last_seq);
+        }
+        let sender = Sender {
+            js: &self.js,
+            client: &self.client,
+            metrics: &self.metrics,
+            shared: &self.shared,
+            transport: self.transport,
+            partition: self.partition,
+            timeout: self.timeout,
         };
-        let Some(fence) = self.fences.get(&stream) else {
+        let mut sends = Vec::with_capacity(groups.len());
+        for (stream, fence) in &mut self.fences {
+            if let Some(recs) = groups.remove(&Some(stream.clone())) {
+                sends.push(sender.stream(stream, fence, recs));
+            }
+        }
+        if let Some((Some(stream), _)) = groups.into_iter().next() {
             tracing::error!(message = "No fence for a stream this partition publishes to.", stream = %stream, partition = self.partition);
             return Err(Outcome::Retry);
-        };
+        }
+        let mut outcome = Ok(());
+        for r in futures::future::join_all(sends).await {
+            match (r, &outcome) {
+                (Err(Outcome::Fenced(f)), _) => outcome = Err(Outcome::Fenced(f)),
+                (Err(Outcome::Retry), Ok(())) => outcome = Err(Outcome::Retry),
+                _ => {}
+            }
+        }
+        outcome
+    }
+
+    /// Deletes what is published and not yet deleted, in a transaction of its own.
+    async fn delete_published(&self) {
+        self.handle
+            .delete_published(&self.store, self.partition as u16)
+            .await;
+    }
+}
+
+/// How a run went wrong.
+enum Outcome {
+    Fenced(Fenced),
+    Retry,
+}
+
+/// What one window's publishes share.
+struct Sender<'a> {
+    js: &'a Context,
+    client: &'a Client,
+    metrics: &'a Metrics,
+    shared: &'a Arc<Combiner>,
+    transport: fenced_batch::Transport,
+    partition: u32,
+    timeout: Duration,
+}
+
+impl Sender<'_> {
+    /// Publishes one stream's records of a window under `fence`, in order, each chunk
+    /// ending with its marker.
+    async fn stream(
+        &self,
+        stream: &str,
+        fence: &mut Fence,
+        records: Vec<&(u64, OutboxRecord)>,
+    ) -> Result<(), Outcome> {
         let through = fence.through();
-        let fresh: Vec<&(u64, OutboxRecord)> = run
-            .records
-            .iter()
+        let total = records.len();
+        let fresh: Vec<&(u64, OutboxRecord)> = records
+            .into_iter()
             .filter(|(_, r)| through.is_none_or(|t| cause(r) > t))
             .collect();
         self.metrics
             .relay_suppressed
-            .inc_by((run.records.len() - fresh.len()) as u64);
+            .inc_by((total - fresh.len()) as u64);
         for chunk in fresh.chunks(MAX_MESSAGES - 1) {
             let messages: Vec<BatchMessage> = chunk
                 .iter()
@@ -209,28 +272,28 @@ impl PartitionRelay {
                 })
                 .collect();
             let position = chunk.last().map_or(Position::default(), |(_, r)| cause(r));
-            self.publish(&stream, messages, position).await?;
+            self.publish(stream, fence, messages, position).await?;
             self.metrics.relay_published.inc_by(chunk.len() as u64);
         }
-        Ok(last_seq)
+        Ok(())
     }
 
-    /// Publishes `messages` and a marker at `position` under this partition's fence in
-    /// `stream`: as a round, or as an atomic batch shared with the other partitions' relays.
+    /// Publishes `messages` and a marker at `position` under `fence` in `stream`: as a
+    /// round, or as an atomic batch shared with the other partitions' relays.
     async fn publish(
-        &mut self,
+        &self,
         stream: &str,
+        fence: &mut Fence,
         messages: Vec<BatchMessage>,
         position: Position,
     ) -> Result<(), Outcome> {
         let started = std::time::Instant::now();
-        let fence = self.fences.get_mut(stream).ok_or(Outcome::Retry)?;
         let outcome = match self.transport {
             fenced_batch::Transport::Round => {
                 self.transport
                     .publish(
-                        &self.js,
-                        &self.client,
+                        self.js,
+                        self.client,
                         fence,
                         &messages,
                         position,
@@ -250,7 +313,7 @@ impl PartitionRelay {
                 };
                 match self
                     .shared
-                    .publish(&self.client, stream, part, self.timeout)
+                    .publish(self.client, stream, part, self.timeout)
                     .await
                 {
                     PartOutcome::Stored(seq) => {
@@ -259,8 +322,8 @@ impl PartitionRelay {
                     }
                     PartOutcome::Alone => {
                         fenced_batch::publish(
-                            &self.js,
-                            &self.client,
+                            self.js,
+                            self.client,
                             fence,
                             &messages,
                             position,
@@ -304,47 +367,17 @@ impl PartitionRelay {
         }
         h
     }
-
-    /// Deletes what is published and not yet deleted, in a transaction of its own.
-    async fn delete_published(&self) {
-        self.handle
-            .delete_published(&self.store, self.partition as u16)
-            .await;
-    }
 }
 
-/// How a run went wrong.
-enum Outcome {
-    Fenced(Fenced),
-    Retry,
-}
-
-/// Consecutive records bound for one stream.
-struct Run<'a> {
-    stream: Option<String>,
-    records: &'a [(u64, OutboxRecord)],
-}
-
-/// Cuts `records` into runs of consecutive records bound for the same stream.
-fn runs<'a>(
+/// A window's records by the stream each goes to (`None`: no stream of Runner's), each
+/// stream's in outbox order.
+fn by_stream<'a>(
     records: &'a [(u64, OutboxRecord)],
     stream_of: &dyn Fn(&str) -> Option<String>,
-) -> Vec<Run<'a>> {
-    let mut out: Vec<Run<'a>> = Vec::new();
-    let mut start = 0;
-    let mut current = records.first().and_then(|(_, r)| stream_of(&r.subject));
-    for i in 1..=records.len() {
-        let next = records.get(i).map(|(_, r)| stream_of(&r.subject));
-        if next.as_ref() != Some(&current) {
-            out.push(Run {
-                stream: current.clone(),
-                records: &records[start..i],
-            });
-            start = i;
-            if let Some(n) = next {
-                current = n;
-            }
-        }
+) -> HashMap<Option<String>, Vec<&'a (u64, OutboxRecord)>> {
+    let mut out: HashMap<Option<String>, Vec<&'a (u64, OutboxRecord)>> = HashMap::new();
+    for r in records {
+        out.entry(stream_of(&r.1.subject)).or_default().push(r);
     }
     out
 }
@@ -375,22 +408,20 @@ mod tests {
     }
 
     #[test]
-    fn runs_split_where_the_stream_changes() {
-        let records = vec![rec("a.1"), rec("a.2"), rec("b.1"), rec("a.3")];
-        let of = |s: &str| Some(s[..1].to_string());
-        let r = runs(&records, &of);
-        let shape: Vec<(Option<String>, usize)> = r
+    fn a_window_is_split_by_stream_keeping_each_stream_s_order() {
+        let records: Vec<(u64, OutboxRecord)> = ["a.1", "a.2", "b.1", "a.3", "x.1"]
             .iter()
-            .map(|r| (r.stream.clone(), r.records.len()))
+            .enumerate()
+            .map(|(i, s)| (i as u64, rec(s).1))
             .collect();
-        assert_eq!(
-            shape,
-            vec![
-                (Some("a".into()), 2),
-                (Some("b".into()), 1),
-                (Some("a".into()), 1)
-            ]
-        );
-        assert!(runs(&[], &of).is_empty());
+        let of = |s: &str| (!s.starts_with('x')).then(|| s[..1].to_string());
+        let g = by_stream(&records, &of);
+        let seqs = |k: Option<&str>| -> Vec<u64> {
+            g[&k.map(str::to_string)].iter().map(|(s, _)| *s).collect()
+        };
+        assert_eq!(seqs(Some("a")), vec![0, 1, 3]);
+        assert_eq!(seqs(Some("b")), vec![2]);
+        assert_eq!(seqs(None), vec![4]);
+        assert!(by_stream(&[], &of).is_empty());
     }
 }
