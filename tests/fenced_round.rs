@@ -5,7 +5,9 @@
 //! What they must keep: a round's messages stored in order and its marker after them, so a
 //! new owner reads a watermark that covers exactly what was stored; once a newer owner has
 //! raised, an older owner's round stores nothing at all — not one message — and is told it
-//! is fenced off; a round whose marker was lost is settled from the fence, not guessed.
+//! is fenced off; a round whose marker was lost is settled from the fence, not guessed;
+//! rounds left unmarked are covered by the next marker, and a marker of a former owner is
+//! refused.
 //! Nothing is timed.
 #![allow(clippy::unwrap_used)]
 
@@ -20,6 +22,7 @@ use common::{NatsServer, jetstream, read_stream};
 use runner::broker::batch::BatchMessage;
 use runner::broker::fence::{Fence, Position};
 use runner::broker::fenced_batch::{Outcome, Transport};
+use runner::broker::fenced_round;
 
 const STREAM: &str = "ROUNDS";
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -182,4 +185,67 @@ async fn a_round_whose_marker_already_landed_is_settled_as_stored() {
     assert!(matches!(out, Outcome::Stored), "{out:?}");
     assert_eq!(stale.sequence(), fence.sequence());
     assert_eq!(read_stream(&js, STREAM, "out.>").await.len(), 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_left_unmarked_are_covered_by_the_next_marker_and_a_zombie_cannot_mark() {
+    let nats = NatsServer::start();
+    let (_client, js) = setup(&nats.url()).await;
+    let mut fence = Fence::raise(&js, STREAM, "9", 1, "me").await.unwrap();
+    let raised_at = fence.sequence();
+    let never = Duration::from_secs(3600);
+    for round in 1..=3u64 {
+        let out = fenced_round::publish(
+            &js,
+            &mut fence,
+            &messages("d", round, 4),
+            at(round),
+            TIMEOUT,
+            never,
+        )
+        .await;
+        assert!(matches!(out, Outcome::Stored), "round {round}: {out:?}");
+    }
+    // Stored, not marked: the fence did not move, and knows what its next marker covers.
+    assert_eq!(fence.sequence(), raised_at);
+    assert_eq!(fence.unmarked(), Some(at(3)));
+    assert_eq!(read_stream(&js, STREAM, "out.>").await.len(), 12);
+    assert_eq!(
+        Fence::observe(&js, STREAM, "9").await.unwrap().through(),
+        None
+    );
+    // The marker covers all three rounds.
+    assert!(matches!(
+        fenced_round::mark(&js, &mut fence).await,
+        Outcome::Stored
+    ));
+    assert_eq!(fence.unmarked(), None);
+    assert_eq!(fence.through(), Some(at(3)));
+    let seen = Fence::observe(&js, STREAM, "9").await.unwrap();
+    assert_eq!(
+        (seen.sequence(), seen.through()),
+        (fence.sequence(), Some(at(3)))
+    );
+    // Nothing to mark: no marker is stored.
+    let before = fence.sequence();
+    assert!(matches!(
+        fenced_round::mark(&js, &mut fence).await,
+        Outcome::Stored
+    ));
+    assert_eq!(fence.sequence(), before);
+    // One more round, unmarked; a newer owner raises; the old owner's marker is refused and
+    // it learns it is fenced off. The newer owner inherits only what was marked.
+    let out =
+        fenced_round::publish(&js, &mut fence, &messages("d", 4, 2), at(4), TIMEOUT, never).await;
+    assert!(matches!(out, Outcome::Stored), "{out:?}");
+    let newer = Fence::raise(&js, STREAM, "9", 2, "newer").await.unwrap();
+    assert_eq!(newer.through(), Some(at(3)));
+    assert!(matches!(
+        fenced_round::mark(&js, &mut fence).await,
+        Outcome::Fenced
+    ));
+    assert_eq!(
+        Fence::observe(&js, STREAM, "9").await.unwrap().epoch(),
+        Some(2)
+    );
 }

@@ -172,6 +172,10 @@ pub struct Fence {
     seq: u64,
     owner: String,
     through: Option<Position>,
+    /// Stored under this fence beyond `through`, not yet covered by a marker (rounds).
+    unmarked: Option<Position>,
+    /// When this owner last stored a marker.
+    marked_at: Option<std::time::Instant>,
 }
 
 /// A fence subject as read by [`Fence::observe`]: its last sequence `S` and the epoch of its
@@ -238,6 +242,8 @@ impl Observed {
                 seq,
                 owner: owner.to_string(),
                 through,
+                unmarked: None,
+                marked_at: Some(std::time::Instant::now()),
             }),
             Err(Sent::WrongLastSequence) => Err(FenceError::Superseded { subject, epoch }),
             Err(Sent::Other(reason)) => Err(FenceError::Nats {
@@ -355,9 +361,32 @@ impl Fence {
     /// Moves the fence to a marker of ours stored at `seq`, covering `through`.
     pub fn advance(&mut self, seq: u64, through: Option<Position>) {
         self.seq = seq;
+        self.marked_at = Some(std::time::Instant::now());
         if through.is_some() {
             self.through = through;
         }
+        if self.unmarked.is_some() && self.unmarked <= self.through {
+            self.unmarked = None;
+        }
+    }
+
+    /// Records that everything up to `position` is stored under this fence, with no marker
+    /// covering it yet ([`Fence::unmarked`]).
+    pub fn stored_unmarked(&mut self, position: Position) {
+        if self.through.is_none_or(|t| position > t) {
+            self.unmarked = self.unmarked.max(Some(position));
+        }
+    }
+
+    /// The position stored under this fence that no marker covers yet, if any: what the
+    /// next marker should record.
+    pub fn unmarked(&self) -> Option<Position> {
+        self.unmarked
+    }
+
+    /// Whether `every` has passed since this owner last stored a marker.
+    pub fn mark_due(&self, every: std::time::Duration) -> bool {
+        self.marked_at.is_none_or(|at| at.elapsed() >= every)
     }
 
     /// `base` with the two fence headers added (replacing any earlier values):
@@ -515,6 +544,8 @@ mod tests {
             seq: 42,
             owner: "r1".into(),
             through: None,
+            unmarked: None,
+            marked_at: None,
         };
         let mut base = HeaderMap::new();
         base.insert("Nats-Msg-Id", "m-1");

@@ -54,8 +54,8 @@ impl Transport {
         }
     }
 
-    /// Publishes `messages` and a marker at `position` under `fence` this way; advances the
-    /// fence when they are stored.
+    /// Publishes `messages` and a marker at `position` under `fence` this way (a round is
+    /// marked at once); advances the fence when they are stored.
     pub async fn publish(
         self,
         js: &Context,
@@ -67,7 +67,8 @@ impl Transport {
     ) -> Outcome {
         match self {
             Transport::Round => {
-                super::fenced_round::publish(js, fence, messages, position, timeout).await
+                super::fenced_round::publish(js, fence, messages, position, timeout, Duration::ZERO)
+                    .await
             }
             Transport::Batch => publish(js, client, fence, messages, position, timeout).await,
         }

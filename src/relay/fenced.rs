@@ -45,6 +45,7 @@ use crate::backoff::Backoff;
 use crate::broker::batch::{BatchMessage, MAX_MESSAGES};
 use crate::broker::fence::{Fence, Position};
 use crate::broker::fenced_batch::{self, Part, PartOutcome};
+use crate::broker::fenced_round::{self, RELAY_MARK_EVERY};
 use crate::storage::Store;
 use crate::storage::tables::OutboxRecord;
 use crate::telemetry::Metrics;
@@ -128,6 +129,19 @@ impl PartitionRelay {
                 continue;
             }
             if records.is_empty() {
+                // Nothing to send: once no new work came for a marking interval (or at
+                // once when stopping), cover what the last rounds stored with a marker.
+                let unmarked = self.fences.values().any(|f| f.unmarked().is_some());
+                if unmarked
+                    && (stopping || self.handle.idle(RELAY_MARK_EVERY, &stop).await)
+                    && let Err(f) = self.mark_all().await
+                {
+                    self.metrics.stalls.gone(&self.stage());
+                    return Err(f);
+                }
+                if unmarked && !stopping {
+                    continue;
+                }
                 if stopping {
                     self.delete_published().await;
                     self.metrics.stalls.gone(&self.stage());
@@ -219,6 +233,27 @@ impl PartitionRelay {
         outcome
     }
 
+    /// Stores a marker on every fence with rounds stored and not yet marked.
+    async fn mark_all(&mut self) -> Result<(), Fenced> {
+        for (stream, fence) in &mut self.fences {
+            match fenced_round::mark(&self.js, fence).await {
+                fenced_batch::Outcome::Stored => {}
+                fenced_batch::Outcome::Fenced => {
+                    self.metrics.fenced_rejections.inc();
+                    return Err(Fenced {
+                        partition: self.partition,
+                        stream: stream.clone(),
+                    });
+                }
+                // Marked by a later try (the next idle turn, or the next round's marker).
+                fenced_batch::Outcome::Retry(why) => {
+                    tracing::debug!(message = "Marker not stored; will try again.", partition = self.partition, stream = %stream, error = %why);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Deletes what is published and not yet deleted, in a transaction of its own.
     async fn delete_published(&self) {
         self.handle
@@ -290,16 +325,15 @@ impl Sender<'_> {
         let started = std::time::Instant::now();
         let outcome = match self.transport {
             fenced_batch::Transport::Round => {
-                self.transport
-                    .publish(
-                        self.js,
-                        self.client,
-                        fence,
-                        &messages,
-                        position,
-                        self.timeout,
-                    )
-                    .await
+                fenced_round::publish(
+                    self.js,
+                    fence,
+                    &messages,
+                    position,
+                    self.timeout,
+                    RELAY_MARK_EVERY,
+                )
+                .await
             }
             fenced_batch::Transport::Batch => {
                 // Shared with the other partitions' relays when they publish at the same
