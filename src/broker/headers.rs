@@ -67,8 +67,8 @@ pub const MAX_HEADER_BLOCK: usize = u16::MAX as usize;
 /// Length of a W3C `traceparent` of version `00`, the only form Runner passes on.
 pub const TRACEPARENT_BYTES: usize = 55;
 /// Upper bound of the headers a relay adds to a record beyond [`outgoing`]: the atomic batch
-/// headers (`Nats-Batch-Id`, `Nats-Batch-Sequence`, `Nats-Batch-Commit`) and the fence
-/// headers (`Nats-Expected-Last-Subject-Sequence` and its `…-Subject`, a fence subject of two
+/// headers (`Nats-Batch-Id`, `Nats-Batch-Sequence`, `Nats-Batch-Commit`), an effect
+/// command's [`REPLY_PARTITION`] and the fence headers (`Nats-Expected-Last-Subject-Sequence` and its `…-Subject`, a fence subject of two
 /// stream names of at most 255 bytes each). The unit test below checks the bound.
 pub const RELAY_HEADER_RESERVE: usize = 1024;
 /// Upper bound of the header block of any message Runner publishes from a record: every
@@ -363,6 +363,7 @@ mod tests {
             )
             .as_str(),
         );
+        h.insert(REPLY_PARTITION, (MAX_PARTITIONS - 1).to_string().as_str());
         // Only the lines count: the version line and blank line are the record's own.
         let lines = block_bytes(Some(&h)) - b"NATS/1.0\r\n\r\n".len();
         assert!(lines <= RELAY_HEADER_RESERVE, "{lines}");
