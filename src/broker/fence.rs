@@ -453,6 +453,18 @@ impl Fence {
     }
 }
 
+/// How a fenced publish (an atomic batch, [`crate::broker::fenced_batch`], or a round,
+/// [`crate::broker::fenced_round`]) ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// Stored (now or by an earlier try whose answer was lost); the fence moved to its marker.
+    Stored,
+    /// Another owner's marker is on the fence: this publisher must stop.
+    Fenced,
+    /// Not stored, or unknown; try again later from the fence's watermark.
+    Retry(String),
+}
+
 /// What [`Fence::recheck`] found on the fence subject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recheck {

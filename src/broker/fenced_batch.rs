@@ -21,16 +21,7 @@ use super::batch::{self, BatchError, BatchMessage};
 use super::fence::{Fence, Position, Recheck};
 use super::headers::without_msg_id;
 
-/// How a fenced batch ended.
-#[derive(Debug)]
-pub enum Outcome {
-    /// Stored (now or by an earlier try whose answer was lost); the fence moved to its marker.
-    Stored,
-    /// Another owner's marker is on the fence: this publisher must stop.
-    Fenced,
-    /// Not stored, or unknown; try again later from the fence's watermark.
-    Retry(String),
-}
+pub use super::fence::Outcome;
 
 /// How a fenced publisher's messages travel to a stream: one way per kind of stream, chosen
 /// by its replica count.

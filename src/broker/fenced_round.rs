@@ -33,8 +33,7 @@ use async_nats::jetstream::Context;
 use async_nats::jetstream::context::PublishErrorKind;
 
 use super::batch::BatchMessage;
-use super::fence::{Fence, Position, Recheck};
-use super::fenced_batch::Outcome;
+use super::fence::{Fence, Outcome, Position, Recheck};
 
 /// Publishes `messages` under `fence`, then — when `mark_every` has passed since the
 /// fence's last marker (always, for zero) — its marker at `position`, advancing the fence;
