@@ -51,7 +51,8 @@ fn committed_descriptor_set_matches_the_proto() {
 
 /// The script every test server shares: the request's `customerId` says what to answer.
 /// `ok` → a charge; `status:NAME` → that status; `pushback:MS` → UNAVAILABLE with that
-/// pushback on the first call, then a charge; `slow` → a charge after 5 s; `hold` → the
+/// pushback on the first call, then a charge; `big:N` → a charge whose payment id is N
+/// bytes; `slow` → a charge after 5 s; `hold` → the
 /// first call waits on `latch`.
 fn script(latch: Latch) -> GrpcScript {
     Arc::new(move |call| {
@@ -60,6 +61,11 @@ fn script(latch: Latch) -> GrpcScript {
             Some(("status", name)) => GrpcReply::status(code(name), &format!("said {name}")),
             Some(("pushback", ms)) if call.nth == 1 => {
                 GrpcReply::status(Code::Unavailable, "busy").pushback(ms)
+            }
+            Some(("big", bytes)) => {
+                let mut body = charged(call);
+                body["paymentId"] = json!("x".repeat(bytes.parse().unwrap()));
+                GrpcReply::ok(body)
             }
             _ if customer == "slow" => GrpcReply::ok(charged(call)).after(Duration::from_secs(5)),
             _ if customer == "hold" && call.nth == 1 => GrpcReply::ok(charged(call)).until(&latch),
@@ -152,6 +158,34 @@ async fn a_reply_becomes_the_result_and_the_request_follows_the_template() {
         c.metadata.contains_key("grpc-timeout"),
         "the attempt's deadline is sent: {:?}",
         c.metadata
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_larger_than_a_result_may_be_fails_once_without_being_read() {
+    let up = GrpcUpstream::start(script(Latch::new()), Reflection::None, None).await;
+    let policy = "timeout_ms: 600000\n    retry: { retry_limit: 3 }";
+    let bed = bed(effect("charge", &up.base, &descriptors(), policy)).await;
+    let _w = bed.runner(FAST);
+    // 8 MiB: past the broker's 1 MiB record limit and past tonic's own 4 MiB default.
+    let big = bed
+        .publish_one(charge("charge", &format!("big:{}", 8 << 20), 1))
+        .await;
+    let small = bed.publish_one(charge("charge", "big:1000", 2)).await;
+    let seen = bed.settle(2, Duration::from_secs(60)).await;
+    let results = one_per_command(&seen);
+    let r = &results[&big];
+    assert_eq!(r["result_type"], "Failed", "{r}");
+    let error = r["payload"]["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("the reply is larger than the") && error.contains("bytes a result may have"),
+        "named as too large, not as a status the upstream sent: {r}"
+    );
+    assert_eq!(up.count(&big), 1, "refused for good: not called again");
+    assert_eq!(
+        results[&small]["result_type"], "Succeeded",
+        "{}",
+        results[&small]
     );
 }
 

@@ -34,6 +34,10 @@
 //! timeout; every other status is fatal unless listed in `retryable_codes`. A failure's
 //! payload carries `code` (number), `status` (name) and `message`.
 //!
+//! A reply larger than a result may be (the broker's record limit) is refused from its
+//! length prefix, before its bytes are read, and fails the command for good, named as too
+//! large rather than as a status the upstream sent.
+//!
 //! Guarantees: every attempt carries `idempotency-key: <command_id>` (and the command's
 //! `traceparent` when well formed); errors never carry the
 //! endpoint or a metadata value, only the effect, the status and the server's message.
@@ -200,6 +204,11 @@ impl GrpcSpec {
             md.insert(name.clone(), value);
         }
         let mut grpc = tonic::client::Grpc::new(channel);
+        // A reply is refused from its length prefix, before its bytes are read, when it is
+        // larger than a result may be (as the HTTP provider cuts an answer off).
+        if env.max_answer_bytes > 0 {
+            grpc = grpc.max_decoding_message_size(env.max_answer_bytes);
+        }
         grpc.ready().await.map_err(|e| EffectError::Retryable {
             reason: format!("effect `{effect}`: the endpoint is not reachable: {e}"),
             retry_after: None,
@@ -214,6 +223,15 @@ impl GrpcSpec {
             )
             .await
             .map_err(|status| {
+                if reply_too_large(&status) {
+                    return EffectError::Fatal {
+                        reason: format!(
+                            "effect `{effect}`: the reply is larger than the {} bytes a result may have; it was not read",
+                            env.max_answer_bytes
+                        ),
+                        details: json!({}),
+                    };
+                }
                 // The channel enforces the deadline it sends: when it expires first, tonic
                 // answers CANCELLED ("Timeout expired"). At the deadline that is a timeout.
                 let at_deadline = started.elapsed() + DEADLINE_SLACK >= timeout;
@@ -446,6 +464,15 @@ const RETRYABLE: [Code; 3] = [Code::Unavailable, Code::ResourceExhausted, Code::
 const PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 /// What a failed call means for the command: a timeout, worth retrying, or fatal.
+/// Whether `status` is the client's own refusal of a reply over its decoding limit (tonic
+/// answers it as OUT_OF_RANGE, with this message), not a status the upstream sent.
+fn reply_too_large(status: &Status) -> bool {
+    status.code() == Code::OutOfRange
+        && status
+            .message()
+            .starts_with("Error, decoded message length too large")
+}
+
 pub(crate) fn classify(
     effect: &str,
     status: &Status,
