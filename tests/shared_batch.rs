@@ -15,12 +15,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::HeaderMap;
 use async_nats::jetstream::{self, stream};
-use bytes::Bytes;
-use common::{NatsServer, jetstream, read_stream};
-use runner::broker::batch::BatchMessage;
-use runner::broker::fence::{Fence, Position};
+use common::{NatsServer, at, fenced_messages as messages, jetstream, read_stream};
+use runner::broker::fence::Fence;
 use runner::broker::fenced_batch::{self, Outcome, Part, PartOutcome};
 use runner::relay::combine::Combiner;
 
@@ -39,27 +36,6 @@ async fn setup(url: &str) -> (async_nats::Client, jetstream::Context) {
     .await
     .unwrap();
     (client, js)
-}
-
-fn messages(key: &str, round: u64, n: usize) -> Vec<BatchMessage> {
-    (0..n)
-        .map(|i| {
-            let mut h = HeaderMap::new();
-            h.insert(
-                async_nats::header::NATS_MESSAGE_ID,
-                format!("{key}:{round}:{i}").as_str(),
-            );
-            BatchMessage {
-                subject: format!("out.{key}"),
-                headers: h,
-                payload: Bytes::from(format!("{key}:{round}:{i}")),
-            }
-        })
-        .collect()
-}
-
-fn at(seq: u64) -> Position {
-    Position { seq, ord: 0 }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -850,3 +850,31 @@ impl SplitMix {
         &xs[self.below(xs.len() as u64) as usize]
     }
 }
+
+/// `n` messages for a fenced publisher's tests, on `out.<key>`, each with `Nats-Msg-Id` and
+/// body `<key>:<round>:<i>`.
+pub fn fenced_messages(
+    key: &str,
+    round: u64,
+    n: usize,
+) -> Vec<runner::broker::batch::BatchMessage> {
+    (0..n)
+        .map(|i| {
+            let mut h = async_nats::HeaderMap::new();
+            h.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{key}:{round}:{i}").as_str(),
+            );
+            runner::broker::batch::BatchMessage {
+                subject: format!("out.{key}"),
+                headers: h,
+                payload: bytes::Bytes::from(format!("{key}:{round}:{i}")),
+            }
+        })
+        .collect()
+}
+
+/// A fence position at source sequence `seq`.
+pub fn at(seq: u64) -> runner::broker::fence::Position {
+    runner::broker::fence::Position { seq, ord: 0 }
+}
