@@ -18,10 +18,8 @@ use tokio_util::task::TaskTracker;
 use crate::broker::{self, Broker};
 use crate::config::Config;
 use crate::manifest::{self, Diagnostic};
-use crate::relay::{Relay, RelayHandle};
 use crate::runtime::{AppState, GIT_REVISION, Lifecycle, VERSION, stranded_in};
 use crate::storage::Store;
-use crate::storage::tables::DEFAULT_PARTITION;
 use crate::telemetry::Metrics;
 
 /// Errors that stop the start.
@@ -53,9 +51,10 @@ pub enum StartError {
     /// Metrics registry set-up failed.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-    /// Another saga replica runs on these streams in a way this one may not run beside.
+    /// A replica of a single-active release runs on these streams, or what one left could
+    /// not be taken over.
     #[error(transparent)]
-    Single(#[from] crate::worker::single::SingleError),
+    Upgrade(#[from] crate::worker::upgrade::UpgradeError),
 }
 
 /// How a run ended.
@@ -67,11 +66,18 @@ pub enum Exit {
     DrainTimedOut,
 }
 
-/// Picks the node id: config, then `RUNNER_NODE_ID`, then `HOSTNAME`, then a random UUID.
-/// The configured id is checked by validation; one taken from the environment is made
-/// usable (anything but letters, digits, `-` and `_` becomes `-`, at most 64 characters),
-/// since it names keys and subjects (a host name such as `a.b.c` would nest KV keys).
-pub fn node_id(configured: &str, env: impl Fn(&str) -> Option<String>) -> String {
+/// Picks the node id: config, then `RUNNER_NODE_ID`, then `HOSTNAME`, then the data
+/// directory's id (`store`, [`crate::storage::lock::NodeLock::store_id`]: the same across
+/// restarts on that directory, so a replica started again is the same member and takes its
+/// partitions back at once), then a random UUID. The configured id is checked by
+/// validation; one taken from the environment is made usable (anything but letters, digits,
+/// `-` and `_` becomes `-`, at most 64 characters), since it names keys and subjects (a host
+/// name such as `a.b.c` would nest KV keys).
+pub fn node_id(
+    configured: &str,
+    env: impl Fn(&str) -> Option<String>,
+    store: Option<&str>,
+) -> String {
     let pick = |v: Option<String>| v.map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
     let usable = |s: String| -> String {
         s.chars()
@@ -88,14 +94,19 @@ pub fn node_id(configured: &str, env: impl Fn(&str) -> Option<String>) -> String
     pick(Some(configured.to_string()))
         .or_else(|| pick(env("RUNNER_NODE_ID")).map(usable))
         .or_else(|| pick(env("HOSTNAME")).map(usable))
+        .or_else(|| pick(store.map(str::to_string)).map(usable))
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
 /// Starts everything and runs until drained.
 pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, StartError> {
-    let node_id = node_id(&config.node.id, |k| std::env::var(k).ok());
     let mode = config.runner.mode;
-    tracing::info!(message = "Starting.", node.id = %node_id, mode = mode.as_str(), version = VERSION, revision = GIT_REVISION);
+    tracing::info!(
+        message = "Starting.",
+        mode = mode.as_str(),
+        version = VERSION,
+        revision = GIT_REVISION
+    );
 
     // The lock is held until `run` returns: one node per data directory (`storage/lock.rs`).
     let storage_cfg = config.storage.clone();
@@ -109,17 +120,19 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         path: config.storage.data_dir.display().to_string(),
         source,
     })?;
+    let node_id = node_id(
+        &config.node.id,
+        |k| std::env::var(k).ok(),
+        Some(node_lock.store_id()),
+    );
+    tracing::info!(message = "Node id.", node.id = %node_id);
 
     let broker = Broker::connect(&config.nats).await?;
     // One deadline for all of set-up; a drain requested meanwhile ends the start cleanly.
     let setup = std::time::Instant::now() + config.nats.setup_timeout.get();
     let interrupt = lifecycle.work_token();
     let streams = broker::with_setup_retry("streams", setup, &interrupt, || {
-        broker::ensure_streams(
-            broker.jetstream(),
-            &config.streams,
-            config.partitions.enabled,
-        )
+        broker::ensure_streams(broker.jetstream(), &config.streams, mode.runs_sagas())
     })
     .await;
     let claims_kv = match streams {
@@ -133,9 +146,8 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         Ok(()) => Ok(None),
         Err(e) => Err(e),
     };
-    let partitioned = mode.runs_sagas() && config.partitions.enabled;
     let leases_kv = match claims_kv {
-        Ok(kv) if partitioned => {
+        Ok(kv) if mode.runs_sagas() => {
             let p = &config.partitions;
             let leases = broker::with_setup_retry("leases bucket", setup, &interrupt, || {
                 broker::ensure_leases_bucket(
@@ -230,7 +242,14 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
 
     let drain_timeout = config.runner.drain_timeout.get();
     let state = Arc::new(AppState::new(
-        config, node_id, broker, store, metrics, lifecycle, catalog,
+        config,
+        node_id,
+        node_lock.store_id().to_string(),
+        broker,
+        store,
+        metrics,
+        lifecycle,
+        catalog,
     ));
 
     // Paused tenants are known before the saga worker reads its first input.
@@ -248,46 +267,17 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         None
     };
 
-    // Whatever the configuration, no saga replica runs beside one it would duplicate
-    // (`worker/single.rs`): a single-active one holds its lease, a partitioned one checks it.
-    // Taken last, once nothing else can stop the start, so a refused start holds nothing.
-    let single = if mode.runs_sagas() {
-        let p = &state.config.partitions;
-        let leases = match &leases_kv {
-            Some((l, _)) => l.clone(),
-            None => match broker::with_setup_retry("leases bucket", setup, &interrupt, || {
-                broker::ensure_leases_bucket(
-                    state.broker.jetstream(),
-                    &p.leases_bucket,
-                    p.lease_ttl.get(),
-                    state.config.streams.replicas,
-                    state.config.streams.storage,
-                )
-            })
-            .await
-            {
-                Ok(l) => l,
-                Err(_) if state.lifecycle.is_draining() => return Ok(Exit::Drained),
-                Err(e) => return Err(e.into()),
-            },
-        };
-        if partitioned {
-            crate::worker::single::refuse_if_held(&leases).await?;
-            None
-        } else {
-            Some(
-                crate::worker::single::take(
-                    &leases,
-                    &state.node_id,
-                    node_lock.store_id(),
-                    p.lease_ttl.get(),
-                )
-                .await?,
-            )
+    // Never beside a replica of a single-active release, and what one left in this store
+    // and in the streams is taken over (`worker/upgrade.rs`). Last, once nothing else can
+    // stop the start.
+    if let Some((leases, _)) = &leases_kv {
+        if state.config.partitions.enabled.is_some() {
+            tracing::warn!(
+                message = "`partitions.enabled` is no longer read: saga mode is always partitioned (one replica owns every partition; more replicas share them). Remove the setting."
+            );
         }
-    } else {
-        None
-    };
+        crate::worker::upgrade::take_over(&state, leases, node_lock.store_id()).await?;
+    }
 
     // The admin server outlives the drain so `/ready` can report it; it stops last.
     let admin_stop = CancellationToken::new();
@@ -298,9 +288,8 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     ));
     tracing::info!(message = "Admin server listening.", admin.addr = %admin_addr);
 
-    // Workers of the configured mode run on this tracker and watch the work token; the
-    // relay runs beside them and is stopped only after they finish, so it flushes what
-    // their last commits wrote.
+    // Workers of the configured mode run on this tracker and watch the work token; each
+    // owned partition's relay is flushed by its hand-over before the tracker empties.
     let workers = TaskTracker::new();
     if let Some(w) = pause_watch {
         workers.spawn(crate::worker::control::watch(
@@ -309,45 +298,12 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             state.lifecycle.work_token(),
         ));
     }
-    let relay_stop = CancellationToken::new();
-    let mut relay_task = None;
     if let Some((leases, snapshots)) = leases_kv {
-        crate::worker::spawn_partitioned(
+        crate::worker::spawn(
             &workers,
             state.clone(),
             leases,
             snapshots,
-            state.lifecycle.work_token(),
-        );
-    } else if mode.runs_sagas() {
-        let handle = RelayHandle::new();
-        // What an earlier run left in the outbox is published first: counted from the start.
-        match state.store.read(|t| t.outbox_len(DEFAULT_PARTITION)).await {
-            Ok(n) => handle.note_stored(n),
-            Err(e) => {
-                tracing::warn!(message = "Cannot count the outbox left by an earlier run.", error = %e)
-            }
-        }
-        let relay = Relay {
-            js: state.broker.jetstream().clone(),
-            store: state.store.clone(),
-            metrics: state.metrics.clone(),
-            handle: handle.clone(),
-            window: state.config.saga.relay_window,
-            poll: state.config.saga.relay_poll.get(),
-            refused: Default::default(),
-            relays: Some(state.relays.clone()),
-        };
-        let registered = state.relays.register(handle.clone());
-        let stop = relay_stop.clone();
-        relay_task = Some(tokio::spawn(async move {
-            relay.run(stop).await;
-            drop(registered);
-        }));
-        crate::worker::spawn(
-            &workers,
-            state.clone(),
-            handle,
             state.lifecycle.work_token(),
         );
     }
@@ -355,22 +311,6 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         crate::effect::spawn(&workers, state.clone(), kv, state.lifecycle.work_token());
     }
     workers.close();
-    // A lost single-active lease drains the node; a drain releases it once the relay flushed.
-    let single_task = single.map(|kept| {
-        let lifecycle = state.lifecycle.clone();
-        let work = lifecycle.work_token();
-        tokio::spawn(async move {
-            tokio::select! {
-                _ = kept.expired() => {
-                    tracing::error!(message = "Lost the single-active lease; draining so that no other replica's inputs are applied twice.");
-                    lifecycle.begin_drain("the single-active lease was lost");
-                    None
-                }
-                _ = work.cancelled() => Some(kept),
-            }
-        })
-    });
-
     state.lifecycle.mark_started();
     tracing::info!(message = "Ready.", mode = mode.as_str());
 
@@ -382,24 +322,8 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         .await
         .is_err()
     {
-        tracing::error!(message = "Drain timed out waiting for workers.", timeout = ?drain_timeout);
+        tracing::error!(message = "Drain timed out: the workers did not finish (a partition whose outputs cannot be published keeps them in the outbox for the next start).", timeout = ?drain_timeout);
         exit = Exit::DrainTimedOut;
-    }
-    relay_stop.cancel();
-    if let Some(task) = relay_task
-        && tokio::time::timeout_at(deadline, task).await.is_err()
-    {
-        tracing::error!(
-            message =
-                "Drain timed out flushing the outbox; the rest is published on the next start."
-        );
-        exit = Exit::DrainTimedOut;
-    }
-    if let Some(task) = single_task
-        && let Ok(Some(kept)) = task.await
-        && let Err(e) = kept.release().await
-    {
-        tracing::warn!(message = "Cannot release the single-active lease; it ages out.", error = %e);
     }
     if tokio::time::timeout_at(deadline, state.broker.client().flush())
         .await

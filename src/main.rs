@@ -69,7 +69,11 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
     // Span export runs on its own thread, outside the runtime, and is flushed after it.
     let exporter = runner::telemetry::otel::init(
         &config.tracing,
-        &app::node_id(&config.node.id, |k| std::env::var(k).ok()),
+        &app::node_id(
+            &config.node.id,
+            |k| std::env::var(k).ok(),
+            runner::storage::lock::peek_store_id(&config.storage.data_dir).as_deref(),
+        ),
         config.runner.mode.as_str(),
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -199,12 +199,13 @@ pub fn migrate(
     } else {
         open_store(args)?
     };
-    if config.partitions.enabled {
-        // This store may hold stale copies of partitions other replicas own; only the node
-        // knows which it holds.
+    if !dry_run {
+        // This store may hold stale copies of partitions other replicas own, and a
+        // migration written here would bypass the partitions' logs: only the owner migrates.
         anyhow::bail!(
-            "in partitioned mode, migrate through each node's admin API (POST /admin/migrate), \
-             which migrates the instances of the partitions that node owns"
+            "migrate through each node's admin API (--admin URL, or POST /admin/migrate), \
+             which migrates the instances of the partitions that node owns; --dry-run reads \
+             this store's copy"
         );
     }
     let report = crate::manifest::load(&config.runner.manifests);
@@ -259,13 +260,9 @@ pub fn instances(args: &StoreArgs, action: InstancesAction) -> anyhow::Result<()
             api.get(&format!("/admin/instances?{q}"))?
         }
         None => {
-            let (config, store) = open_store_read_only(args)?;
-            if config.partitions.enabled {
-                eprintln!(
-                    "runner: partitioned mode: this store may keep stale copies of partitions \
-                     other nodes own; --admin URL lists what that node owns"
-                );
-            }
+            // With replicas, this store may also keep stale copies of partitions other
+            // nodes own now: `--admin URL` lists what that node owns.
+            let (_, store) = open_store_read_only(args)?;
             serde_json::to_value(crate::ops::list_instances(
                 &store,
                 &crate::ops::Listing {
@@ -433,6 +430,22 @@ fn print_next(page: &serde_json::Value) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `runner dlq redrive` without `--admin`: refused, naming why. A redrive writes state and
+/// outputs into a partition: only its owner does that, in the partition's log and under its
+/// fences. An effect command's letter is never a saga input: that is said, as a node would.
+fn redrive_here(args: &StoreArgs, tenant: &str, id: u64) -> anyhow::Result<()> {
+    if let Ok((_, store)) = open_store_read_only(args)
+        && let Ok(letter) = crate::deadletter::show(&store, tenant, id)
+        && crate::deadletter::is_effect_command(&letter)
+    {
+        return Err(crate::deadletter::DeadLetterError::EffectCommand(id).into());
+    }
+    anyhow::bail!(
+        "a dead letter is redriven by its partition's owner: run this with --admin URL of that \
+         node (the letter stays pending)"
+    )
+}
+
 /// `runner dlq`: dead letters listed, shown, redriven, purged.
 pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
     if let Some(api) = remote(args)? {
@@ -444,7 +457,10 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
     ) {
         anyhow::bail!("the dead-letter stream is read through a running node: add --admin URL");
     }
-    let (config, store) = if matches!(action, DlqAction::Redrive { .. } | DlqAction::Purge { .. }) {
+    if let DlqAction::Redrive { tenant, id, .. } = &action {
+        return redrive_here(args, tenant, *id);
+    }
+    let (_, store) = if matches!(action, DlqAction::Purge { .. }) {
         open_store(args)?
     } else {
         open_store_read_only(args)?
@@ -516,29 +532,7 @@ pub fn dlq(args: &StoreArgs, action: DlqAction) -> anyhow::Result<()> {
             };
             crate::outln!("{} dead letter(s) {verb}", gone.len())?;
         }
-        DlqAction::Redrive { stream: true, .. } => {
-            anyhow::bail!(
-                "the dead-letter stream is redriven through a running node: add --admin URL"
-            );
-        }
-        DlqAction::Redrive { tenant, id, .. } => {
-            if config.partitions.enabled {
-                // A redrive writes state and outputs into this store's copy of a partition
-                // that another replica may own, outside its log and its fences.
-                anyhow::bail!(
-                    "in partitioned mode a dead letter is redriven by its partition's owner: \
-                     run this with --admin URL of that node (the letter stays pending)"
-                );
-            }
-            let report = crate::manifest::load(&config.runner.manifests);
-            let Some(catalog) = report.catalog else {
-                let errs: Vec<String> = report.errors().map(|d| d.to_string()).collect();
-                anyhow::bail!("manifests are invalid:\n{}", errs.join("\n"));
-            };
-            let limits = crate::worker::process::Limits::from_config(&config);
-            let r = crate::ops::redrive(&store, &catalog, &limits, &tenant, id)?;
-            crate::outln!("{}", serde_json::to_string_pretty(&r)?)?;
-        }
+        DlqAction::Redrive { tenant, id, .. } => redrive_here(args, &tenant, id)?,
     }
     Ok(())
 }

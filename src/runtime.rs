@@ -83,6 +83,9 @@ pub struct AppState {
     pub config: Config,
     /// This replica's identity.
     pub node_id: String,
+    /// Its data directory's identity ([`crate::storage::lock::NodeLock::store_id`]): leases
+    /// it holds carry it, so a process started again on the directory takes them back.
+    pub store_id: String,
     /// NATS.
     pub broker: Broker,
     /// Local storage.
@@ -126,9 +129,11 @@ pub enum ReloadOutcome {
 
 impl AppState {
     /// The shared context of a started node, with `catalog` in force.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         config: Config,
         node_id: String,
+        store_id: String,
         broker: Broker,
         store: Store,
         metrics: Metrics,
@@ -138,6 +143,7 @@ impl AppState {
         Self {
             config,
             node_id,
+            store_id,
             broker,
             store,
             metrics,

@@ -91,7 +91,6 @@ fn replica(urls: &str, node: &str, dir: tempfile::TempDir) -> RunnerProc {
             "tests/manifests/ledger.yaml",
         ],
         &[
-            ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", "8"),
             ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
             ("RUNNER__PARTITIONS__SNAPSHOT_INTERVAL", "5s"),

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{open_store, repo_root, run_to_exit, runner_bin};
 use runner::manifest::load_str;
-use runner::worker::process::{Limits, Processor, RawInput};
+use runner::worker::process::{Limits, Processor, RawInput, Scope};
 use serde_json::json;
 
 /// Instances and dead letters the store is filled with: each listing is well over a pipe's
@@ -62,7 +62,7 @@ fn filled_store() -> tempfile::TempDir {
     }
     store
         .write_blocking(|t| {
-            let mut p = Processor::new(&catalog, &limits, now);
+            let mut p = Processor::new(&catalog, &limits, now, Scope::whole());
             for r in &inputs {
                 p.input(t, r)?;
             }

@@ -42,19 +42,10 @@ fn runner_connected(cluster: &Cluster) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c["name"] == "runner"))
 }
 
+/// Starts a combined runner against one node of three, brings the others up once it is
+/// connected, and checks it comes up by itself, with R3 streams and buckets, and works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_runner_started_before_the_cluster_forms_comes_up_with_r3_streams() {
-    started_before_the_cluster_forms(false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partitioned_runner_started_before_the_cluster_forms_comes_up_with_r3_buckets() {
-    started_before_the_cluster_forms(true).await;
-}
-
-/// Starts a combined runner (partitioned or not) against one node of three, brings the
-/// others up once it is connected, and checks it comes up by itself and works.
-async fn started_before_the_cluster_forms(partitioned: bool) {
+async fn a_runner_started_before_the_cluster_forms_comes_up_with_r3_streams_and_buckets() {
     let mut cluster = Cluster::new(3);
     // One node of three: JetStream has no quorum, so no stream can be created yet.
     cluster.start_node(0);
@@ -72,10 +63,6 @@ async fn started_before_the_cluster_forms(partitioned: bool) {
             &[
                 ("RUNNER__STREAMS__REPLICAS", "3"),
                 ("RUNNER__NATS__SETUP_TIMEOUT", "120s"),
-                (
-                    "RUNNER__PARTITIONS__ENABLED",
-                    if partitioned { "true" } else { "false" },
-                ),
             ],
         )
     });
@@ -102,11 +89,14 @@ async fn started_before_the_cluster_forms(partitioned: bool) {
     );
 
     let js = jetstream(&cluster.url(0)).await;
-    let mut names = vec!["AGGREGATE_EVENTS", "WORKFLOW_COMMANDS", "WORKFLOW_EVENTS"];
-    if partitioned {
-        names.extend(["SAGA_INBOX", "KV_RUNNER_LEASES", "OBJ_RUNNER_SNAPSHOTS"]);
-    }
-    for name in names {
+    for name in [
+        "AGGREGATE_EVENTS",
+        "WORKFLOW_COMMANDS",
+        "WORKFLOW_EVENTS",
+        "SAGA_INBOX",
+        "KV_RUNNER_LEASES",
+        "OBJ_RUNNER_SNAPSHOTS",
+    ] {
         let info = js.get_stream(name).await.unwrap().cached_info().clone();
         assert_eq!(info.config.num_replicas, 3, "{name} is not R3");
     }

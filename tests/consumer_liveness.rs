@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use common::cluster::Cluster;
-use common::{RunnerProc, get_text, saga_progress};
+use common::{RunnerProc, get_text};
 use futures::TryStreamExt;
 use serde_json::json;
 
@@ -99,7 +99,7 @@ async fn input_resumes_when_the_consumers_node_dies() {
             deposit(&js, 0).await;
             common::wait_until("first deposit applied", Duration::from_secs(30), || {
                 let admin = r.admin.clone();
-                async move { saga_progress(&admin, "AGGREGATE_EVENTS").await.0 >= 1 }
+                async move { common::inputs_applied(&admin).await >= 1 }
             })
             .await;
             let h = consumer_host(&js, "AGGREGATE_EVENTS").await.unwrap();
@@ -117,7 +117,7 @@ async fn input_resumes_when_the_consumers_node_dies() {
         conn + 1,
         host + 1
     );
-    let before = saga_progress(&runner.admin, "AGGREGATE_EVENTS").await.0;
+    let before = common::inputs_applied(&runner.admin).await;
     let consumer_before = newest_consumer(&js, "AGGREGATE_EVENTS")
         .await
         .unwrap()
@@ -138,7 +138,7 @@ async fn input_resumes_when_the_consumers_node_dies() {
     let deadline = killed + Duration::from_secs(40);
     let mut ok = false;
     while Instant::now() < deadline {
-        let cp = saga_progress(&runner.admin, "AGGREGATE_EVENTS").await.0;
+        let cp = common::inputs_applied(&runner.admin).await;
         if cp > before && resumed.is_none() {
             resumed = Some(killed.elapsed());
         }

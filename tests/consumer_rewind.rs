@@ -1,9 +1,9 @@
 //! A consumer that goes back, against the real binary and a real nats-server: async-nats
 //! recreates an ordered consumer that lost its way before delivering anything from the
-//! stream's start, not from the sequence it was opened at. A saga loop whose consumer was
-//! opened past its checkpoint and then deleted before any new input must notice the
-//! rewind, reopen at its checkpoint (counted as `reason="rewound"`), read nothing twice,
-//! and go on with new inputs.
+//! stream's start, not from the sequence it was opened at. A source's router whose consumer
+//! was opened past its position and then deleted before any new input must notice the
+//! rewind, reopen at its position (counted as `reason="rewound"`), copy nothing twice, and
+//! go on with new inputs.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -46,8 +46,8 @@ async fn a_consumer_rewound_to_the_stream_start_is_reopened_at_the_checkpoint() 
     let first: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
     let dir = runner.stop();
     let runner = RunnerProc::saga(dir, &nats.url(), manifest, &envs);
-    // Inputs taken to a commit (a re-read input would count here even when skipped).
-    let applied = "runner_saga_inputs_total{stream=\"AGGREGATE_EVENTS\"}";
+    // Copies routed into the saga inbox (an input copied again would count here).
+    let applied = "runner_router_copies_total";
     let before = metric(&runner.admin, applied).await;
     // The first process's ephemeral consumer may outlive it a while, and the new one may
     // not be open yet: wait for a consumer the first process did not have.
@@ -67,7 +67,7 @@ async fn a_consumer_rewound_to_the_stream_start_is_reopened_at_the_checkpoint() 
         let _ = stream.delete_consumer(name).await;
     }
     let rewound =
-        "runner_consumer_recreated_total{consumer=\"saga:AGGREGATE_EVENTS\",reason=\"rewound\"}";
+        "runner_consumer_recreated_total{consumer=\"router:AGGREGATE_EVENTS\",reason=\"rewound\"}";
     common::wait_until("the rewind noticed", Duration::from_secs(60), || {
         let admin = runner.admin.clone();
         async move { metric(&admin, rewound).await >= 1.0 }

@@ -78,18 +78,19 @@ async fn both_example_sagas_complete_through_real_http_effects() {
     );
     publish_json(&js, "tenant._.aggregate.Trip.t-1", &trip).await;
 
-    // The order ends with OrderFulfilled; the trip with results for its last two steps.
+    // The order ends with OrderFulfilled; the trip with results for its last two steps,
+    // which the executor publishes straight into the waiting partition's inbox.
+    let results = || read_stream(&js, "SAGA_INBOX", "runner.inbox.*.result");
     let done = common::eventually(Duration::from_secs(60), || async {
         let events = read_stream(&js, "WORKFLOW_EVENTS", "tenant._.>").await;
         let fulfilled = events
             .iter()
             .any(|e| e.body["event_type"] == "OrderFulfilled");
-        let trip_steps = events
+        let trip_steps = results()
+            .await
             .iter()
             .filter(|e| {
-                e.subject
-                    .starts_with("tenant._.effect_result.reserve_hotel.")
-                    || e.subject.starts_with("tenant._.effect_result.reserve_car.")
+                e.body["effect_name"] == "reserve_hotel" || e.body["effect_name"] == "reserve_car"
             })
             .count();
         fulfilled && trip_steps == 2
@@ -101,7 +102,8 @@ async fn both_example_sagas_complete_through_real_http_effects() {
         runner.log.join("\n")
     );
 
-    let events = read_stream(&js, "WORKFLOW_EVENTS", "tenant._.effect_result.>").await;
+    let events = results().await;
+    assert!(!events.is_empty());
     for e in &events {
         assert_eq!(e.body["result_type"], "Succeeded", "{}", e.body);
     }

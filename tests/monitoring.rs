@@ -232,11 +232,10 @@ async fn every_dashboard_query_and_alert_metric_has_series_from_a_live_runner() 
     let manifests = tempfile::tempdir().unwrap();
     std::fs::write(manifests.path().join("watch.yaml"), MANIFEST).unwrap();
     let mdir = manifests.path().to_str().unwrap().to_string();
-    // One node of each deployment model the dashboard covers: combined and partitioned
-    // (effects, partitions, leases, snapshots), and a single-active saga node (per-stream
-    // consumer lag), each on its own nats-server.
+    // Two combined nodes, each on its own nats-server: one tuned so partitions, leases and
+    // snapshots move within the test's time, one with the defaults.
     let nats_a = NatsServer::start();
-    let partitioned = RunnerProc::start(
+    let tuned = RunnerProc::start(
         &[
             "--mode",
             "combined",
@@ -247,14 +246,13 @@ async fn every_dashboard_query_and_alert_metric_has_series_from_a_live_runner() 
         ],
         &[
             ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
-            ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", "4"),
             ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
             ("RUNNER__PARTITIONS__SNAPSHOT_INTERVAL", "2s"),
         ],
     );
     let nats_b = NatsServer::start();
-    let single = RunnerProc::start(
+    let default = RunnerProc::start(
         &[
             "--mode",
             "combined",
@@ -265,7 +263,7 @@ async fn every_dashboard_query_and_alert_metric_has_series_from_a_live_runner() 
         ],
         &[("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync")],
     );
-    let targets: Vec<String> = [&partitioned, &single]
+    let targets: Vec<String> = [&tuned, &default]
         .iter()
         .map(|r| r.admin.trim_start_matches("http://").to_string())
         .collect();
@@ -308,5 +306,5 @@ async fn every_dashboard_query_and_alert_metric_has_series_from_a_live_runner() 
         exprs.len() + metrics.len(),
         missing.join("\n")
     );
-    drop((partitioned, single));
+    drop((tuned, default));
 }

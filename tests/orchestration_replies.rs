@@ -123,14 +123,8 @@ async fn an_uncorrelated_result_parks_nothing(env: &[(&str, &str)]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_command_step_result_without_a_correlation_id_parks_nothing_single_active() {
-    an_uncorrelated_result_parks_nothing(&[]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_command_step_result_without_a_correlation_id_parks_nothing_partitioned() {
+async fn a_command_step_result_without_a_correlation_id_parks_nothing() {
     an_uncorrelated_result_parks_nothing(&[
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
         ("RUNNER__PARTITIONS__COUNT", "4"),
         ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
     ])

@@ -65,8 +65,12 @@ async fn outputs_past_the_batch_bytes_wait_for_the_next_transaction_and_none_is_
     let dir = tempfile::tempdir().unwrap();
     let manifest = dir.path().join("echo.yaml");
     std::fs::write(&manifest, ECHO).unwrap();
-    // 256 KiB of outputs a transaction; each input below echoes 5 × 40 KB = 200 KB.
-    let env = [("RUNNER__SAGA__MAX_BATCH_BYTES", "256KiB")];
+    // 256 KiB of outputs a transaction; each input below echoes 5 × 40 KB = 200 KB. One
+    // partition, so the inputs arrive in the same batches and the bound is what splits them.
+    let env = [
+        ("RUNNER__SAGA__MAX_BATCH_BYTES", "256KiB"),
+        ("RUNNER__PARTITIONS__COUNT", "1"),
+    ];
     let runner = RunnerProc::saga(
         tempfile::tempdir().unwrap(),
         &nats.url(),

@@ -440,8 +440,8 @@ fn image_and_compose_limits_and_ports_agree_with_the_config() {
             "{name}: stop_grace_period"
         );
         assert!(
-            config.partitions.enabled && config.streams.replicas == 3,
-            "{name}"
+            config.partitions.enabled.is_none() && config.streams.replicas == 3,
+            "{name}: R3 streams, no partition flag"
         );
         assert_eq!(config.node.id, *name, "{name}: node id");
         assert!(

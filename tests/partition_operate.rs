@@ -63,7 +63,6 @@ async fn a_confirmed_replay_reads_the_partition_again_and_applies_nothing_twice(
         &nats.url(),
         manifests.path().to_str().unwrap(),
         &[
-            ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", "2"),
             ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
         ],
@@ -222,7 +221,6 @@ async fn a_dead_letter_is_redriven_by_its_partition_owner_once() {
         &nats.url(),
         manifests.path().to_str().unwrap(),
         &[
-            ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", "4"),
             ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
         ],

@@ -1,4 +1,4 @@
-//! Partitioned saga mode on one nats-server: the real binary with `partitions.enabled`,
+//! The saga pipeline on one nats-server: the real binary with its default configuration,
 //! inputs routed into the saga inbox, partitions owned under leases, outputs published
 //! through fenced batches. Multi-replica and cluster behaviour is in `tests/scaleout.rs`.
 #![allow(clippy::unwrap_used)]
@@ -17,8 +17,7 @@ use serde_json::json;
 const TS: u64 = 1_800_000_000_000;
 
 /// Environment of a partitioned runner with the default 64 partitions and a short lease.
-const PARTITIONED: [(&str, &str); 3] = [
-    ("RUNNER__PARTITIONS__ENABLED", "true"),
+const PARTITIONED: [(&str, &str); 2] = [
     ("RUNNER__PARTITIONS__COUNT", "64"),
     ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
 ];
@@ -133,7 +132,7 @@ async fn one_partitioned_replica_runs_orders_to_their_states_and_emits_once() {
 }
 
 #[test]
-fn a_data_directory_redrive_in_partitioned_mode_points_to_the_owner() {
+fn a_data_directory_redrive_points_to_the_partitions_owner() {
     let dir = tempfile::tempdir().unwrap();
     let (code, out) = common::run_to_exit(
         &[
@@ -147,7 +146,7 @@ fn a_data_directory_redrive_in_partitioned_mode_points_to_the_owner() {
             "--manifest",
             "manifests",
         ],
-        &[("RUNNER__PARTITIONS__ENABLED", "true")],
+        &[],
         Duration::from_secs(60),
     );
     assert_eq!(code, Some(1), "output:\n{out}");
@@ -218,7 +217,6 @@ async fn a_router_cuts_its_batches_of_copies_at_the_byte_limit_and_loses_nothing
     let envs = [
         PARTITIONED[0],
         PARTITIONED[1],
-        PARTITIONED[2],
         ("RUNNER__SAGA__MAX_BATCH_BYTES", "64KiB"),
     ];
     // A first run sets the streams up; the deposits then wait in the source, so the

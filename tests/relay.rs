@@ -1,10 +1,11 @@
-//! The outbox relay on its own: `runner::relay::Relay` against a real nats-server and a real
-//! libmdbx store, with JetStream refusing some publications.
+//! A partition's relay on its own: `runner::relay::fenced::PartitionRelay` against a real
+//! nats-server and a real libmdbx store, with JetStream refusing some publications.
 //!
 //! What it must keep: only a gap-free prefix of the outbox counts as published, whatever the
 //! server acknowledged after a refusal; publishing resumes after that prefix; every record
 //! ends on the stream exactly once (repeats carry the same `Nats-Msg-Id` and are dropped by
-//! JetStream's de-duplication); and a stop flushes and deletes what was published.
+//! JetStream's de-duplication, or are below the fence watermark); and a stop flushes and
+//! deletes what was published.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -12,12 +13,37 @@ mod common;
 use std::time::Duration;
 
 use async_nats::jetstream::stream::{Config, DiscardPolicy};
-use common::{COMMAND_SUBJECTS, NatsServer, jetstream, read_stream, wait_until};
-use runner::relay::{Relay, RelayHandle};
+use common::{COMMAND_SUBJECTS, NatsServer, read_stream, wait_until};
+use runner::broker::fence::Fence;
+use runner::broker::fence_subjects;
+use runner::broker::fenced_batch::Transport;
+use runner::relay::RelayHandle;
+use runner::relay::fenced::PartitionRelay;
 use runner::storage::Store;
-use runner::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
+use runner::storage::tables::OutboxRecord;
 use runner::telemetry::Metrics;
 use tokio_util::sync::CancellationToken;
+
+/// The partition the relay publishes for.
+const P: u16 = 3;
+
+/// WORKFLOW_COMMANDS as Runner makes it (fence subjects, atomic batches allowed), holding at
+/// most `max_messages` messages (-1: no limit) and refusing the rest.
+async fn create_commands_stream(js: &async_nats::jetstream::Context, max_messages: i64) {
+    let mut subjects: Vec<String> = COMMAND_SUBJECTS.iter().map(|s| s.to_string()).collect();
+    subjects.push(fence_subjects("WORKFLOW_COMMANDS"));
+    js.create_stream(Config {
+        name: "WORKFLOW_COMMANDS".into(),
+        subjects,
+        duplicate_window: Duration::from_secs(120),
+        max_messages,
+        discard: DiscardPolicy::New,
+        allow_atomic_publish: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
 
 /// Records per window: small, so a run spans many overlapping windows.
 const WINDOW: usize = 4;
@@ -29,7 +55,7 @@ fn record(i: u64, subject_of: u64) -> OutboxRecord {
         msg_id: format!("rec-{i}"),
         tenant: "t".into(),
         traceparent: None,
-        cause: (0, 0),
+        cause: (i, 1),
         body: format!("{{\"i\":{i}}}"),
     }
 }
@@ -40,7 +66,7 @@ fn write_outbox(store: &Store, handle: &RelayHandle, records: Vec<OutboxRecord>)
         .write_blocking(|t| {
             records
                 .iter()
-                .map(|r| t.push_outbox(DEFAULT_PARTITION, r))
+                .map(|r| t.push_outbox(P, r))
                 .collect::<runner::storage::Result<Vec<_>>>()
         })
         .unwrap();
@@ -50,30 +76,43 @@ fn write_outbox(store: &Store, handle: &RelayHandle, records: Vec<OutboxRecord>)
 }
 
 /// A relay over `store`, running until the returned token is cancelled.
-fn spawn_relay(
-    js: &async_nats::jetstream::Context,
+async fn spawn_relay(
+    client: &async_nats::Client,
     store: &Store,
     handle: &RelayHandle,
     metrics: &Metrics,
-) -> (CancellationToken, tokio::task::JoinHandle<()>) {
-    let relay = Relay {
-        js: js.clone(),
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), runner::relay::fenced::Fenced>>,
+) {
+    let js = async_nats::jetstream::new(client.clone());
+    let fence = Fence::raise(&js, "WORKFLOW_COMMANDS", P, 1, "test")
+        .await
+        .unwrap();
+    let relay = PartitionRelay {
+        js,
+        client: client.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
+        partition: u32::from(P),
         handle: handle.clone(),
+        fences: [("WORKFLOW_COMMANDS".to_string(), fence)].into(),
+        stream_of: Box::new(|_| Some("WORKFLOW_COMMANDS".to_string())),
         window: WINDOW,
         poll: Duration::from_millis(50),
-        refused: Default::default(),
-        relays: None,
+        timeout: Duration::from_secs(5),
+        shared: Default::default(),
+        transport: Transport::Round,
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(relay.run(stop.clone()));
     (stop, task)
 }
 
-/// Message ids on the command stream, in stream order.
+/// Message ids of the records on the command stream (not the fence markers), in stream
+/// order.
 async fn published_ids(js: &async_nats::jetstream::Context) -> Vec<String> {
-    read_stream(js, "WORKFLOW_COMMANDS", ">")
+    read_stream(js, "WORKFLOW_COMMANDS", "tenant.>")
         .await
         .into_iter()
         .map(|s| s.msg_id.unwrap())
@@ -87,44 +126,59 @@ fn ids(range: impl IntoIterator<Item = u64>) -> Vec<String> {
 /// Cancels the relay, waits for it to return, and checks it deleted what it published.
 async fn stop_and_check_flushed(
     stop: CancellationToken,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Result<(), runner::relay::fenced::Fenced>>,
     store: &Store,
 ) {
     stop.cancel();
     tokio::time::timeout(Duration::from_secs(30), task)
         .await
         .expect("the relay returns once the outbox is published")
-        .unwrap();
+        .unwrap()
+        .expect("not fenced off");
     assert_eq!(store.read_blocking(|t| t.outbox_depth()).unwrap(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_holds_the_acknowledged_prefix_and_publishing_resumes_in_order() {
     let nats = NatsServer::start();
-    let js = jetstream(&nats.url()).await;
-    // The stream takes 10 messages and refuses the rest until its limit is lifted.
-    common::create_capped_commands_stream(&js, 10).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    // The stream takes 16 messages (records and fence markers) and refuses the rest until
+    // its limit is lifted.
+    create_commands_stream(&js, 16).await;
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());
     let handle = RelayHandle::new();
     let metrics = Metrics::new("test", "test", "saga").unwrap();
     let total = 50u64;
     let seqs = write_outbox(&store, &handle, (1..=total).map(|i| record(i, i)).collect());
-    let (stop, task) = spawn_relay(&js, &store, &handle, &metrics);
+    let (stop, task) = spawn_relay(&client, &store, &handle, &metrics).await;
 
-    // Refused: the prefix stops at the 10th record and the relay keeps trying.
+    // Refused: what counts as published is a prefix of what was stored, and the relay
+    // keeps trying.
     wait_until("two refused windows", Duration::from_secs(30), || async {
         metrics.relay_errors.get() >= 2
     })
     .await;
-    assert_eq!(published_ids(&js).await, ids(1..=10));
-    assert_eq!(handle.unpublished(), total - 10);
-    let kept = store
-        .read_blocking(|t| t.outbox_batch(DEFAULT_PARTITION, 0, 1000))
-        .unwrap();
+    let stored = published_ids(&js).await;
     assert!(
-        kept.iter().any(|(s, _)| *s == seqs[10]),
-        "the first refused record is still in the outbox"
+        !stored.is_empty() && (stored.len() as u64) < total,
+        "{stored:?}"
+    );
+    assert_eq!(
+        stored,
+        ids(1..=stored.len() as u64),
+        "a gap-free prefix, in order"
+    );
+    let counted = total - handle.unpublished();
+    assert!(
+        counted <= stored.len() as u64,
+        "counted {counted} of {stored:?}"
+    );
+    let kept = store.read_blocking(|t| t.outbox_batch(P, 0, 1000)).unwrap();
+    assert!(
+        kept.iter().any(|(s, _)| *s == seqs[counted as usize]),
+        "the first record not counted is still in the outbox"
     );
 
     // Accepted again: the rest goes out after the prefix, in outbox order, once each.
@@ -140,94 +194,16 @@ async fn a_refusal_holds_the_acknowledged_prefix_and_publishing_resumes_in_order
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hole_keeps_later_acknowledgements_from_counting_and_is_filled_without_repeats() {
-    let nats = NatsServer::start();
-    let js = jetstream(&nats.url()).await;
-    // One message per subject: record 7 reuses record 1's subject and is refused, while the
-    // records after it are accepted — a hole with acknowledged records behind it.
-    js.create_stream(Config {
-        name: "WORKFLOW_COMMANDS".into(),
-        subjects: COMMAND_SUBJECTS.iter().map(|s| s.to_string()).collect(),
-        duplicate_window: Duration::from_secs(120),
-        max_messages_per_subject: 1,
-        discard: DiscardPolicy::New,
-        discard_new_per_subject: true,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let store = common::open_store(dir.path());
-    let handle = RelayHandle::new();
-    let metrics = Metrics::new("test", "test", "saga").unwrap();
-    let total = 30u64;
-    let hole = 7u64;
-    let records = (1..=total)
-        .map(|i| record(i, if i == hole { 1 } else { i }))
-        .collect();
-    write_outbox(&store, &handle, records);
-    let (stop, task) = spawn_relay(&js, &store, &handle, &metrics);
-
-    wait_until(
-        "the relay retrying past the hole",
-        Duration::from_secs(30),
-        || async { metrics.relay_errors.get() >= 3 },
-    )
-    .await;
-    // The server stored the prefix and, sent in the windows that overlapped the refused one,
-    // some records behind the hole: each once, though every retry sent them again.
-    let stored = published_ids(&js).await;
-    let behind = stored.len() as u64 - (hole - 1);
-    assert!(
-        behind >= 1,
-        "no record behind the hole was stored: {stored:?}"
-    );
-    assert_eq!(
-        stored,
-        ids((1..hole).chain(hole + 1..=hole + behind)),
-        "the prefix, then records after the hole, each once"
-    );
-    // Yet only the prefix before the hole counts as published.
-    assert_eq!(handle.unpublished(), total - (hole - 1));
-
-    // The subject accepts a second message: the hole is filled, nothing else repeats.
-    let mut config = js
-        .get_stream("WORKFLOW_COMMANDS")
-        .await
-        .unwrap()
-        .cached_info()
-        .config
-        .clone();
-    config.max_messages_per_subject = -1;
-    config.discard_new_per_subject = false;
-    js.update_stream(config).await.unwrap();
-    wait_until(
-        "everything acknowledged",
-        Duration::from_secs(30),
-        || async { handle.unpublished() == 0 },
-    )
-    .await;
-    // The hole, then what follows the records already stored; no record twice.
-    assert_eq!(
-        published_ids(&js).await,
-        ids((1..hole)
-            .chain(hole + 1..=hole + behind)
-            .chain([hole])
-            .chain(hole + behind + 1..=total))
-    );
-    stop_and_check_flushed(stop, task, &store).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
     let mut nats = NatsServer::start();
-    let js = jetstream(&nats.url()).await;
-    common::create_capped_commands_stream(&js, -1).await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    create_commands_stream(&js, -1).await;
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());
     let handle = RelayHandle::new();
     let metrics = Metrics::new("test", "test", "saga").unwrap();
-    let (stop, task) = spawn_relay(&js, &store, &handle, &metrics);
+    let (stop, task) = spawn_relay(&client, &store, &handle, &metrics).await;
 
     // A first part goes out; the server dies with the second part in the outbox.
     let first = 200u64;
@@ -245,9 +221,10 @@ async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
         &handle,
         (first + 1..=total).map(|i| record(i, i)).collect(),
     );
+    // Each failed try waits out its acknowledgements and a read of the fence (seconds).
     wait_until(
         "the relay fails to publish",
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         || async { metrics.relay_errors.get() >= 1 },
     )
     .await;
@@ -263,7 +240,7 @@ async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
         || async { handle.unpublished() == 0 },
     )
     .await;
-    let mut seen = published_ids(&jetstream(&nats.url()).await).await;
+    let mut seen = published_ids(&common::jetstream(&nats.url()).await).await;
     assert_eq!(seen.len() as u64, total, "a record is missing or repeated");
     seen.sort_by_key(|id| id[4..].parse::<u64>().unwrap());
     assert_eq!(seen, ids(1..=total));

@@ -11,7 +11,7 @@ use async_nats::jetstream::stream::DiscardPolicy;
 use common::*;
 use runner::deadletter::{self, Purge, kind};
 use runner::manifest::load_str;
-use runner::worker::process::{Limits, Processor, RawInput};
+use runner::worker::process::{Limits, Processor, RawInput, Scope};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -102,7 +102,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
     let apply = |inputs: Vec<RawInput>| {
         store
             .write_blocking(|t| {
-                let mut p = Processor::new(&catalog, &limits, now);
+                let mut p = Processor::new(&catalog, &limits, now, Scope::whole());
                 for r in &inputs {
                     p.input(t, r)?;
                 }

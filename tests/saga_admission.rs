@@ -1,11 +1,11 @@
 //! Work under way goes first (`saga.max_queued_work`), against the real binary in combined
-//! mode with a real HTTP upstream, single-active and partitioned: while the effect commands
-//! of sagas already started are queued (the upstream holds its answers), a new batch of
-//! triggers is not taken (partitioned: not routed into the inbox); once the queue drains,
-//! every saga — old and new — completes, and the wait is counted. Partitioned, a replica
-//! drained while its router holds leaves the held triggers to the next router, which holds
-//! them too; nothing is lost or applied twice. Single-active, a node drained while it holds
-//! leaves the held triggers to the next start on its data, the same way.
+//! mode with a real HTTP upstream: while the effect commands of sagas already started are
+//! queued (the upstream holds its answers), new triggers are not routed into the inbox, and
+//! of a batch read under a backlog only as many as the bound has room for; once the queue
+//! drains, every saga — old and new — completes, and the wait is counted. A replica drained
+//! while its router holds leaves the held triggers to the next router, which holds them
+//! too, and a node drained while holding leaves them to the next start on its data; nothing
+//! is lost or applied twice.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -77,15 +77,23 @@ async fn held_upstream() -> (Latch, Upstream, tempfile::TempDir) {
     (hold, upstream, manifests)
 }
 
-/// Publishes ten triggers and waits until `calls` of their calls hang: that many commands
-/// queued (a router takes the ten as one batch).
-async fn start_queued(js: &async_nats::jetstream::Context, upstream: &Upstream, calls: usize) {
+/// Publishes ten triggers under a bound of four and waits until more than the bound of
+/// their calls hang (the router lets in what the bound has room for, at least one more);
+/// returns how many sagas started.
+async fn start_queued(js: &async_nats::jetstream::Context, upstream: &Upstream) -> u64 {
     start_jobs(js, 0, 10).await;
     let queued = common::eventually(Duration::from_secs(30), || async {
-        upstream.in_flight() == calls
+        upstream.in_flight() >= 5
     })
     .await;
     assert!(queued, "in flight: {}", upstream.in_flight());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let started = upstream.in_flight() as u64;
+    assert!(
+        (5..=10).contains(&started),
+        "{started} started under a bound of four"
+    );
+    started
 }
 
 /// The `Finish` commands of the sagas that completed.
@@ -93,77 +101,46 @@ async fn finished_jobs(js: &async_nats::jetstream::Context) -> Vec<common::Seen>
     read_stream(js, "WORKFLOW_COMMANDS", "tenant.t.command.Job.*").await
 }
 
+/// While the effect commands of started sagas are queued above the bound, the aggregate
+/// stream's router copies no new trigger into the inbox; once the queue drains, every saga
+/// completes and the wait is counted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn new_triggers_wait_while_started_work_is_queued() {
-    held_while_started_work_is_queued(&[]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_new_triggers_are_not_routed_while_started_work_is_queued() {
-    let copies = held_while_started_work_is_queued(&[
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
-        ("RUNNER__PARTITIONS__COUNT", "8"),
-        ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
-    ])
-    .await;
-    // Ten triggers, then (once held) nothing; then the ten held triggers. The results go
-    // straight into their partitions' inboxes: no router copies them.
-    assert_eq!(
-        copies,
-        vec![10.0, 20.0],
-        "inbox copies while held, then in all"
-    );
-}
-
-/// Runs the scenario with `envs` added; returns the inbox copies routed while the new
-/// triggers were held and in all (empty when not partitioned).
-async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
+async fn new_triggers_are_not_routed_while_started_work_is_queued() {
     let nats = NatsServer::start();
     let (hold, upstream, manifests) = held_upstream().await;
     let runner = RunnerProc::combined(
         &nats.url(),
         manifests.path().to_str().unwrap(),
         &[
-            &[
-                ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
-                ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
-            ],
-            envs,
-        ]
-        .concat(),
+            ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+            ("RUNNER__PARTITIONS__COUNT", "8"),
+            ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
+        ],
     );
-    let partitioned = !envs.is_empty();
     let copies = "runner_router_copies_total";
-    let mut seen = Vec::new();
     let admin = runner.admin.clone();
     let js = jetstream(&nats.url()).await;
     let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
 
-    // Ten triggers, whose calls the upstream holds. The router takes them as one batch;
-    // the single-active loop only what the bound of four has room for (at least one more),
-    // looking at the broker through a reading up to 50 ms old: five to eight start on a
-    // quiet machine, and on a loaded one (the whole suite at once) up to all ten, published
-    // one at a time, can get in before a reading shows the first calls. Either way more than
-    // the bound is then queued, which is what the ten triggers after them are held behind.
-    let first = if partitioned {
-        start_queued(&js, &upstream, 10).await;
-        10.0
-    } else {
-        start_jobs(&js, 0, 10).await;
-        let queued = common::eventually(Duration::from_secs(30), || async {
-            upstream.in_flight() >= 5
-        })
-        .await;
-        assert!(queued, "in flight: {}", upstream.in_flight());
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let n = metric(&admin, started).await;
-        assert!(
-            (5.0..=10.0).contains(&n),
-            "{n} of ten sagas started under a bound of four"
-        );
-        n
-    };
-    assert_eq!(metric(&admin, started).await, first);
+    // Ten triggers, whose calls the upstream holds. The router copies only what the bound
+    // of four has room for (at least one more), looking at the broker through a reading up
+    // to 50 ms old: five start on a quiet machine, and on a loaded one (the whole suite at
+    // once) up to all ten, published one at a time, can get in before a reading shows the
+    // first calls. Either way more than the bound is then queued, which is what the ten
+    // triggers after them are held behind.
+    start_jobs(&js, 0, 10).await;
+    let queued = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() >= 5
+    })
+    .await;
+    assert!(queued, "in flight: {}", upstream.in_flight());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let first = metric(&admin, started).await;
+    assert!(
+        (5.0..=10.0).contains(&first),
+        "{first} of ten sagas started under a bound of four"
+    );
     let calls = common::eventually(Duration::from_secs(30), || async {
         upstream.in_flight() as f64 == first
     })
@@ -174,7 +151,7 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
         upstream.in_flight()
     );
 
-    // Ten more triggers: above the bound, none is taken while the calls hang.
+    // Ten more triggers: above the bound, none is copied while the calls hang.
     start_jobs(&js, 10, 20).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
@@ -182,9 +159,11 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
         first,
         "new triggers were taken while started work was queued"
     );
-    if partitioned {
-        seen.push(metric(&admin, copies).await);
-    }
+    assert_eq!(
+        metric(&admin, copies).await,
+        first,
+        "inbox copies while held"
+    );
 
     // The queue drains: every saga, old and new, completes; the wait was counted.
     hold.release();
@@ -196,11 +175,9 @@ async fn held_while_started_work_is_queued(envs: &[(&str, &str)]) -> Vec<f64> {
     assert_eq!(metric(&admin, started).await, 40.0);
     let waited = metric(&admin, "runner_saga_admission_wait_seconds_count").await;
     assert!(waited >= 1.0, "the wait was not counted: {waited}");
-    if partitioned {
-        seen.push(metric(&admin, copies).await);
-    }
+    // The results go straight into their partitions' inboxes: no router copies them.
+    assert_eq!(metric(&admin, copies).await, 20.0, "inbox copies in all");
     runner.stop();
-    seen
 }
 
 /// A backlog of new triggers read in one go is admitted only as far as the bound allows:
@@ -317,7 +294,6 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     let env = [
         ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
         ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
         ("RUNNER__PARTITIONS__COUNT", "8"),
         ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
     ];
@@ -332,12 +308,12 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     let mut b = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
     let js = jetstream(&url).await;
 
-    start_queued(&js, &upstream, 10).await;
+    let first = start_queued(&js, &upstream).await;
     start_jobs(&js, 10, 20).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        pings(&js).await,
-        10,
+        pings(&js).await as u64,
+        first,
         "new triggers routed while work was queued"
     );
 
@@ -359,8 +335,8 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
-        pings(&js).await,
-        10,
+        pings(&js).await as u64,
+        first,
         "the successor routed new triggers while work was queued"
     );
 
@@ -374,12 +350,12 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     );
 }
 
-/// Single-active mode: a saga node drained through its admin endpoint while it holds new
-/// triggers exits without waiting for the queue and without letting the held triggers in,
-/// and a node started on its data takes them over: every saga finishes exactly once and
-/// calls its effect once.
+/// A saga node drained through its admin endpoint while its router holds new triggers exits
+/// without waiting for the queue and without letting the held triggers in, and a node
+/// started on its data takes them over: every saga finishes exactly once and calls its
+/// effect once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_single_active_node_drained_while_holding_loses_nothing() {
+async fn a_node_drained_while_holding_loses_nothing() {
     let nats = NatsServer::start();
     let (hold, upstream, manifests) = held_upstream().await;
     let m = manifests.path().to_str().unwrap();

@@ -1,8 +1,8 @@
 //! Backpressure: the saga worker stops fetching while the outbox holds more than
 //! `saga.max_outbox_depth` unpublished records, and resumes once the relay catches up.
 //!
-//! The relay is held back for real: the command stream accepts one message and refuses the
-//! rest until the test lifts its limit.
+//! The relay is held back for real: once the partitions raised their fences, the command
+//! stream is closed to new messages until the test lifts its limit.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -18,7 +18,6 @@ const MAX_DEPTH: u64 = 5;
 async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catches_up() {
     let nats = NatsServer::start();
     let js = jetstream(&nats.url()).await;
-    common::create_capped_commands_stream(&js, 1).await;
     // One input per batch, so the limit is checked before every input.
     let depth = MAX_DEPTH.to_string();
     let runner = RunnerProc::saga(
@@ -31,6 +30,7 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
         ],
     );
     let admin = runner.admin.clone();
+    common::refuse_new_commands(&js, &admin, 64).await;
     let total = 50u64;
     for n in 1..=total {
         let ev = aggregate_event(
@@ -43,43 +43,34 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
         );
         common::publish_json(&js, "tenant.bank.aggregate.Account.a-1", &ev).await;
     }
-    let applied = || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 };
+    let applied = || async {
+        common::metrics::metric(&admin, "runner_saga_inputs_total{stream=\"SAGA_INBOX\"}").await
+    };
 
-    // Each deposit makes one output, and only the first was published. Fetching goes on
-    // while at most MAX_DEPTH outputs wait, so it stops after MAX_DEPTH + 1 or + 2 inputs
-    // (the second whether the first publication was acknowledged by then or not).
-    // The worker sets the depth gauge as it checks the limit, so a reading above the limit
-    // means it is waiting (it cannot go on: no publication can succeed).
-    // (Once the one publication that can succeed is acknowledged: until then its ack can
-    // still lower the depth and let one more input in.)
+    // Each deposit makes one output and none can be published. Fetching goes on while at
+    // most MAX_DEPTH outputs wait, so it stops after MAX_DEPTH + 1 inputs (+ 2 when a
+    // commit lands between the check and the read). The worker sets
+    // the depth gauge as it checks the limit, so a reading above the limit means it waits.
     wait_until(
         "the worker waits at the limit",
         Duration::from_secs(30),
         || async {
-            common::metrics::metric(&admin, "runner_relay_published_total").await >= 1.0
-                && common::metrics::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64
-        },
-    )
-    .await;
-    // The depth gauge is written when the worker checks it: let one more refused window
-    // pass (far longer than the worker's check interval) so the reading is current.
-    let before = common::metrics::metric(&admin, "runner_relay_errors_total").await;
-    wait_until(
-        "one more refused window",
-        Duration::from_secs(60),
-        || async {
-            common::metrics::metric(&admin, "runner_relay_errors_total").await >= before + 1.0
+            common::metrics::metric(&admin, "runner_outbox_depth").await > MAX_DEPTH as f64
         },
     )
     .await;
     let errors = common::metrics::metric(&admin, "runner_relay_errors_total").await;
+    wait_until("more refused windows", Duration::from_secs(60), || async {
+        common::metrics::metric(&admin, "runner_relay_errors_total").await >= errors + 1.0
+    })
+    .await;
     let paused_at = applied().await;
     // Time passes with the relay failing again and again; the worker takes nothing more.
     wait_until(
         "three more refused windows",
         Duration::from_secs(60),
         || async {
-            common::metrics::metric(&admin, "runner_relay_errors_total").await >= errors + 3.0
+            common::metrics::metric(&admin, "runner_relay_errors_total").await >= errors + 4.0
         },
     )
     .await;
@@ -87,10 +78,14 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
     eprintln!("paused at {paused_at}, then {still}, of {total}");
     assert_eq!(still, paused_at, "fetching went on past the limit");
     assert!(
-        (MAX_DEPTH + 1..=MAX_DEPTH + 2).contains(&still),
+        ((MAX_DEPTH + 1) as f64..=(MAX_DEPTH + 2) as f64).contains(&still),
         "paused after {still} inputs"
     );
-    assert_eq!(read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len(), 1);
+    assert!(
+        read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>")
+            .await
+            .is_empty()
+    );
 
     // The stream takes writes again: the relay drains the outbox and fetching resumes.
     common::uncap_stream(&js, "WORKFLOW_COMMANDS").await;
@@ -111,12 +106,12 @@ async fn fetching_pauses_past_max_outbox_depth_and_resumes_when_the_relay_catche
     assert_eq!(inst.data["count"], json!(total));
 }
 
-/// Partitioned, `saga.max_outbox_depth` holds for the node, not per partition (finding: a
+/// `saga.max_outbox_depth` holds for the node, not per partition (finding: a
 /// node owning P partitions held P times the bound, and each partition overwrote the depth
 /// gauge with its own). The command stream is closed to new writes once every partition
 /// has raised its fence there, so no output can be published.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn partitioned_the_outbox_bound_holds_for_the_node() {
+async fn the_outbox_bound_holds_for_the_node_over_its_partitions() {
     const P: u64 = 8;
     let nats = NatsServer::start();
     let js = jetstream(&nats.url()).await;
@@ -127,7 +122,6 @@ async fn partitioned_the_outbox_bound_holds_for_the_node() {
         &nats.url(),
         "tests/manifests/ledger.yaml",
         &[
-            ("RUNNER__PARTITIONS__ENABLED", "true"),
             ("RUNNER__PARTITIONS__COUNT", &partitions),
             ("RUNNER__SAGA__MAX_OUTBOX_DEPTH", &depth),
             ("RUNNER__SAGA__BATCH_SIZE", "1"),

@@ -113,14 +113,8 @@ async fn producer_clocks_far_off_are_bounded_by_the_stored_time(env: &[(&str, &s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_producer_clock_at_zero_or_at_the_end_of_time_is_bounded_single_active() {
-    producer_clocks_far_off_are_bounded_by_the_stored_time(&[]).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_producer_clock_at_zero_or_at_the_end_of_time_is_bounded_partitioned() {
+async fn a_producer_clock_at_zero_or_at_the_end_of_time_is_bounded() {
     producer_clocks_far_off_are_bounded_by_the_stored_time(&[
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
         ("RUNNER__PARTITIONS__COUNT", "4"),
         ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
     ])

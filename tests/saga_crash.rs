@@ -109,7 +109,10 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     loop {
         tokio::time::sleep(Duration::from_millis(100 + rng.next() % 500)).await;
         let done = publisher.is_finished()
-            && read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len() >= total;
+            && read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>")
+                .await
+                .len()
+                >= total;
         if done && kills >= 5 {
             break;
         }
@@ -143,7 +146,7 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         );
         assert_eq!(i.applied, PER_ACCOUNT, "{}", i.correlation_id);
     }
-    let outputs = read_stream(&js, "WORKFLOW_COMMANDS", ">").await;
+    let outputs = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>").await;
     assert_eq!(outputs.len(), total, "outputs lost or duplicated");
     let mut seen = HashSet::new();
     for o in &outputs {

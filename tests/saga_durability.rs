@@ -267,12 +267,13 @@ async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
     common::wait_until(
         "the runner applies inputs",
         Duration::from_secs(30),
-        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 > 0 },
+        || async { common::inputs_applied(&admin).await > 0 },
     )
     .await;
-    let (before, _) = common::saga_progress(&admin, "AGGREGATE_EVENTS").await;
+    let before = common::inputs_applied(&admin).await;
     nats.stop();
-    let (after, depth) = common::saga_progress(&admin, "AGGREGATE_EVENTS").await;
+    let after = common::inputs_applied(&admin).await;
+    let depth = common::metrics::metric(&admin, "runner_outbox_depth").await;
     eprintln!("NATS stopped after {before}..={after} of {half} inputs; outbox depth {depth}");
     assert!(
         0 < before && after < half,
@@ -303,7 +304,7 @@ async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
         || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await == (total, 0) },
     )
     .await;
-    let charges_after = read_stream(&js, "WORKFLOW_COMMANDS", ">").await;
+    let charges_after = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>").await;
     assert_eq!(charges.len(), total as usize);
     assert_eq!(charges_after.len(), total as usize, "duplicates appeared");
     let mut ids: Vec<_> = charges_after
@@ -331,22 +332,20 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     common::wait_until(
         "the runner applies inputs",
         Duration::from_secs(30),
-        || async { common::saga_progress(&admin, "AGGREGATE_EVENTS").await.0 > 0 },
+        || async { common::inputs_applied(&admin).await > 0 },
     )
     .await;
     let dir = runner.stop();
     let (checkpoint, depth) = {
         let store = common::open_store(dir.path());
+        // One order, one instance: the instances stored are the inputs applied.
         store
-            .read_blocking(|t| {
-                Ok((
-                    t.checkpoint("runner-saga:AGGREGATE_EVENTS")?,
-                    t.outbox_depth()?,
-                ))
-            })
+            .read_blocking(|t| Ok((t.instances()?.len() as u64, t.outbox_depth()?)))
             .unwrap()
     };
-    let published = read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len() as u64;
+    let published = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>")
+        .await
+        .len() as u64;
     eprintln!(
         "drained at checkpoint {checkpoint} of {total}; depth {depth}; published {published}"
     );
@@ -364,7 +363,7 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     let all = wait_for_messages(
         &js,
         "WORKFLOW_COMMANDS",
-        ">",
+        "tenant.>",
         total as usize,
         Duration::from_secs(60),
     )
@@ -377,7 +376,9 @@ async fn drain_mid_run_flushes_the_outbox_and_a_restart_finishes_the_rest() {
     )
     .await;
     assert_eq!(
-        read_stream(&js, "WORKFLOW_COMMANDS", ">").await.len() as u64,
+        read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>")
+            .await
+            .len() as u64,
         total,
         "an output was published twice"
     );

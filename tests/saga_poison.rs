@@ -58,7 +58,22 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         ("RUNNER__TENANCY__ALLOWED", "acme,globex"),
         ("RUNNER__SAGA__MAX_MESSAGE_BYTES", "2KiB"),
     ];
-    let runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &env);
+    // The node's own copy of the manifests, fixed and reloaded later.
+    let manifests = tempfile::tempdir().unwrap();
+    for f in ["order.yaml", "travel.yaml"] {
+        std::fs::copy(
+            common::repo_root().join("manifests").join(f),
+            manifests.path().join(f),
+        )
+        .unwrap();
+    }
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &env,
+    );
+    let admin = runner.admin.clone();
     let data_dir = runner.data_dir.path().to_str().unwrap().to_string();
     let js = jetstream(&nats.url()).await;
 
@@ -106,44 +121,46 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         Duration::from_secs(30),
     )
     .await;
-    let ids: Vec<_> = charges
+    // Orders of different keys sit in different partitions: no order between them.
+    let mut ids: Vec<_> = charges
         .iter()
         .map(|c| c.body["payload"]["order_id"].as_str().unwrap().to_string())
         .collect();
+    ids.sort();
     assert_eq!(ids, ["o-1", "o-4"]);
 
     // Each poison kind is in the dead-letter stream with its reason…
-    let dlq = wait_for_messages(&js, "RUNNER_DLQ", ">", 7, Duration::from_secs(30)).await;
-    let kinds: Vec<_> = dlq
+    let dlq = wait_for_messages(&js, "RUNNER_DLQ", "tenant.>", 7, Duration::from_secs(30)).await;
+    let mut kinds: Vec<_> = dlq
         .iter()
         .map(|m| m.body["kind"].as_str().unwrap().to_string())
         .collect();
+    kinds.sort();
     assert_eq!(
         kinds,
         [
-            "undecodable",
-            "tenant_mismatch",
-            "unknown_tenant",
-            "too_large",
             "expression",
             "parked",
-            "too_large"
+            "tenant_mismatch",
+            "too_large",
+            "too_large",
+            "undecodable",
+            "unknown_tenant",
         ]
     );
+    let of_kind = |kind: &'static str| dlq.iter().filter(move |m| m.body["kind"] == kind);
     assert!(
-        dlq[6].body["reason"]
-            .as_str()
-            .unwrap()
-            .contains("1200 bytes"),
-        "{}",
-        dlq[6].body
+        of_kind("too_large").any(|m| m.body["reason"].as_str().unwrap().contains("1200 bytes")),
+        "the long key is named by its size"
     );
     for m in &dlq {
         assert!(!m.body["reason"].as_str().unwrap().is_empty());
         assert!(m.subject.ends_with(m.body["kind"].as_str().unwrap()));
     }
-    assert!(dlq[1].body["reason"].as_str().unwrap().contains("globex"));
-    assert_eq!(dlq[2].subject, "tenant.evil.deadletter.unknown_tenant");
+    let mismatch = of_kind("tenant_mismatch").next().unwrap();
+    assert!(mismatch.body["reason"].as_str().unwrap().contains("globex"));
+    let unknown = of_kind("unknown_tenant").next().unwrap();
+    assert_eq!(unknown.subject, "tenant.evil.deadletter.unknown_tenant");
     // …and in the store, listed while the node runs.
     let listed = dlq_list(&data_dir, &[]);
     assert_eq!(listed.len(), 7);
@@ -152,28 +169,19 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
     let held = listed.iter().find(|l| l.2 == "parked").unwrap().clone();
 
     // The held entry cannot jump the queue.
-    let (code, out) = run_to_exit(
-        &[
-            "dlq",
-            "redrive",
-            "--tenant",
-            "acme",
-            &held.0.to_string(),
-            "--data-dir",
-            &data_dir,
-            "--manifest",
-            "manifests",
-        ],
-        &[],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(1));
-    assert!(out.contains("held behind"), "{out}");
+    let redrive = |tenant: &str, id: u64| {
+        let url = format!("{admin}/admin/dlq/{tenant}/{id}/redrive");
+        async move { common::post_json(&url, &json!({})).await }
+    };
+    let (status, body) = redrive("acme", held.0).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains("parked behind"), "{body}");
 
-    // The operator fixes the manifest (missing items now mean rejection) and redrives.
-    let fixed = tempfile::tempdir().unwrap();
+    // The operator fixes the manifest (missing items now mean rejection), reloads it and
+    // redrives: the partition's owner applies the entry, then the one held behind it.
     for f in ["order.yaml", "travel.yaml"] {
-        let text = std::fs::read_to_string(common::repo_root().join("manifests").join(f)).unwrap();
+        let path = manifests.path().join(f);
+        let text = std::fs::read_to_string(&path).unwrap();
         let text = text
             .replace(
                 "&& type(event.payload.items) == list",
@@ -183,28 +191,12 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
                 "items: ${ event.payload.items }",
                 "items: \"${ has(event.payload.items) ? event.payload.items : [] }\"",
             );
-        std::fs::write(fixed.path().join(f), text).unwrap();
+        std::fs::write(path, text).unwrap();
     }
-    let fixed_dir = fixed.path().to_str().unwrap();
-    let redrive = [
-        "dlq",
-        "redrive",
-        "--tenant",
-        "acme",
-        &expression.0.to_string(),
-        "--data-dir",
-        &data_dir,
-        "--manifest",
-        fixed_dir,
-    ];
-    let (code, out) = run_to_exit(&redrive, &[], Duration::from_secs(20));
-    assert_eq!(code, Some(0), "{out}");
-    let report: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
-    assert_eq!(report["processed"], json!([expression.0, held.0]));
-    assert_eq!(
-        report["applied"], 1,
-        "the held OrderPlaced meets a finished instance and is ignored"
-    );
+    let (status, body) = common::post_json(&format!("{admin}/admin/reload"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = redrive("acme", expression.0).await;
+    assert_eq!(status, 202, "{body}");
     let rejects = wait_for_messages(
         &js,
         "WORKFLOW_COMMANDS",
@@ -217,63 +209,31 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         rejects[0].body["payload"]["reason"],
         "empty, free or malformed order"
     );
-
-    // A second redrive is refused: processed once.
-    let (code, out) = run_to_exit(&redrive, &[], Duration::from_secs(20));
-    assert_eq!(code, Some(1));
-    assert!(out.contains("already redriven"), "{out}");
-
-    // The unknown tenant is admitted by the operator and redriven.
-    let unknown = listed
-        .iter()
-        .find(|l| l.2 == "unknown_tenant")
-        .unwrap()
-        .0
-        .to_string();
-    let (code, out) = run_to_exit(
-        &[
-            "dlq",
-            "redrive",
-            "--tenant",
-            "evil",
-            &unknown,
-            "--data-dir",
-            &data_dir,
-            "--manifest",
-            "manifests",
-        ],
-        &[("RUNNER__TENANCY__ALLOWED", "acme,globex,evil")],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "{out}");
-    wait_for_messages(
-        &js,
-        "WORKFLOW_COMMANDS",
-        "tenant.evil.effect.charge_card.*",
-        1,
-        Duration::from_secs(30),
-    )
-    .await;
-
-    // Once the outbox is empty every output is on the stream: nothing more can appear.
-    common::wait_until("the outbox is empty", Duration::from_secs(30), || async {
-        common::saga_progress(&runner.admin, "AGGREGATE_EVENTS")
-            .await
-            .1
-            == 0
-    })
-    .await;
-    let all = read_stream(&js, "WORKFLOW_COMMANDS", ">").await;
-    assert_eq!(
-        all.len(),
-        4,
-        "o-1, o-4, o-bad rejection, evil/o-2: once each"
-    );
-    assert!(
+    common::wait_until("both entries redriven", Duration::from_secs(30), || async {
         dlq_list(&data_dir, &[])
             .iter()
             .all(|l| l.2 != "expression" && l.2 != "parked")
-    );
+    })
+    .await;
+
+    // A second redrive is refused: processed once.
+    let (status, body) = redrive("acme", expression.0).await;
+    assert_eq!(status, 409, "{body}");
+
+    // An entry of no saga instance (an unknown tenant's input) belongs to no partition: the
+    // answer says to republish its input.
+    let unknown = listed.iter().find(|l| l.2 == "unknown_tenant").unwrap().0;
+    let (status, body) = redrive("evil", unknown).await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.to_string().contains("republish its input"), "{body}");
+
+    // Once the outbox is empty every output is on the stream: nothing more can appear.
+    common::wait_until("the outbox is empty", Duration::from_secs(30), || async {
+        common::saga_progress(&admin, "AGGREGATE_EVENTS").await.1 == 0
+    })
+    .await;
+    let all = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.>").await;
+    assert_eq!(all.len(), 3, "o-1, o-4, the o-bad rejection: once each");
 }
 
 /// A deposit of the ledger saga; `n: None` leaves out the field its guard reads.
@@ -305,7 +265,15 @@ async fn acknowledged(js: &async_nats::jetstream::Context, account: &str) -> Vec
 async fn inputs_held_behind_a_poisoned_key_apply_in_their_original_order_on_redrive() {
     let nats = NatsServer::start();
     let ledger = "tests/manifests/ledger.yaml";
-    let runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), ledger, &[]);
+    let manifests = tempfile::tempdir().unwrap();
+    let file = manifests.path().join("ledger.yaml");
+    std::fs::copy(common::repo_root().join(ledger), &file).unwrap();
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &[],
+    );
     let admin = runner.admin.clone();
     let data_dir = runner.data_dir.path().to_str().unwrap().to_string();
     let js = jetstream(&nats.url()).await;
@@ -351,39 +319,23 @@ async fn inputs_held_behind_a_poisoned_key_apply_in_their_original_order_on_redr
     );
     let ids: Vec<u64> = listed.iter().map(|l| l.0).collect();
 
-    // The operator's fix: a deposit without `n` is ignored.
-    let fixed = tempfile::tempdir().unwrap();
-    let text = std::fs::read_to_string(common::repo_root().join(ledger)).unwrap();
+    // The operator's fix: a deposit without `n` is ignored. Reloaded, then redriven: the
+    // partition's owner applies the entry, then the ones held behind it, in their order.
+    let text = std::fs::read_to_string(&file).unwrap();
     let text = text.replace(
         "          Deposited:\n",
         "          Deposited:\n            - when: '!has(event.payload.n)'\n              goto: open\n",
     );
     assert!(text.contains("!has(event.payload.n)"));
-    std::fs::write(fixed.path().join("ledger.yaml"), text).unwrap();
-    let (code, out) = run_to_exit(
-        &[
-            "dlq",
-            "redrive",
-            "--tenant",
-            "bank",
-            &ids[0].to_string(),
-            "--data-dir",
-            &data_dir,
-            "--manifest",
-            fixed.path().to_str().unwrap(),
-        ],
-        &[],
-        Duration::from_secs(20),
-    );
-    assert_eq!(code, Some(0), "{out}");
-    let report: serde_json::Value = serde_json::from_str(&out[out.find('{').unwrap()..]).unwrap();
-    assert_eq!(
-        report["processed"],
-        json!(ids),
-        "the entry, then the held ones in order"
-    );
-    assert_eq!(report["dead_lettered"], 0);
-    assert_eq!(report["applied"], 4);
+    std::fs::write(&file, text).unwrap();
+    let (status, body) = common::post_json(&format!("{admin}/admin/reload"), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = common::post_json(
+        &format!("{admin}/admin/dlq/bank/{}/redrive", ids[0]),
+        &json!({}),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
 
     // The running node publishes the redrive's outputs: 2, 3, 4 after 1, once each.
     common::wait_until(

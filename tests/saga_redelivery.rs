@@ -6,7 +6,7 @@
 mod common;
 
 use runner::worker::apply_inputs;
-use runner::worker::process::{Limits, RawInput};
+use runner::worker::process::{Limits, RawInput, Scope};
 use serde_json::json;
 
 fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
@@ -154,7 +154,8 @@ fn an_event_id_reused_for_another_instance_is_dead_lettered_not_dropped() {
     let id = "0190f000-0000-7000-8000-0000000000aa";
     store
         .write_blocking(|t| {
-            let mut p = runner::worker::process::Processor::new(&catalog, &limits, 1);
+            let mut p =
+                runner::worker::process::Processor::new(&catalog, &limits, 1, Scope::whole());
             p.input(t, &deposit("acc-1", 1, id, 1).1)?;
             p.input(t, &deposit("acc-2", 1, id, 2).1)?;
             p.input(t, &deposit("acc-1", 1, id, 3).1)?;

@@ -93,8 +93,8 @@ async fn traceparent_is_carried_from_input_to_effect_result_and_the_next_command
     )
     .await;
     let commands = common::read_stream(&js, "WORKFLOW_COMMANDS", "tenant.t.effect.ping.*").await;
-    let results =
-        common::read_stream(&js, "WORKFLOW_EVENTS", "tenant.t.effect_result.ping.*").await;
+    // The executor publishes a result straight into the waiting partition's inbox.
+    let results = common::read_stream(&js, "SAGA_INBOX", "runner.inbox.*.result").await;
     assert_eq!(commands.len(), 2, "{commands:?}");
     assert_eq!(results.len(), 2, "{results:?}");
 

@@ -146,7 +146,7 @@ async fn a_full_disk_is_reported_and_recovered_from_without_losing_an_input() {
         Duration::from_secs(30),
         || {
             let admin = admin.clone();
-            async move { saga_progress(&admin, "AGGREGATE_EVENTS").await.0 >= 1 }
+            async move { common::inputs_applied(&admin).await >= 1 }
         },
     )
     .await;
@@ -215,7 +215,7 @@ async fn a_full_disk_is_reported_and_recovered_from_without_losing_an_input() {
         line.contains("is full") && line.contains(&data_path.display().to_string()),
         "the log names the full disk and the data directory: {line}"
     );
-    let (cp, _) = saga_progress(&runner.admin, "AGGREGATE_EVENTS").await;
+    let cp = common::inputs_applied(&runner.admin).await;
     eprintln!("checkpoint during the outage: {cp}");
     assert!(
         cp < ALL,
@@ -231,7 +231,7 @@ async fn a_full_disk_is_reported_and_recovered_from_without_losing_an_input() {
         Duration::from_secs(90),
         || {
             let admin = admin.clone();
-            async move { saga_progress(&admin, "AGGREGATE_EVENTS").await.0 >= ALL }
+            async move { common::inputs_applied(&admin).await >= ALL }
         },
     )
     .await;

@@ -25,8 +25,9 @@ use runner::config::StorageConfig;
 use runner::deadletter::{self, DeadLetterError, kind};
 use runner::manifest::{Catalog, load_str};
 use runner::ops;
+
 use runner::storage::Store;
-use runner::worker::process::{Limits, Processor, RawInput};
+use runner::worker::process::{Limits, Processor, RawInput, Scope};
 use serde_json::{Value as Json, json};
 
 /// Tenant names chosen to collide if keys were built carelessly: prefixes of each other,
@@ -208,7 +209,7 @@ fn run(seed: u64, allowed: &[&str]) {
         }
         store
             .write_blocking(|tx| {
-                let mut p = Processor::new(&catalog, &limits, 1_700_000_000_000);
+                let mut p = Processor::new(&catalog, &limits, 1_700_000_000_000, Scope::whole());
                 for r in &batch {
                     p.input(tx, r)?;
                 }
@@ -325,7 +326,12 @@ fn run(seed: u64, allowed: &[&str]) {
                     d.id
                 );
                 let before = deadletter::show(&store, other, d.id).expect("own");
-                let r = ops::redrive(&store, &catalog, &limits, t, d.id);
+                let r = deadletter::redrive(
+                    &store,
+                    t,
+                    d.id,
+                    &mut Processor::new(&catalog, &limits, 1_700_000_000_000, Scope::whole()),
+                );
                 assert!(
                     matches!(r, Err(DeadLetterError::NotFound { .. })),
                     "seed {seed}: redrive({t}, {}) reached {other}: {r:?}",

@@ -1,9 +1,10 @@
-//! Span export end to end: a runner in combined mode (and a partitioned one) exports one
-//! span per hop to a real OTLP/HTTP receiver, and the spans of one input form one trace —
-//! input → transition → outbox publication → effect execution → each upstream call (whose
-//! `traceparent` header the upstream really received) → result → next transition → its
-//! publication — each the child of the one before, with the messages on the broker naming
-//! the spans. An input without trace context starts a trace of its own.
+//! Span export end to end: a runner in combined mode exports one span per hop to a real
+//! OTLP/HTTP receiver, and the spans of one input form one trace — input → route →
+//! transition → outbox publication → effect execution → each upstream call (whose
+//! `traceparent` header the upstream really received) → result (straight into the
+//! partition's inbox, no route hop) → next transition → its publication — each the child of
+//! the one before, with the messages on the broker naming the spans. An input without trace
+//! context starts a trace of its own, rooted at its route.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -97,9 +98,8 @@ async fn publish_job(js: &async_nats::jetstream::Context, job: &str, traceparent
     common::publish_traced(js, &subject, &ev, traceparent).await;
 }
 
-/// Runs the scenario against one runner configuration (`extra_env` on top of export to the
-/// receiver) and checks the trace. Returns the spans of the traced job.
-async fn scenario(partitioned: bool) -> Vec<Received> {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_trace_follows_an_input_through_every_hop() {
     let nats = NatsServer::start();
     let receiver = Receiver::start().await;
     // The first call of each command fails (503), the second succeeds: two attempts.
@@ -117,18 +117,13 @@ async fn scenario(partitioned: bool) -> Vec<Received> {
         manifest(&upstream.base),
     )
     .unwrap();
-    let mut env = vec![
+    let env = [
         ("RUNNER__TRACING__OTLP_ENDPOINT", receiver.endpoint.as_str()),
         ("RUNNER__TRACING__EXPORT_INTERVAL", "100ms"),
         ("RUNNER__TRACING__SERVICE_NAME", "runner-under-test"),
         ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+        ("RUNNER__PARTITIONS__COUNT", "4"),
     ];
-    if partitioned {
-        env.extend([
-            ("RUNNER__PARTITIONS__ENABLED", "true"),
-            ("RUNNER__PARTITIONS__COUNT", "4"),
-        ]);
-    }
     let runner = RunnerProc::combined(&nats.url(), manifests.path().to_str().unwrap(), &env);
     let js = jetstream(&nats.url()).await;
     publish_job(&js, "j-traced", Some(&tp(TRACE, INPUT_SPAN))).await;
@@ -158,14 +153,10 @@ async fn scenario(partitioned: bool) -> Vec<Received> {
         assert_eq!(s.service, "runner-under-test", "{s:?}");
     }
 
-    // input → (route →) transition
-    let mut parent = INPUT_SPAN.to_string();
-    if partitioned {
-        let route = child(&spans, "saga.route", &parent, |_| true);
-        assert_eq!(route.kind, 4, "route is a producer span");
-        parent = route.span_id.clone();
-    }
-    let first = child(&spans, "saga.transition", &parent, |_| true);
+    // input → route → transition
+    let route = child(&spans, "saga.route", INPUT_SPAN, |_| true);
+    assert_eq!(route.kind, 4, "route is a producer span");
+    let first = child(&spans, "saga.transition", &route.span_id, |_| true);
     assert_eq!(first.attr("runner.state.from"), Some(""));
     assert_eq!(first.attr("runner.state.to"), Some("pinging"));
     assert_eq!(first.attr("runner.saga"), Some("traced"));
@@ -211,12 +202,8 @@ async fn scenario(partitioned: bool) -> Vec<Received> {
     );
     // → result event
     let result = child(&spans, "effect.result", &exec.span_id, |_| true);
-    // Partitioned, the result goes straight into its partition's inbox.
-    let results = if partitioned {
-        common::read_stream(&js, "SAGA_INBOX", "runner.inbox.*.result").await
-    } else {
-        common::read_stream(&js, "WORKFLOW_EVENTS", "tenant.t.effect_result.ping.*").await
-    };
+    // The result goes straight into its partition's inbox.
+    let results = common::read_stream(&js, "SAGA_INBOX", "runner.inbox.*.result").await;
     let result_msg = results
         .iter()
         .find(|r| r.body["command_id"] == command_id)
@@ -247,11 +234,6 @@ async fn scenario(partitioned: bool) -> Vec<Received> {
         .nth(1)
         .unwrap();
     assert_ne!(plain_trace, TRACE);
-    let first_hop = if partitioned {
-        "saga.route"
-    } else {
-        "saga.transition"
-    };
     let rooted = common::eventually(Duration::from_secs(30), || async {
         receiver
             .trace(plain_trace)
@@ -266,19 +248,6 @@ async fn scenario(partitioned: bool) -> Vec<Received> {
         .filter(|s| s.parent.is_empty())
         .map(|s| s.name.as_str())
         .collect();
-    assert_eq!(root, vec![first_hop], "{own:#?}");
+    assert_eq!(root, vec!["saga.route"], "{own:#?}");
     runner.stop();
-    spans
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_trace_follows_an_input_through_every_hop() {
-    let spans = scenario(false).await;
-    assert!(spans.iter().all(|s| s.name != "saga.route"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_partition_router_is_a_hop_of_the_trace() {
-    let spans = scenario(true).await;
-    assert!(spans.iter().any(|s| s.name == "saga.route"));
 }

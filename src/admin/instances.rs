@@ -55,13 +55,12 @@ pub(super) async fn list(State(state): State<Arc<AppState>>, Query(p): Query<Par
     let result = tokio::task::spawn_blocking(move || {
         let parts = &st.config.partitions;
         let here = |i: &crate::saga::Instance| {
-            !parts.enabled
-                || st.placement.owns(crate::worker::partition::partition(
-                    &i.tenant,
-                    &i.saga,
-                    &i.correlation_id,
-                    parts.count,
-                ))
+            st.placement.owns(crate::worker::partition::partition(
+                &i.tenant,
+                &i.saga,
+                &i.correlation_id,
+                parts.count,
+            ))
         };
         ops::list_instances(
             &st.store,

@@ -55,13 +55,12 @@ pub(super) async fn migrate(
     let result = tokio::task::spawn_blocking(move || {
         let parts = &st.config.partitions;
         let here = |i: &Instance| {
-            !parts.enabled
-                || st.placement.owns(crate::worker::partition::partition(
-                    &i.tenant,
-                    &i.saga,
-                    &i.correlation_id,
-                    parts.count,
-                ))
+            st.placement.owns(crate::worker::partition::partition(
+                &i.tenant,
+                &i.saga,
+                &i.correlation_id,
+                parts.count,
+            ))
         };
         migrate_instances(
             &st.store, &catalog, &b.tenant, &b.saga, b.from, b.dry_run, &here,

@@ -179,32 +179,7 @@ pub(super) async fn dlq_redrive(
     if let Err(wait) = limit.take() {
         return too_many(wait);
     }
-    if state.config.partitions.enabled {
-        return redrive_partitioned(&state, tenant, id).await;
-    }
-    let catalog = state.catalog();
-    let st = state.clone();
-    let result = tokio::task::spawn_blocking(move || {
-        let limits = crate::worker::process::Limits::from_config(&st.config);
-        ops::redrive(&st.store, &catalog, &limits, &tenant, id)
-    })
-    .await;
-    match result {
-        Ok(Ok(report)) => {
-            tracing::info!(
-                message = "Dead letter redriven.",
-                id,
-                applied = report.applied,
-                dead_lettered = report.dead_lettered
-            );
-            Json(report).into_response()
-        }
-        Ok(Err(e @ DeadLetterError::NotFound { .. })) => {
-            error(StatusCode::NOT_FOUND, e.to_string())
-        }
-        Ok(Err(e)) => error(StatusCode::CONFLICT, e.to_string()),
-        Err(e) => internal(e),
-    }
+    redrive_in_partition(&state, tenant, id).await
 }
 
 /// `GET /admin/dlq/stream` query.
@@ -265,11 +240,11 @@ pub(super) async fn dlq_stream_redrive(
     }
 }
 
-/// Partitioned mode: the letter's key is redriven by its partition's owner, through a
+/// The letter's key is redriven by its partition's owner, through a
 /// control input in the partition's inbox (`worker/control.rs`), so the redrive happens in
 /// log order inside the owner's commit. This node must own the partition: its copy of the
 /// letter is the one in force.
-async fn redrive_partitioned(state: &Arc<AppState>, tenant: String, id: u64) -> Response {
+async fn redrive_in_partition(state: &Arc<AppState>, tenant: String, id: u64) -> Response {
     let store = state.store.clone();
     let (t, i) = (tenant.clone(), id);
     let found = tokio::task::spawn_blocking(move || {
@@ -297,8 +272,8 @@ async fn redrive_partitioned(state: &Arc<AppState>, tenant: String, id: u64) -> 
         return error(
             StatusCode::CONFLICT,
             format!(
-                "dead letter {id} names no saga instance, so it belongs to no partition; in \
-                 partitioned mode republish its input from {} instead",
+                "dead letter {id} names no saga instance, so it belongs to no partition; \
+                 republish its input from {} instead",
                 letter.source
             ),
         );

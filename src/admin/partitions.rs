@@ -29,11 +29,8 @@ pub(super) async fn replay(
     Path(p): Path<u32>,
     body: Option<Json<Value>>,
 ) -> Response {
-    if !state.config.partitions.enabled || !state.config.runner.mode.runs_sagas() {
-        return error(
-            StatusCode::CONFLICT,
-            "replay is for partitioned saga nodes (partitions.enabled)",
-        );
+    if !state.config.runner.mode.runs_sagas() {
+        return error(StatusCode::CONFLICT, "replay is for saga nodes");
     }
     let count = state.config.partitions.count;
     if p >= count {

@@ -4,11 +4,10 @@
 //! | route | answer |
 //! |---|---|
 //! | `POST /admin/tenants/{tenant}/pause` | pauses the tenant on every saga node: `{tenant, paused: true}` |
-//! | `POST /admin/tenants/{tenant}/resume` | resumes it and releases what was held: what was released (single-active), or the partitions the resume was sent to |
+//! | `POST /admin/tenants/{tenant}/resume` | resumes it: the resume is sent to every partition, whose owner releases what it held |
 //! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
 //!
-//! Only a node that runs the saga worker answers the writes (409 otherwise): a
-//! single-active resume releases in that node's store. A tenant the control bucket cannot
+//! Only a node that runs the saga worker answers the writes (409 otherwise). A tenant the control bucket cannot
 //! key (anything but ASCII letters, digits, `-`, `_`, `=`, `/`; `worker::control::pausable`)
 //! is answered 400 naming that rule. Behind the admin token.
 

@@ -97,15 +97,16 @@ fn storage_type(s: StreamStorage) -> StorageType {
 }
 
 /// Creates missing streams and checks existing ones. Never modifies an existing stream.
-/// Streams it creates always carry the fence subjects and allow atomic batches; an existing
-/// stream must have them only when `partitioned` (partitioned saga mode publishes there).
+/// Streams it creates carry the fence subjects and allow atomic batches; an existing stream
+/// must have them when `fenced` (this node runs sagas, whose partitions publish there
+/// fenced).
 pub async fn ensure_streams(
     js: &jetstream::Context,
     cfg: &StreamsConfig,
-    partitioned: bool,
+    fenced: bool,
 ) -> Result<(), BrokerError> {
     for spec in stream_specs(cfg) {
-        ensure_one(js, cfg, &spec, partitioned).await?;
+        ensure_one(js, cfg, &spec, fenced).await?;
     }
     Ok(())
 }
@@ -147,7 +148,7 @@ async fn ensure_one(
     js: &jetstream::Context,
     cfg: &StreamsConfig,
     spec: &StreamSpec,
-    partitioned: bool,
+    fenced: bool,
 ) -> Result<(), BrokerError> {
     let js_err = |op: &'static str, e: &dyn std::fmt::Display| BrokerError::JetStream {
         op,
@@ -163,6 +164,7 @@ async fn ensure_one(
         }
         None => {
             let mut subjects = spec.subjects.clone();
+            // Always: a saga node may come to publish here fenced later.
             if spec.fenced {
                 subjects.push(fence_subjects(&spec.name));
             }
@@ -205,7 +207,7 @@ async fn ensure_one(
             }
         }
     };
-    check_compatible(cfg, spec, &existing, partitioned)
+    check_compatible(cfg, spec, &existing, fenced)
 }
 
 /// The limits a stream Runner creates gets: the dead-letter stream its own, and drops its
@@ -232,7 +234,7 @@ fn check_compatible(
     cfg: &StreamsConfig,
     spec: &StreamSpec,
     have: &StreamConfig,
-    partitioned: bool,
+    fenced: bool,
 ) -> Result<(), BrokerError> {
     // Limits are the operator's to change on an existing stream: a difference is reported,
     // never refused and never changed.
@@ -257,7 +259,7 @@ fn check_compatible(
             );
         }
     }
-    if partitioned && spec.fenced {
+    if fenced && spec.fenced {
         let fences = fence_subjects(&spec.name);
         if !have.subjects.iter().any(|h| covers(h, &fences)) {
             return incompatible(

@@ -376,7 +376,7 @@ mod tests {
         assert_eq!(c.nats.client_name, "\"abc\"");
         assert_eq!(c.admin.token.as_deref(), Some("1_000_000_000_000_000"));
         assert_eq!(c.streams.replicas, 3);
-        assert!(c.partitions.enabled);
+        assert_eq!(c.partitions.enabled, Some(true));
     }
 
     #[test]

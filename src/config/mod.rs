@@ -106,10 +106,10 @@ impl Default for TracingConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PartitionsConfig {
-    /// Run saga mode partitioned: inputs routed into `streams.saga_inbox`, each partition
-    /// owned by one replica under a lease, every outbox publish fenced. Off: the single-active
-    /// saga worker (one replica per set of streams).
-    pub enabled: bool,
+    /// Gone: saga mode is always partitioned. Still accepted, so a configuration written for
+    /// an older release loads; a start that finds it set says so in one warning.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
     /// Number of partitions P (1..=1024). Fixed per deployment: changing it re-maps keys.
     pub count: u32,
     /// Lease TTL: the bucket's `max_age`; renewed every third of it (1s..=5m).
@@ -127,7 +127,7 @@ pub struct PartitionsConfig {
 impl Default for PartitionsConfig {
     fn default() -> Self {
         Self {
-            enabled: false,
+            enabled: None,
             count: 64,
             lease_ttl: HumanDuration::secs(10),
             leases_bucket: "RUNNER_LEASES".into(),
@@ -233,11 +233,10 @@ pub struct SagaConfig {
     /// JetStream KV bucket of operator controls shared by every saga node (created when
     /// missing): which tenants are paused (`runner tenants pause`).
     pub control_bucket: String,
-    /// Work under way goes first: while more than this many effect commands (and, in
-    /// single-active mode, effect results and outputs not yet published) are queued behind
-    /// sagas already started, no new batch of aggregate events is taken (single-active: and
-    /// of a batch only as many as there is room for) or routed into the saga inbox
-    /// (partitioned); new triggers wait in their stream. 0: off.
+    /// Work under way goes first: while this many effect commands are queued behind sagas
+    /// already started, the aggregate stream's router copies no new input into the saga
+    /// inbox (and of a batch read, only as many as there is room for); new triggers wait in
+    /// their stream. 0: off.
     pub max_queued_work: u64,
     /// How far an input's `timestamp_ms` (the producer's clock, the saga's time: timer due
     /// times are computed from it) may lie from the time the broker stored the input; one

@@ -1,24 +1,19 @@
 //! Operator tools on the local store: `runner inspect`, `runner instances list` (also served
-//! by the admin API), `runner migrate` ([`migrate`]), and the saga worker's side of
-//! `runner dlq redrive` (listing, showing and the redrive protocol are
+//! by the admin API) and `runner migrate` ([`migrate`]: run by a partition's owner through
+//! the admin API, or as a dry run on a store). A redrive is the owner's too: it travels
+//! through the partition's inbox (`worker/control.rs`; the protocol is
 //! [`crate::deadletter`]'s).
 //!
 //! They open the same libmdbx environment as a running `runner` (libmdbx allows several
-//! processes), so they work on a live node. A redrive writes its outputs to the outbox: the
-//! running node's relay publishes them within `saga.relay_poll`, a stopped node at its next
-//! start.
+//! processes), so the readers work on a live node.
 
 pub mod migrate;
 
 use serde::Serialize;
 
 use crate::clock::now_ms;
-use crate::deadletter::{self, DeadLetterError};
-use crate::manifest::Catalog;
 use crate::storage::tables::{HistoryEntry, TimerEntry};
 use crate::storage::{StorageError, Store};
-use crate::worker::admission::Limits;
-use crate::worker::process::Processor;
 
 /// Errors of the operator tools.
 #[derive(Debug, thiserror::Error)]
@@ -206,37 +201,5 @@ pub fn list_instances(
             })
             .collect(),
         next: page.next,
-    })
-}
-
-/// What a redrive did.
-#[derive(Debug, Serialize)]
-pub struct RedriveReport {
-    /// Entries processed, in order (the redriven one, then those held behind it).
-    pub processed: Vec<u64>,
-    /// Transitions applied.
-    pub applied: usize,
-    /// New dead letters written (the input failed again).
-    pub dead_lettered: usize,
-    /// Outbox records written.
-    pub outbox: u64,
-}
-
-/// Redrives dead letter `id` of `tenant` and the inputs held behind it (the protocol is
-/// [`deadletter::redrive`]), applying them with the saga worker's processor.
-pub fn redrive(
-    store: &Store,
-    catalog: &Catalog,
-    limits: &Limits,
-    tenant: &str,
-    id: u64,
-) -> Result<RedriveReport, DeadLetterError> {
-    let mut p = Processor::new(catalog, limits, now_ms());
-    let processed = deadletter::redrive(store, tenant, id, &mut p)?;
-    Ok(RedriveReport {
-        processed,
-        applied: p.tally.count("applied") as usize,
-        dead_lettered: p.tally.dead_letters.len(),
-        outbox: p.tally.outbox,
     })
 }

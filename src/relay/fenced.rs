@@ -99,6 +99,8 @@ impl PartitionRelay {
     pub async fn run(mut self, stop: CancellationToken) -> Result<(), Fenced> {
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
         let p = self.partition as u16;
+        // The largest message each stream takes; read again after every failed window.
+        let mut sizes = self.stream_limits().await;
         loop {
             let stopping = stop.is_cancelled();
             let from = self.handle.acked.load(Ordering::SeqCst) + 1;
@@ -115,10 +117,17 @@ impl PartitionRelay {
                     continue;
                 }
             };
-            let max = self.client.server_info().max_payload;
+            let server = self.client.server_info().max_payload;
+            let max = |r: &OutboxRecord| {
+                let stream = (self.stream_of)(&r.subject).and_then(|n| sizes.get(&n).copied());
+                match stream {
+                    Some(l) if server == 0 || l < server => l,
+                    _ => server,
+                }
+            };
             if records
                 .iter()
-                .any(|(_, r)| super::park::unpublishable(r, max).is_some())
+                .any(|(_, r)| super::park::unpublishable(r, max(r)).is_some())
             {
                 if let Err(e) =
                     super::park::screen(&self.store, &self.metrics, p, &records, max).await
@@ -165,15 +174,31 @@ impl PartitionRelay {
                     self.metrics.stalls.gone(&self.stage());
                     return Err(f);
                 }
-                Err(Outcome::Retry) => {
-                    self.metrics
-                        .stalls
-                        .failed(&self.stage(), "a batch was not stored (see the log)");
+                Err(Outcome::Retry(why)) => {
+                    self.metrics.stalls.failed(&self.stage(), &why);
                     self.metrics.relay_errors.inc();
                     tokio::time::sleep(backoff.next_wait()).await;
+                    // A stream's limit may have shrunk under a record: screen again.
+                    sizes = self.stream_limits().await;
                 }
             }
         }
+    }
+
+    /// The largest message (`max_msg_size`) of each stream this partition publishes to
+    /// that sets one; a stream that cannot be read now is left out (the server's limit
+    /// applies to it until the next read).
+    async fn stream_limits(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        for stream in self.fences.keys() {
+            if let Ok(s) = self.js.get_stream(stream).await
+                && let Ok(l) = usize::try_from(s.cached_info().config.max_message_size)
+                && l > 0
+            {
+                out.insert(stream.clone(), l);
+            }
+        }
+        out
     }
 
     /// This relay's name among the stalled stages ([`crate::telemetry::stall`]).
@@ -198,8 +223,8 @@ impl PartitionRelay {
                     )
                     .await;
                 if let Err(e) = async { ack?.await.map_err(async_nats::Error::from) }.await {
-                    tracing::warn!(message = "Unfenced publish failed.", subject = %rec.subject, error = %e);
-                    return Err(Outcome::Retry);
+                    super::election::publish_failed("unfenced publish", &e);
+                    return Err(Outcome::Retry(format!("unfenced publish: {e}")));
                 }
             }
         }
@@ -220,13 +245,13 @@ impl PartitionRelay {
         }
         if let Some((Some(stream), _)) = groups.into_iter().next() {
             tracing::error!(message = "No fence for a stream this partition publishes to.", stream = %stream, partition = self.partition);
-            return Err(Outcome::Retry);
+            return Err(Outcome::Retry(format!("no fence for stream {stream}")));
         }
         let mut outcome = Ok(());
         for r in futures::future::join_all(sends).await {
             match (r, &outcome) {
                 (Err(Outcome::Fenced(f)), _) => outcome = Err(Outcome::Fenced(f)),
-                (Err(Outcome::Retry), Ok(())) => outcome = Err(Outcome::Retry),
+                (Err(Outcome::Retry(why)), Ok(())) => outcome = Err(Outcome::Retry(why)),
                 _ => {}
             }
         }
@@ -262,10 +287,11 @@ impl PartitionRelay {
     }
 }
 
-/// How a run went wrong.
+/// How a window went wrong.
 enum Outcome {
     Fenced(Fenced),
-    Retry,
+    /// Not stored, or not known to be; why.
+    Retry(String),
 }
 
 /// What one window's publishes share.
@@ -383,8 +409,8 @@ impl Sender<'_> {
                 }))
             }
             fenced_batch::Outcome::Retry(why) => {
-                tracing::warn!(message = "Relay batch not stored; will retry.", partition = self.partition, stream = %stream, error = %why);
-                Err(Outcome::Retry)
+                super::election::publish_failed("fenced publish", &why);
+                Err(Outcome::Retry(format!("{stream}: {why}")))
             }
         }
     }

@@ -82,6 +82,16 @@ impl NodeLock {
     }
 }
 
+/// The id of the data directory `dir` when it has one already, read without its lock (for
+/// naming a process before it opens its store; the lock's [`NodeLock::store_id`] is the one
+/// to trust).
+pub fn peek_store_id(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(ID_FILE))
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
 /// Reads `<dir>/runner.id`, writing a new random id first when there is none (called with
 /// the directory's lock held, so nobody races it).
 fn store_id(dir: &Path) -> Result<String> {

@@ -48,7 +48,7 @@
 //! neighbours too; faults without readahead bring in single pages. The same folios make the
 //! default path's writes costlier on a store far larger than one commit's pages: each write
 //! into a folio, and each sync of a dirty one, walks the whole folio in the kernel (figures:
-//! the README's "Writing through the map").
+//! `docs/benchmarks.md`, "Writing through the map").
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -256,7 +256,7 @@ impl Metrics {
             IntGaugeVec::new(
                 Opts::new(
                     names::CONSUMER_LAG,
-                    "Messages in the stream after the last one read.",
+                    "Messages in a source stream after the last one its router read.",
                 ),
                 &["stream"],
             )?,
@@ -264,7 +264,10 @@ impl Metrics {
         let consumer_checkpoint = reg(
             r,
             IntGaugeVec::new(
-                Opts::new(names::CONSUMER_CHECKPOINT, "Last applied stream sequence."),
+                Opts::new(
+                    names::CONSUMER_CHECKPOINT,
+                    "Last source sequence routed into the saga inbox.",
+                ),
                 &["stream"],
             )?,
         )?;

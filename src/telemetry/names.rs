@@ -27,9 +27,11 @@ pub const SAGA_TRANSITIONS_TOTAL: &str = "runner_saga_transitions_total";
 pub const SAGA_INPUTS_TOTAL: &str = "runner_saga_inputs_total";
 /// Inputs no saga wanted.
 pub const SAGA_UNROUTED_TOTAL: &str = "runner_saga_unrouted_total";
-/// Messages in the stream after the last one read, by stream (consumer lag).
+/// Messages in a source stream after the last one its router read, by stream (routing lag;
+/// set on the replica that routes it).
 pub const CONSUMER_LAG: &str = "runner_consumer_lag";
-/// Last applied stream sequence, by stream.
+/// Last source sequence routed into the saga inbox, by stream (set on the replica that
+/// routes it; what each partition applied is `runner_partition_checkpoint`).
 pub const CONSUMER_CHECKPOINT: &str = "runner_consumer_checkpoint";
 /// Records waiting in the outbox.
 pub const OUTBOX_DEPTH: &str = "runner_outbox_depth";
@@ -66,8 +68,8 @@ pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
 pub const PARTITIONS_OWNED: &str = "runner_partitions_owned";
 /// Lease epoch of each partition this replica owns (0 when not owned).
 pub const PARTITION_EPOCH: &str = "runner_partition_epoch";
-/// The committed inbox checkpoint, by owned partition (`runner_consumer_checkpoint` is the
-/// single-active streams').
+/// The committed inbox checkpoint, by owned partition (`runner_consumer_checkpoint` is how
+/// far a source stream is routed).
 pub const PARTITION_CHECKPOINT: &str = "runner_partition_checkpoint";
 /// Inbox messages after the last one read, by owned partition.
 pub const PARTITION_LAG: &str = "runner_partition_lag";

@@ -32,13 +32,18 @@ impl Stalls {
         }
     }
 
-    /// `stage` failed with `why`; the episode starts now unless one is under way.
-    pub fn failed(&self, stage: &str, why: impl std::fmt::Display) {
+    /// `stage` failed with `why`; the episode starts now unless one is under way. True when
+    /// it starts now (a caller logs once per episode, not once per try).
+    pub fn failed(&self, stage: &str, why: impl std::fmt::Display) -> bool {
         let mut m = self.map();
         match m.get_mut(stage) {
-            Some((_, last)) => *last = why.to_string(),
+            Some((_, last)) => {
+                *last = why.to_string();
+                false
+            }
             None => {
                 m.insert(stage.to_string(), (Instant::now(), why.to_string()));
+                true
             }
         }
     }

@@ -2,23 +2,17 @@
 //! deep.
 //!
 //! What counts as queued: effect commands not yet finished (pending and unacknowledged on
-//! every effect consumer, read from the broker) and, in single-active mode, effect results
-//! not yet applied (the results loop's lag) and outputs committed but not yet published
-//! (the relay's count: work the broker does not show yet). While that is above
-//! `saga.max_queued_work`, new triggers are held, polling every [`POLL`]:
-//! - **Single-active**: the aggregate-events loop takes no new batch to the commit, and
-//!   of a batch read it takes only as many triggers as there is room for under the bound
-//!   ([`Admission::admit`]; at least one), the rest once there is room again.
-//!   A batch read under a backlog holds up to `saga.batch_size` inputs: taken whole after
-//!   one look it would put far more work in the queue than the bound allows.
-//! - **Partitioned**: the router of the aggregate stream copies no new batch into the
-//!   saga inbox ([`super::router`]), so the inbox partitions, which also carry the effect
-//!   results, do not fill with new triggers ahead of them. The results router is never
-//!   held. The results not yet applied are not counted here: they sit in partitions other
-//!   replicas may own, whose progress this router does not see.
-//!
-//! Either way the results are never held, so completions go on and the queue drains; the
-//! backlog of an overload stays in the aggregate stream, as new triggers.
+//! every effect consumer, read from the broker), plus the triggers let through in the last
+//! moments whose commands the broker does not show yet. The router of the aggregate stream
+//! copies into the saga inbox only as many new inputs as there is room for under
+//! `saga.max_queued_work` (at least one), and none while the queue is above it, polling
+//! every [`POLL`] ([`super::router`]); so the inbox partitions, which also carry the effect
+//! results, do not fill with new triggers ahead of them, and a batch read under a backlog
+//! (hundreds of inputs) is not taken whole. The results
+//! are never held, so completions go on and the queue drains; the backlog of an overload
+//! stays in the aggregate stream, as new triggers. (Results not yet applied are not
+//! counted: they sit in partitions other replicas may own, whose progress the router does
+//! not see.)
 //!
 //! Guarantees:
 //! - New triggers are never starved by work the runner can drain: they are held only while
@@ -28,19 +22,14 @@
 //! - The count is read from the broker (consumer state), so it covers every effect worker
 //!   and holds across restarts; a failed read counts as nothing queued, so an API error
 //!   never holds new triggers.
-//! - Holding moves no checkpoint and writes nothing: a held batch is taken as it is once
-//!   the queue drains, and a router that stops while holding (drain, lost lease) leaves it
-//!   to the next router, which resumes at its fence's watermark. A single-active loop
-//!   drained while holding commits none of the held batch and stops: the next start (this
-//!   node's or its heir's) reads it again from the checkpoint.
+//! - Holding moves no position and writes nothing: a router that stops while holding
+//!   (drain, lost lease) leaves the batch to the next router, which resumes at its fence's
+//!   watermark.
 //! - `saga.max_queued_work = 0` turns it off.
 
 use std::time::{Duration, Instant};
 
-use tokio_util::sync::CancellationToken;
-
 use crate::effect::consumers::{consumer_name, has_own_consumer};
-use crate::relay::RelayHandle;
 use crate::runtime::AppState;
 
 /// How often a held loop looks again.
@@ -49,103 +38,77 @@ pub(crate) const POLL: Duration = Duration::from_millis(20);
 /// How long a read of the effect consumers is reused.
 const FRESH: Duration = Duration::from_millis(50);
 
-/// The gate of new triggers, with its last reading of the effect consumers.
+/// How long inputs let in at the bound count as queued work while the broker does not show
+/// their commands yet (they are applied and published first; on a loaded node that takes
+/// seconds). Only inputs split off at the bound count: far from it nothing is held back.
+const CREDIT_TTL: Duration = Duration::from_secs(5);
+
+/// The gate of new triggers, with its last reading of the effect consumers and the
+/// triggers it let through since.
 pub(crate) struct Admission {
-    /// Whether the results loop's lag counts (single-active mode only).
-    results: bool,
-    /// The relay whose unpublished outputs count (single-active mode only).
-    relay: Option<RelayHandle>,
     commands: u64,
     read_at: Option<Instant>,
+    /// Triggers let through since `credited_at`, on top of `base` (the reading then).
+    credit: u64,
+    base: u64,
+    credited_at: Option<Instant>,
 }
 
 impl Admission {
-    /// The gate of the single-active aggregate loop: counts results not yet applied and
-    /// outputs not yet published too.
-    pub(crate) fn single_active(relay: RelayHandle) -> Self {
-        Self {
-            results: true,
-            relay: Some(relay),
-            commands: 0,
-            read_at: None,
-        }
-    }
-
-    /// The gate of the aggregate stream's router (partitioned mode): effect commands only.
+    /// The gate of the aggregate stream's router.
     pub(crate) fn router() -> Self {
         Self {
-            results: false,
-            relay: None,
             commands: 0,
             read_at: None,
+            credit: 0,
+            base: 0,
+            credited_at: None,
         }
     }
 
-    /// Admits `batch` (single-active): waits while the queued work is above the bound,
-    /// then splits off the inputs beyond the room left under it (at least one stays), to be
-    /// admitted next — after a fresh reading of the broker. Returns how long it held and
-    /// the inputs split off; a batch that fits, and any batch when the bound is 0, are
-    /// left whole. `None` when `cancel` (the drain) comes while it holds: the caller
-    /// commits none of the batch, so the drain neither waits for the queue nor lets the
-    /// held triggers in, and they stay past the checkpoint for the next start to read.
-    pub(crate) async fn admit<T>(
-        &mut self,
-        state: &AppState,
-        cancel: &CancellationToken,
-        batch: &mut Vec<T>,
-    ) -> Option<(Duration, Vec<T>)> {
-        let started = Instant::now();
+    /// How many more triggers may go in under `saga.max_queued_work` now (0: hold, while
+    /// the queued work is above it); `None` when the bound is off (0).
+    pub(crate) async fn room(&mut self, state: &AppState) -> Option<u64> {
         let limit = state.config.saga.max_queued_work;
         if limit == 0 {
-            return Some((Duration::ZERO, Vec::new()));
+            return None;
         }
-        let queued = loop {
-            let queued = self.queued(state).await;
-            if queued <= limit {
-                break queued;
-            }
-            if cancel.is_cancelled() {
-                return None;
-            }
-            tokio::select! {
-                _ = cancel.cancelled() => return None,
-                _ = tokio::time::sleep(POLL) => {}
-            }
-        };
-        let held = started.elapsed();
-        let room = usize::try_from((limit - queued).max(1)).unwrap_or(usize::MAX);
-        if batch.len() <= room {
-            return Some((held, Vec::new()));
-        }
-        self.read_at = None;
-        Some((held, batch.split_off(room)))
-    }
-
-    /// Whether the queued work is above `saga.max_queued_work` now (never when it is 0).
-    pub(crate) async fn over(&mut self, state: &AppState) -> bool {
-        let limit = state.config.saga.max_queued_work;
-        limit != 0 && self.queued(state).await > limit
-    }
-
-    /// Effect commands not yet finished, plus results not yet applied when counted.
-    async fn queued(&mut self, state: &AppState) -> u64 {
-        let c = &state.config;
-        let results = if self.results {
-            state
-                .metrics
-                .consumer_lag
-                .with_label_values(&[&c.streams.workflow_events])
-                .get()
-                .max(0) as u64
-        } else {
-            0
-        };
         if self.read_at.is_none_or(|at| at.elapsed() >= FRESH) {
             self.commands = effect_backlog(state).await;
             self.read_at = Some(Instant::now());
         }
-        let unpublished = self.relay.as_ref().map_or(0, RelayHandle::unpublished);
-        results + self.commands + unpublished
+        // Held above the bound; at it, one more goes in (so a bound of 0 queued never
+        // starves), below it, as many as there is room for.
+        let queued = self.queued();
+        Some(if queued > limit {
+            0
+        } else {
+            (limit - queued).max(1)
+        })
+    }
+
+    /// Notes `n` triggers let through: they count as queued until the broker shows their
+    /// commands, or for [`CREDIT_TTL`] at most (some triggers make no command).
+    pub(crate) fn admitted(&mut self, n: u64) {
+        if self.credited_at.is_none() {
+            self.base = self.commands;
+            self.credit = 0;
+        }
+        self.credit += n;
+        self.credited_at = Some(Instant::now());
+    }
+
+    /// The queued work: the last reading, or what the triggers let through since would
+    /// make of it, whichever is more.
+    fn queued(&mut self) -> u64 {
+        let expected = self.base + self.credit;
+        match self.credited_at {
+            Some(at) if at.elapsed() < CREDIT_TTL && self.commands < expected => expected,
+            _ => {
+                self.credited_at = None;
+                self.commands
+            }
+        }
     }
 }
 

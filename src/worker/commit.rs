@@ -42,7 +42,6 @@ use crate::clock::now_ms;
 use crate::manifest::Catalog;
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
-use crate::storage::tables::DEFAULT_PARTITION;
 use crate::storage::{Result, StorageError, Store, Tables};
 
 /// What a batch commit returns (or the error that kept its transaction from committing).
@@ -69,11 +68,11 @@ const QUEUE: usize = 8;
 struct Job {
     checkpoint: String,
     batch: Vec<(u64, RawInput)>,
-    scope: Option<Scoped>,
+    scope: Scoped,
     reply: oneshot::Sender<Committed>,
 }
 
-/// The partition a batch belongs to (partitioned mode): its inputs are applied to that
+/// The partition a batch belongs to: its inputs are applied to that
 /// partition's keys only, its outbox records go to that partition with their causes, and
 /// the records its relay has published are deleted in the same transaction.
 #[derive(Clone, Debug)]
@@ -98,13 +97,9 @@ pub(crate) struct Committer {
 impl Committer {
     /// Starts the commit thread on `tracker` (a blocking task) and returns the handle that
     /// feeds it.
-    pub(crate) fn spawn(tracker: &TaskTracker, state: Arc<AppState>, relay: RelayHandle) -> Self {
+    pub(crate) fn spawn(tracker: &TaskTracker, state: Arc<AppState>) -> Self {
         let (jobs, queue) = mpsc::channel(QUEUE);
-        let task = CommitTask {
-            state,
-            relay,
-            queue,
-        };
+        let task = CommitTask { state, queue };
         tracker.spawn_blocking(move || task.run());
         Self { jobs }
     }
@@ -116,7 +111,7 @@ impl Committer {
         &self,
         checkpoint: &str,
         batch: Vec<(u64, RawInput)>,
-        scope: Option<Scoped>,
+        scope: Scoped,
     ) -> Committed {
         let (reply, answer) = oneshot::channel();
         let gone = || StorageError::Task("the committer has stopped".into());
@@ -136,7 +131,6 @@ impl Committer {
 /// The receiving side: owns the write transactions of the consumer loops, on a thread.
 struct CommitTask {
     state: Arc<AppState>,
-    relay: RelayHandle,
     queue: mpsc::Receiver<Job>,
 }
 
@@ -161,20 +155,18 @@ impl CommitTask {
         let metrics = &self.state.metrics;
         let started = Instant::now();
         let inputs: usize = group.iter().map(|j| j.batch.len()).sum();
-        let mut deletions = vec![(DEFAULT_PARTITION, self.relay.clone())];
-        for j in &group {
-            if let Some(s) = &j.scope {
-                deletions.push((s.partition as u16, s.relay.clone()));
-            }
-        }
-        let published: Vec<(u16, RelayHandle, u64)> = deletions
-            .into_iter()
-            .filter_map(|(p, h)| h.deletable_through().map(|upto| (p, h, upto)))
+        let published: Vec<(u16, RelayHandle, u64)> = group
+            .iter()
+            .filter_map(|j| {
+                let h = &j.scope.relay;
+                h.deletable_through()
+                    .map(|upto| (j.scope.partition as u16, h.clone(), upto))
+            })
             .collect();
         let (replies, work): (Vec<_>, Vec<_>) = group
             .into_iter()
             .map(|j| {
-                let scope = j.scope.map(|s| (s.partition, s.count));
+                let scope = Scope::new(j.scope.partition, j.scope.count);
                 (j.reply, (j.checkpoint, j.batch, scope))
             })
             .unzip();
@@ -252,9 +244,10 @@ impl CommitTask {
     }
 }
 
-/// Applies inputs in one write transaction (blocking): those at or below the checkpoint of
-/// `checkpoint_key` are skipped as already applied; the checkpoint advances to the last
-/// one in the same commit. Returns the new checkpoint and what happened.
+/// Applies inputs in one write transaction (blocking), as the one partition of a deployment
+/// of one ([`Scope::whole`]): those at or below the checkpoint of `checkpoint_key` are
+/// skipped as already applied; the checkpoint advances to the last one in the same commit.
+/// Returns the new checkpoint and what happened.
 pub fn apply_inputs(
     store: &Store,
     catalog: &Catalog,
@@ -269,7 +262,7 @@ pub fn apply_inputs(
             limits,
             checkpoint_key,
             batch,
-            None,
+            Scope::whole(),
             &Arc::default(),
             &mut 0,
         )
@@ -286,19 +279,13 @@ fn apply_in(
     limits: &Limits,
     checkpoint_key: &str,
     batch: &[(u64, RawInput)],
-    scope: Option<(u32, u32)>,
+    scope: Scope,
     paused: &Arc<BTreeSet<String>>,
     written: &mut u64,
 ) -> Result<(u64, Tally)> {
     let cp = t.checkpoint(checkpoint_key)?;
-    let mut p = Processor::new(catalog, limits, now_ms());
+    let mut p = Processor::new(catalog, limits, now_ms(), scope);
     p.paused = paused.clone();
-    p.scope = scope.map(|(partition, count)| Scope {
-        partition,
-        count,
-        seq: 0,
-        ord: 0,
-    });
     let mut last = cp;
     let max = u64::try_from(limits.max_output_bytes).unwrap_or(u64::MAX);
     for (seq, raw) in batch {

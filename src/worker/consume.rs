@@ -1,6 +1,7 @@
-//! The consuming loop: one per input stream, from the stream to the [`Committer`].
+//! The consuming loop: one per owned partition, from its part of the saga inbox
+//! (`runner.inbox.<p>.>`) to the [`Committer`].
 //!
-//! A loop opens an ordered consumer at its committed checkpoint + 1, reads the stream in
+//! A loop opens an ordered consumer at its committed checkpoint + 1, reads the inbox in
 //! chunks of at most `saga.batch_size` messages and submits each chunk as one batch; while
 //! a batch commits it reads the next one (at most `saga.batch_size` messages and
 //! `saga.max_pull_bytes` held, [`ReadAhead`]), and submits that only after the commit's
@@ -38,27 +39,21 @@ use crate::broker::liveness::{Liveness, Probe};
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
 
-/// One input stream the worker reads.
+/// A source stream of saga inputs, read by its router ([`super::router`]).
 #[derive(Debug, Clone)]
-pub struct Input {
+pub struct Source {
     /// Stream name.
     pub stream: String,
     /// Subject filters.
     pub filters: Vec<String>,
-    /// Checkpoint key (`<consumer>:<stream>`, or `<consumer>:<inbox>:<p>` for a partition).
-    pub checkpoint: String,
-    /// The partition read (partitioned mode).
-    pub(crate) scope: Option<Scoped>,
 }
 
-/// The inputs of a saga worker, from config.
-pub fn inputs(state: &AppState) -> Vec<Input> {
+/// The source streams of saga inputs, from config.
+pub fn sources(state: &AppState) -> Vec<Source> {
     let c = &state.config;
-    let mk = |stream: &str, filters: &[&str]| Input {
+    let mk = |stream: &str, filters: &[&str]| Source {
         stream: stream.to_string(),
         filters: filters.iter().map(|f| f.to_string()).collect(),
-        checkpoint: format!("{}:{stream}", c.consumers.saga),
-        scope: None,
     };
     vec![
         mk(&c.streams.aggregate_events, &["tenant.*.aggregate.>"]),
@@ -67,6 +62,19 @@ pub fn inputs(state: &AppState) -> Vec<Input> {
             &["tenant.*.effect_result.>", "tenant.*.workflow_event.>"],
         ),
     ]
+}
+
+/// The inbox part of one owned partition, as its loop reads it.
+#[derive(Debug, Clone)]
+pub(crate) struct Input {
+    /// The inbox stream.
+    pub stream: String,
+    /// Its subject filter (`runner.inbox.<p>.>`).
+    pub filters: Vec<String>,
+    /// Checkpoint key (`<consumer>:<inbox>:<p>`).
+    pub checkpoint: String,
+    /// The partition read.
+    pub scope: Scoped,
 }
 
 /// The filters an ordered consumer of `filters` asks the server for: its one filter, or none
@@ -122,11 +130,7 @@ pub(crate) async fn run(
         state.config.consumers.stall_check.get(),
         state.config.consumers.reopen_timeout.get(),
     );
-    let label = format!("saga:{}", input.stream);
-    // New triggers (the aggregate stream, single-active mode) wait behind work under way.
-    let mut admission = (input.scope.is_none()
-        && input.stream == state.config.streams.aggregate_events)
-        .then(|| super::admit::Admission::single_active(relay.clone()));
+    let label = format!("saga:{}:{}", input.stream, input.scope.partition);
     'connect: while !cancel.is_cancelled() {
         connections.mark_unchanged();
         let key = input.checkpoint.clone();
@@ -177,9 +181,8 @@ pub(crate) async fn run(
         // The last stream sequence read from this consumer (the probe asks what lies past it).
         let mut position = cp;
         loop {
-            if let Some(s) = input.scope.as_mut()
-                && let Some(from) = state.replays.take(s.partition)
-            {
+            if let Some(from) = state.replays.take(input.scope.partition) {
+                let s = &mut input.scope;
                 // An operator's replay (`replay.rs`): back to `from - 1`, then reopen.
                 let key = input.checkpoint.clone();
                 let back = from.saturating_sub(1);
@@ -246,13 +249,7 @@ pub(crate) async fn run(
                 batch,
                 failure,
                 lag,
-            } = read_chunk(
-                &input.stream,
-                &input.filters,
-                input.scope.is_some(),
-                chunk,
-                &metrics.input_wait,
-            );
+            } = read_chunk(&input.stream, &input.filters, chunk, &metrics.input_wait);
             // A consumer that went back (async-nats restarts an ordered consumer from the
             // stream's start when it had delivered nothing yet) would have the whole stream
             // read again: reopen at the checkpoint instead.
@@ -268,26 +265,10 @@ pub(crate) async fn run(
             }
             pull.observe(batch.iter().map(|(_, r)| r.body.len()));
             let mut pieces: VecDeque<_> = split_by_bytes(batch, max_batch_bytes).into();
-            while let Some(mut batch) = pieces.pop_front() {
-                if let Some(a) = admission.as_mut() {
-                    let Some((held, excess)) = a.admit(&state, &cancel, &mut batch).await else {
-                        tracing::info!(message = "Consumer stopped for the drain; held triggers left for the next start.", stream = %input.stream);
-                        return;
-                    };
-                    if !held.is_zero() {
-                        metrics.admission_wait.observe(held.as_secs_f64());
-                    }
-                    if !excess.is_empty() {
-                        pieces.push_front(excess);
-                    }
-                }
+            while let Some(batch) = pieces.pop_front() {
+                let replay_until = input.scope.replay_until;
                 let replayed_in = |batch: &[(u64, RawInput)]| {
-                    input.scope.as_ref().map_or(0, |s| {
-                        batch
-                            .iter()
-                            .filter(|(seq, _)| *seq <= s.replay_until)
-                            .count()
-                    })
+                    batch.iter().filter(|(seq, _)| *seq <= replay_until).count()
                 };
                 let (n, replayed) = (batch.len(), replayed_in(&batch));
                 // The next batch is read while this one commits (see `ReadAhead`).
@@ -309,16 +290,11 @@ pub(crate) async fn run(
                             .with_label_values(&[&input.stream])
                             .inc_by(n as u64);
                         checkpoint_gauge(metrics, &input, cp);
-                        match (lag, &input.scope) {
-                            (Some(l), Some(s)) => metrics
+                        if let Some(l) = lag {
+                            metrics
                                 .partition_lag
-                                .with_label_values(&[&s.partition.to_string()])
-                                .set(l as i64),
-                            (Some(l), None) => metrics
-                                .consumer_lag
-                                .with_label_values(&[&input.stream])
-                                .set(l as i64),
-                            (None, _) => {}
+                                .with_label_values(&[&input.scope.partition.to_string()])
+                                .set(l as i64);
                         }
                         tally.record(metrics);
                         if tally.outbox > 0 {
@@ -370,20 +346,13 @@ fn split_by_bytes(batch: Vec<(u64, RawInput)>, cap: usize) -> Vec<Vec<(u64, RawI
     out
 }
 
-/// Sets the checkpoint gauge of `input`: per stream for a single-active input, per
-/// partition for a partition's (every partition reads the same inbox stream, so one
-/// stream-labelled gauge would hold whichever partition wrote last).
+/// Sets the checkpoint gauge of `input`'s partition (every partition reads the same inbox
+/// stream, so one stream-labelled gauge would hold whichever partition wrote last).
 fn checkpoint_gauge(metrics: &crate::telemetry::Metrics, input: &Input, cp: u64) {
-    match &input.scope {
-        Some(s) => metrics
-            .partition_checkpoint
-            .with_label_values(&[&s.partition.to_string()])
-            .set(cp as i64),
-        None => metrics
-            .consumer_checkpoint
-            .with_label_values(&[&input.stream])
-            .set(cp as i64),
-    }
+    metrics
+        .partition_checkpoint
+        .with_label_values(&[&input.scope.partition.to_string()])
+        .set(cp as i64);
 }
 
 /// Backpressure: waits while the node's outboxes hold more than `saga.max_outbox_depth`
@@ -430,7 +399,6 @@ fn body_of(payload: &bytes::Bytes) -> bytes::Bytes {
 fn read_chunk<E>(
     stream: &str,
     filters: &[String],
-    inbox: bool,
     chunk: Vec<Result<async_nats::jetstream::Message, E>>,
     wait: &prometheus::Histogram,
 ) -> Chunk<E> {
@@ -451,13 +419,11 @@ fn read_chunk<E>(
                 }
                 wait.observe(headers::stored_age(&info, now));
                 let traceparent = headers::traceparent(msg.headers.as_ref());
-                // A routed input (read from the inbox, which only routers write) names where
-                // it came from; on any other stream these headers are ignored, so a
-                // publisher cannot claim another subject or tenant through them.
+                // A routed input names where it came from (the inbox is written only by
+                // routers, the timer loop and effect executors, under Runner's subjects).
                 let routed = |name: &str| {
                     msg.headers
                         .as_ref()
-                        .filter(|_| inbox)
                         .and_then(|h| h.get(name))
                         .map(|v| v.as_str().to_string())
                 };
@@ -469,24 +435,16 @@ fn read_chunk<E>(
                         body: body_of(&msg.payload),
                         traceparent,
                         // A routed copy's headers are the router's; it counted the original's.
-                        header_bytes: if inbox {
-                            0
-                        } else {
-                            headers::block_bytes(msg.headers.as_ref())
-                        },
+                        header_bytes: 0,
                         refused: routed(headers::ROUTED_REFUSAL),
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
                         // The broker's time of the input (a routed copy: of its source),
                         // which bounds the producer's `timestamp_ms` (admission.rs).
-                        stored_ms: Some(if inbox {
-                            headers::routed_stored_ms(
-                                routed(headers::ROUTED_SOURCE_TIME).as_deref(),
-                                headers::stored_ms(&info),
-                            )
-                        } else {
-                            headers::stored_ms(&info)
-                        }),
+                        stored_ms: Some(headers::routed_stored_ms(
+                            routed(headers::ROUTED_SOURCE_TIME).as_deref(),
+                            headers::stored_ms(&info),
+                        )),
                     },
                 ));
             }

@@ -72,7 +72,7 @@ impl Processor<'_> {
     /// Applies a control input from a partition's inbox, at this point of its log:
     /// `{"resume": tenant}` releases what this partition holds for the tenant;
     /// `{"redrive": {tenant, saga, correlation_id}}` redrives the letter that parks that key
-    /// (and what is held behind it), as `runner dlq redrive` does in single-active mode.
+    /// (and what is held behind it), in the partition's log order.
     pub fn control(&mut self, tx: &Tables<'_, RW>, raw: &RawInput) -> Result<()> {
         let body: Json = serde_json::from_slice(&raw.body).unwrap_or(Json::Null);
         if let Some(key) = body.get("redrive") {
@@ -110,9 +110,7 @@ impl Processor<'_> {
         let released = pause::release(
             tx,
             tenant,
-            |saga, corr| {
-                scope.is_none_or(|s| partition(tenant, saga, corr, s.count) == s.partition)
-            },
+            |saga, corr| partition(tenant, saga, corr, scope.count) == scope.partition,
             self,
         )?;
         tracing::info!(
@@ -159,7 +157,7 @@ pub enum PauseError {
     /// The bucket or the inbox could not be written.
     #[error(transparent)]
     Broker(#[from] BrokerError),
-    /// The store failed (single-active release).
+    /// The store failed.
     #[error(transparent)]
     Storage(#[from] StorageError),
 }
@@ -292,11 +290,9 @@ pub async fn pause(state: &AppState, tenant: &str) -> std::result::Result<(), Pa
 pub struct Resumed {
     /// The tenant.
     pub tenant: String,
-    /// Single-active mode: what was released, in this node's store.
-    pub released: Option<pause::Released>,
-    /// Partitioned mode: the partitions whose inboxes carry the resume (each owner
-    /// releases its keys when it reads it).
-    pub partitions: Option<u32>,
+    /// The partitions whose inboxes carry the resume (each owner releases its keys when it
+    /// reads it).
+    pub partitions: u32,
 }
 
 /// Resumes `tenant` on every node and releases what was held for it.
@@ -313,34 +309,11 @@ pub async fn resume(
         .map_err(|e| kv_err(&state.config.saga.control_bucket, "delete", e))?;
     state.paused.remove(tenant);
     tracing::info!(message = "Tenant resumed; releasing what was held.", tenant = %tenant);
-    if state.config.partitions.enabled {
-        let count = state.config.partitions.count;
-        let body = serde_json::json!({ "resume": tenant });
-        send(state, tenant, &body, 0..count).await?;
-        return Ok(Resumed {
-            tenant: tenant.to_string(),
-            released: None,
-            partitions: Some(count),
-        });
-    }
-    let st = state.clone();
-    let t = tenant.to_string();
-    let released = state
-        .store
-        .run(move |s| {
-            s.write_blocking(|tx| {
-                let catalog = st.catalog();
-                let limits = super::admission::Limits::from_config(&st.config)
-                    .with_max_payload(st.broker.max_payload());
-                let mut p =
-                    super::process::Processor::new(&catalog, &limits, crate::clock::now_ms());
-                pause::release(tx, &t, |_, _| true, &mut p)
-            })
-        })
-        .await?;
+    let count = state.config.partitions.count;
+    let body = serde_json::json!({ "resume": tenant });
+    send(state, tenant, &body, 0..count).await?;
     Ok(Resumed {
         tenant: tenant.to_string(),
-        released: Some(released),
-        partitions: None,
+        partitions: count,
     })
 }

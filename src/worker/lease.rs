@@ -28,7 +28,9 @@
 //!    one TTL late, and it replays from the newest snapshot it lists.)
 //!
 //! The value is JSON `{owner, epoch, nonce}` (no `epoch` in the acquiring write itself, whose
-//! own revision is the epoch: read it with [`holder`]), plus `handoff` in a hand-over.
+//! own revision is the epoch: read it with [`holder`]), plus `handoff` in a hand-over and
+//! `store`, the holder's data directory, which lets a process started again on that
+//! directory take the key back at once ([`Lease::reclaim_or_acquire`]).
 //! Readers ignore fields they do not know. The `nonce`
 //! is random per acquisition: when the server's answer to a write is lost (a timeout) but the
 //! write landed, the holder recognises its own write by it and carries on, instead of taking
@@ -83,6 +85,11 @@ struct LeaseValue {
     /// checkpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     handoff: Option<u64>,
+    /// The data directory of the holder's process (its store id): a process that holds the
+    /// same directory's lock knows this holder is dead, and takes the key at once
+    /// ([`Lease::reclaim_or_acquire`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    store: Option<String>,
 }
 
 /// Lease errors.
@@ -220,6 +227,7 @@ pub struct Lease {
     kv: kv::Store,
     key: String,
     owner: String,
+    store: Option<String>,
     nonce: String,
     ttl: Duration,
     epoch: u64,
@@ -258,12 +266,29 @@ impl Lease {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>, LeaseError> {
+        Self::reclaim_or_acquire(kv, key, owner, None, ttl).await
+    }
+
+    /// [`Lease::acquire`] for a process that holds the lock of the data directory `store`
+    /// (its store id): a key held by an earlier process on that same directory — dead, since
+    /// this one holds the lock — is taken at once with a compare-and-set on its revision,
+    /// under a new, greater epoch, instead of after its TTL. So a replica killed and started
+    /// again on its own data takes its partitions back without a TTL's stall. (A copy of a
+    /// data directory carries its id: never run two processes on copies of one.)
+    pub async fn reclaim_or_acquire(
+        kv: &kv::Store,
+        key: &str,
+        owner: &str,
+        store: Option<&str>,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, LeaseError> {
         let nonce = uuid::Uuid::new_v4().simple().to_string();
         let value = encode(&LeaseValue {
             owner: owner.to_string(),
             epoch: None,
             nonce: nonce.clone(),
             handoff: None,
+            store: store.map(str::to_string),
         });
         let sent = Instant::now();
         let mut handed_over_at = None;
@@ -280,6 +305,13 @@ impl Lease {
                 CreateErrorKind::AlreadyExists => match read(kv, key).await.ok().flatten() {
                     Some(r) if r.value.nonce == nonce => {
                         (r.revision, r.value.epoch.unwrap_or(r.revision))
+                    }
+                    // Held by this data directory's dead previous process: ours now.
+                    Some(r) if store.is_some() && r.value.store.as_deref() == store => {
+                        match take_handed_over(kv, key, value, r.revision).await? {
+                            Some(revision) => (revision, revision),
+                            None => return Ok(None),
+                        }
                     }
                     // Handed over: free to whoever swaps it first.
                     Some(r) if r.value.handoff.is_some() => {
@@ -306,6 +338,7 @@ impl Lease {
             kv: kv.clone(),
             key: key.to_string(),
             owner: owner.to_string(),
+            store: store.map(str::to_string),
             nonce,
             ttl,
             epoch,
@@ -348,6 +381,7 @@ impl Lease {
             epoch: Some(self.epoch),
             nonce: self.nonce.clone(),
             handoff,
+            store: self.store.clone(),
         })
     }
 
@@ -457,6 +491,7 @@ mod tests {
             epoch: None,
             nonce: "n".into(),
             handoff: None,
+            store: None,
         };
         let json: serde_json::Value = serde_json::from_slice(&encode(&v)).unwrap();
         assert_eq!(json, serde_json::json!({"owner": "r1", "nonce": "n"}));

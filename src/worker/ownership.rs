@@ -30,9 +30,9 @@
 //!   commits locally (harmless: a deterministic prefix of the partition's log); its outbox
 //!   records are never published by this owner. The heir replays the inputs its copy lacks
 //!   and publishes only what the fence watermark shows is missing.
-//! - **Drain.** On cancellation every partition is handed over the same way as a rebalance
-//!   (stop reading, flush, snapshot, hand over), one after the other with every lease still
-//!   renewed, then the heartbeat is deleted. A hand-over whose flush completed leaves a
+//! - **Drain.** On cancellation every partition stops reading at once, then each is handed
+//!   over the same way as a rebalance (flush, snapshot, hand over), one after the other with
+//!   every lease still renewed, then the heartbeat is deleted. A hand-over whose flush completed leaves a
 //!   snapshot covering everything applied and names it in the lease: the heir restores that
 //!   one (waiting, up to half a TTL, for a bucket listing that lags the upload) and replays
 //!   nothing.
@@ -210,6 +210,11 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
             }
         }
     }
+    // Every partition stops reading at once; then each is handed over in turn (flush,
+    // snapshot, lease), so the drain takes no input after it began.
+    for r in running.values() {
+        r.consume_stop.cancel();
+    }
     let owned: Vec<u32> = running.keys().copied().collect();
     for p in owned {
         hand_over(&state, &store_ctx, &mut running, p).await;
@@ -275,10 +280,14 @@ async fn balance(
     }
     let target = assign(count, &members, &holders);
     for p in 0..count {
+        if state.lifecycle.is_draining() {
+            break; // nothing new is taken once a drain began
+        }
         let mine = target[p as usize].as_deref() == Some(me.as_str());
         if mine && !running.contains_key(&p) && !holders.contains_key(&p) {
             let ttl = state.config.partitions.lease_ttl.get();
-            match Lease::acquire(leases, &partition_key(p), me, ttl).await {
+            let key = partition_key(p);
+            match Lease::reclaim_or_acquire(leases, &key, me, Some(&state.store_id), ttl).await {
                 Ok(Some(lease)) => {
                     // Renewed from now on by its own task, however long the start takes.
                     let renewed = state.metrics.lease_events.with_label_values(&["renewed"]);
@@ -324,7 +333,10 @@ async fn start(
                 fences.insert(spec.name.clone(), f);
             }
             Err(e) => {
-                tracing::warn!(message = "Cannot raise a partition fence; giving the lease back.", partition = p, stream = %spec.name, error = %e);
+                // Counted as a stall (`/health`), logged once per episode.
+                if state.metrics.stalls.failed(&stage(p), &e) {
+                    tracing::warn!(message = "Cannot raise a partition fence; giving the lease back (logged once until it starts).", partition = p, stream = %spec.name, error = %e);
+                }
                 give_back(lease).await;
                 return None;
             }
@@ -349,7 +361,9 @@ async fn start(
     {
         Ok(r) => r,
         Err(e) => {
-            tracing::warn!(message = "Cannot restore a partition; giving the lease back.", partition = p, error = %e);
+            if state.metrics.stalls.failed(&stage(p), &e) {
+                tracing::warn!(message = "Cannot restore a partition; giving the lease back (logged once until it starts).", partition = p, error = %e);
+            }
             give_back(lease).await;
             return None;
         }
@@ -407,12 +421,12 @@ async fn start(
         stream: state.config.streams.saga_inbox.clone(),
         filters: vec![format!("runner.inbox.{p}.>")],
         checkpoint: partition_checkpoint(state, p),
-        scope: Some(Scoped {
+        scope: Scoped {
             partition: p,
             count: state.config.partitions.count,
             relay: handle.clone(),
             replay_until,
-        }),
+        },
     };
     let consume_stop = CancellationToken::new();
     let consume = tokio::spawn(consume::run(
@@ -422,6 +436,7 @@ async fn start(
         committer.clone(),
         consume_stop.clone(),
     ));
+    state.metrics.stalls.progressed(&stage(p));
     state.placement.took(p, lease.epoch(), now_ms());
     state
         .metrics
@@ -461,6 +476,11 @@ async fn start(
         relay_stop,
         relay,
     })
+}
+
+/// Partition `p`'s start among the stalled stages ([`crate::telemetry::stall`]).
+fn stage(p: u32) -> String {
+    format!("partition.p{p}")
 }
 
 /// Gives back a lease whose partition could not be started. Nothing was applied under it,

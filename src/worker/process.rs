@@ -36,7 +36,7 @@ use crate::deadletter::{self, DeadLetter, Poison, Reapply, Refused, kind};
 use crate::manifest::Catalog;
 use crate::saga::{self, Input, Route, StepError};
 use crate::storage::tables::dedupe::{Applied, instance_fingerprint};
-use crate::storage::tables::{DEFAULT_PARTITION, HistoryEntry, OutboxRecord, TimerEntry};
+use crate::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
 use crate::telemetry::otel;
 
@@ -60,13 +60,13 @@ pub struct Processor<'a> {
     pub now_ms: u64,
     /// What happened.
     pub tally: Tally,
-    /// In partitioned mode, the partition being applied and the current cause.
-    pub scope: Option<Scope>,
+    /// The partition being applied and the current cause.
+    pub scope: Scope,
     /// Paused tenants, whose inputs are held (`pause.rs`); read inside the transaction.
     pub paused: Arc<BTreeSet<String>>,
 }
 
-/// The partition a [`Processor`] applies inputs of (partitioned mode): only routes whose key
+/// The partition a [`Processor`] applies inputs of: only routes whose key
 /// hashes to `partition` are applied (the other routes of one input belong to other
 /// partitions, whose owners apply them from their own copy), and every outbox record is
 /// written to that partition with its cause.
@@ -84,6 +84,22 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// Partition `partition` of `count`, before any cause.
+    pub fn new(partition: u32, count: u32) -> Self {
+        Self {
+            partition,
+            count,
+            seq: 0,
+            ord: 0,
+        }
+    }
+
+    /// The one partition of a deployment of one: every key (tools and tests that apply
+    /// inputs to a store of their own).
+    pub fn whole() -> Self {
+        Self::new(0, 1)
+    }
+
     /// Whether a route's key belongs to this partition.
     fn owns(&self, tenant: &str, route: &Route) -> bool {
         super::partition::partition(tenant, &route.saga, &route.correlation_id, self.count)
@@ -126,35 +142,29 @@ fn over_budget(
 }
 
 impl<'a> Processor<'a> {
-    /// A processor for one batch.
-    pub fn new(catalog: &'a Catalog, limits: &'a Limits, now_ms: u64) -> Self {
+    /// A processor for one batch of partition `scope`.
+    pub fn new(catalog: &'a Catalog, limits: &'a Limits, now_ms: u64, scope: Scope) -> Self {
         Self {
             catalog,
             limits,
             now_ms,
             tally: Tally::default(),
-            scope: None,
+            scope,
             paused: Arc::default(),
         }
     }
 
-    /// Sets the cause of the records written from now on (partitioned mode).
+    /// Sets the cause of the records written from now on.
     pub fn cause(&mut self, seq: u64) {
-        if let Some(s) = &mut self.scope {
-            s.seq = seq;
-            s.ord = 0;
-        }
+        self.scope.seq = seq;
+        self.scope.ord = 0;
     }
 
     /// The outbox partition and cause of the next record, advancing the rank.
     fn next_slot(&mut self) -> (u16, (u64, u32)) {
-        match &mut self.scope {
-            None => (DEFAULT_PARTITION, (0, 0)),
-            Some(s) => {
-                s.ord += 1;
-                (s.partition as u16, (s.seq, s.ord))
-            }
-        }
+        let s = &mut self.scope;
+        s.ord += 1;
+        (s.partition as u16, (s.seq, s.ord))
     }
 
     /// Applies one input from a stream: admits it ([`admission::admit`]), routes it, and
@@ -211,9 +221,7 @@ impl<'a> Processor<'a> {
             return Ok(());
         }
         for route in &routes {
-            if let Some(s) = &self.scope
-                && !s.owns(tenant, route)
-            {
+            if !self.scope.owns(tenant, route) {
                 continue;
             }
             self.route(tx, raw, tenant, &input, route, false)?;
@@ -622,7 +630,9 @@ mod tests {
         };
         tracing::subscriber::with_default(subscriber, || {
             store
-                .write_blocking(|t| Processor::new(&catalog, &limits, 1).input(t, &raw))
+                .write_blocking(|t| {
+                    Processor::new(&catalog, &limits, 1, Scope::whole()).input(t, &raw)
+                })
                 .expect("applies");
         });
         let log = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("utf8");

@@ -8,7 +8,7 @@
 //! partition is copied there once (the partition's owner applies it to each); an input
 //! that cannot be routed (undecodable, a failing correlation expression, an engine panic)
 //! goes to partition `seq mod P`, whose owner dead-letters it with the reason; an input no
-//! saga wants is not copied.
+//! saga wants is not copied (`runner_saga_unrouted_total` counts it).
 //!
 //! **Guarantees.**
 //! - **One router per source.** It runs only while holding the lease `r.<source>` in the
@@ -29,9 +29,10 @@
 //!   an input whose copies alone pass it makes a larger batch). Copies share the source
 //!   message's body rather than each holding its own.
 //!
-//! - **Work under way first.** The aggregate stream's router holds its next batch while
-//!   effect commands are queued above `saga.max_queued_work` (`admit.rs`); the results
-//!   router never waits, so inbox partitions do not fill with new triggers ahead of them.
+//! - **Work under way first.** The aggregate stream's router copies only as many inputs as
+//!   fit under `saga.max_queued_work` and holds the rest while effect commands are queued
+//!   at the bound (`admit.rs`); the results router never waits, so inbox partitions do not
+//!   fill with new triggers ahead of them.
 //!
 //! **What each failure costs.** A refused or unanswered batch is checked against the fence
 //! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
@@ -40,7 +41,8 @@
 //! **Sizes.** An input is counted whole, its header block with its body: one larger than
 //! `saga.max_message_bytes`, or whose copy (with the headers above and those of the fenced
 //! batch) the inbox could not take under the broker's `max_payload`, is sent to its poison
-//! partition as a copy without a body, carrying `Runner-Refused` with the reason; its owner
+//! partition as a copy with only the start of its body (what a dead letter keeps), carrying
+//! `Runner-Refused` with the reason; its owner
 //! dead-letters it as `too_large`, and routing goes on.
 
 use std::collections::BTreeSet;
@@ -56,7 +58,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Limits, RawInput};
 use super::admit::{Admission, POLL};
-use super::consume::{Input, ORDERED_PULL_EXPIRY, server_filters, wanted};
+use super::consume::{ORDERED_PULL_EXPIRY, Source, server_filters, wanted};
 use super::keeper::Kept;
 use super::lease::Lease;
 use super::partition::partition;
@@ -110,7 +112,7 @@ pub fn destinations(
 pub(crate) async fn run(
     state: Arc<AppState>,
     leases: kv::Store,
-    source: Input,
+    source: Source,
     cancel: CancellationToken,
 ) {
     let ttl = state.config.partitions.lease_ttl.get();
@@ -123,7 +125,9 @@ pub(crate) async fn run(
                 _ = tokio::time::sleep(ttl / 10) => continue,
             }
         }
-        let lease = match Lease::acquire(&leases, &key, &state.node_id, ttl).await {
+        let store = Some(state.store_id.as_str());
+        let lease = match Lease::reclaim_or_acquire(&leases, &key, &state.node_id, store, ttl).await
+        {
             Ok(Some(l)) => l,
             Ok(None) => {
                 // Someone routes it; look again in a while (it may die).
@@ -155,7 +159,7 @@ pub(crate) async fn run(
 /// Routes until the lease or the fence is lost, or `cancel` fires; returns why it stopped.
 async fn route_while_held(
     state: &AppState,
-    source: &Input,
+    source: &Source,
     lease: Kept,
     cancel: &CancellationToken,
 ) -> String {
@@ -277,38 +281,50 @@ async fn route_while_held(
             }
             if !inputs.is_empty() {
                 pull.observe(inputs.iter().map(|m| m.payload.len()));
-                if let Some(a) = admission.as_mut() {
-                    match hold(state, a, &lease, cancel).await {
-                        Ok(held) if !held.is_zero() => {
-                            state.metrics.admission_wait.observe(held.as_secs_f64());
-                        }
-                        Ok(_) => {}
-                        Err(Unheld::Lost) => return "the lease expired or was lost".into(),
-                        Err(Unheld::NotRouting) => {
-                            let _ = lease.release().await;
-                            return "node mode excludes routing".into();
-                        }
-                        Err(Unheld::Drain) => {
-                            let _ = lease.release().await;
-                            return "drain".into();
-                        }
+                let mut rest = inputs;
+                while !rest.is_empty() {
+                    // New triggers only as far as the bound has room (`admit.rs`).
+                    let room = match admission.as_mut() {
+                        None => rest.len(),
+                        Some(a) => match hold(state, a, &lease, cancel).await {
+                            Ok((held, room)) => {
+                                if !held.is_zero() {
+                                    state.metrics.admission_wait.observe(held.as_secs_f64());
+                                }
+                                room
+                            }
+                            Err(Unheld::Lost) => return "the lease expired or was lost".into(),
+                            Err(Unheld::NotRouting) => {
+                                let _ = lease.release().await;
+                                return "node mode excludes routing".into();
+                            }
+                            Err(Unheld::Drain) => {
+                                let _ = lease.release().await;
+                                return "drain".into();
+                            }
+                        },
+                    };
+                    let split = room < rest.len();
+                    let later = rest.split_off(room.clamp(1, rest.len()));
+                    let batch = std::mem::replace(&mut rest, later);
+                    // At the bound, what goes in counts until the broker shows it.
+                    if let Some(a) = admission.as_mut().filter(|_| split) {
+                        a.admitted(batch.len() as u64);
                     }
-                }
-                // The next chunk is read while this one is routed (see `ReadAhead`).
-                match reader.during(send(state, source, &mut fence, inputs)).await {
-                    Ok(()) => {
-                        backoff.reset();
-                        if pull.should_reopen() {
-                            // Everything read is routed and covered by the fence's
-                            // watermark, where the consumer reopens: nothing is lost.
+                    // The next chunk is read while this one is routed (see `ReadAhead`).
+                    match reader.during(send(state, source, &mut fence, batch)).await {
+                        Ok(()) => backoff.reset(),
+                        Err(Stop::Fenced) => return "fenced off by a newer router".into(),
+                        Err(Stop::Retry) => {
+                            backoff.sleep(cancel).await;
                             continue 'open;
                         }
                     }
-                    Err(Stop::Fenced) => return "fenced off by a newer router".into(),
-                    Err(Stop::Retry) => {
-                        backoff.sleep(cancel).await;
-                        continue 'open;
-                    }
+                }
+                if pull.should_reopen() {
+                    // Everything read is routed and covered by the fence's watermark,
+                    // where the consumer reopens: nothing is lost.
+                    continue 'open;
                 }
             }
             if failed {
@@ -329,9 +345,9 @@ enum Unheld {
     Drain,
 }
 
-/// Holds the next batch of new triggers while the work under way is queued above
-/// `saga.max_queued_work` (see `admit.rs`); returns how long it held. Nothing is read or
-/// written meanwhile: the batch waits in hand, read but not yet copied, and a router that
+/// Holds the next batch of new triggers while the work under way is queued at or above
+/// `saga.max_queued_work` (see `admit.rs`); returns how long it held and how many inputs
+/// fit now (every one when the bound is off). Nothing is read or written meanwhile: the batch waits in hand, read but not yet copied, and a router that
 /// stops here drops it and leaves it to the next one, which resumes at the fence's
 /// watermark.
 async fn hold(
@@ -339,9 +355,17 @@ async fn hold(
     admission: &mut Admission,
     lease: &Kept,
     cancel: &CancellationToken,
-) -> Result<Duration, Unheld> {
+) -> Result<(Duration, usize), Unheld> {
     let started = Instant::now();
-    while admission.over(state).await {
+    loop {
+        let room = match admission.room(state).await {
+            None => usize::MAX,
+            Some(0) => 0,
+            Some(r) => usize::try_from(r).unwrap_or(usize::MAX),
+        };
+        if room > 0 {
+            return Ok((started.elapsed(), room));
+        }
         if !lease.is_valid() {
             return Err(Unheld::Lost);
         }
@@ -353,7 +377,6 @@ async fn hold(
             _ = tokio::time::sleep(POLL) => {}
         }
     }
-    Ok(started.elapsed())
 }
 
 /// Why a batch did not go through.
@@ -367,7 +390,7 @@ enum Stop {
 /// Copies `inputs` into the inbox as fenced batches; advances the fence.
 async fn send(
     state: &AppState,
-    source: &Input,
+    source: &Source,
     fence: &mut Fence,
     inputs: Vec<async_nats::jetstream::Message>,
 ) -> Result<(), Stop> {
@@ -378,9 +401,11 @@ async fn send(
     let mut copies: Vec<BatchMessage> = Vec::new();
     let mut bytes = 0usize;
     let mut last = None;
+    let mut lag = None;
     for msg in inputs {
         let Ok(info) = msg.info() else { continue };
         let seq = info.stream_sequence;
+        lag = Some(info.pending);
         if fence.through().is_some_and(|t| seq <= t.seq) {
             continue;
         }
@@ -434,14 +459,21 @@ async fn send(
         let poison = (seq % u64::from(count)) as u32;
         // The input counted whole, then its copy as it would go out: an input refused as too
         // large, or whose copy the inbox could not take, goes to its poison partition as a
-        // copy without its body, naming why; its owner dead-letters it (the original stays
-        // in the source stream at `raw.source`).
+        // copy with only the start of its body (what a dead letter keeps), naming why; its
+        // owner dead-letters it (the original stays in the source stream at `raw.source`).
         let refused = admission::oversized(&raw, &limits)
             .or_else(|| copy_refusal(&copy_headers(poison), payload.len(), limits.max_payload));
         let (to, payload) = match &refused {
-            Some(_) => (BTreeSet::from([poison]), bytes::Bytes::new()),
+            Some(_) => (
+                BTreeSet::from([poison]),
+                excerpt(&payload, &copy_headers(poison), &limits),
+            ),
             None => (destinations(&catalog, &limits, &raw, seq, count), payload),
         };
+        if to.is_empty() {
+            // No saga wants it: covered by the watermark, not copied, counted.
+            state.metrics.saga_unrouted.inc();
+        }
         let adding = payload.len().saturating_mul(to.len());
         // Cut before an input whose copies would pass a limit, so a batch passes
         // `saga.max_batch_bytes` only when one input's copies alone do (they are never
@@ -475,6 +507,13 @@ async fn send(
         bytes = bytes.saturating_add(adding);
         last = Some(seq);
     }
+    if let Some(l) = lag {
+        state
+            .metrics
+            .consumer_lag
+            .with_label_values(&[&source.stream])
+            .set(l as i64);
+    }
     match last {
         Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
             flush(state, &source.stream, fence, copies, seq).await
@@ -486,6 +525,17 @@ async fn send(
 /// The router of `source`'s name among the stalled stages ([`crate::telemetry::stall`]).
 fn stage(source: &str) -> String {
     format!("router.{source}")
+}
+
+/// What a refused input's copy carries of its body: the part a dead letter keeps
+/// ([`crate::deadletter::EXCERPT_BYTES`]), or nothing when even that would not fit beside
+/// `headers`.
+fn excerpt(body: &bytes::Bytes, headers: &HeaderMap, limits: &Limits) -> bytes::Bytes {
+    let part = body.slice(..body.len().min(crate::deadletter::EXCERPT_BYTES));
+    match copy_refusal(headers, part.len(), limits.max_payload) {
+        None => part,
+        Some(_) => bytes::Bytes::new(),
+    }
 }
 
 /// Why a copy with `headers` and a body of `body_len` bytes cannot go into the inbox under
@@ -522,6 +572,11 @@ async fn flush(
     {
         fenced_batch::Outcome::Stored => {
             state.metrics.router_copies.inc_by(copies.len() as u64);
+            state
+                .metrics
+                .consumer_checkpoint
+                .with_label_values(&[source])
+                .set(through as i64);
             state.metrics.stalls.progressed(&stage(source));
             Ok(())
         }

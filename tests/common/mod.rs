@@ -70,6 +70,18 @@ impl NatsServer {
         Self::start_with("")
     }
 
+    /// Starts a server on the store kept in `dir/jetstream` (say, one a fixture unpacked).
+    pub fn start_in(dir: tempfile::TempDir) -> Self {
+        let mut s = Self {
+            child: None,
+            port: 0,
+            dir,
+            conf: None,
+        };
+        s.spawn();
+        s
+    }
+
     /// Starts a server with extra configuration (nats-server config syntax, e.g.
     /// `max_payload: 8MB`); the command-line settings of [`NatsServer::start`] still apply.
     pub fn start_with(conf: &str) -> Self {
@@ -701,15 +713,30 @@ pub async fn get_json(url: &str) -> serde_json::Value {
     reqwest::get(url).await.unwrap().json().await.unwrap()
 }
 
-/// The saga worker's progress from `/info`: the committed checkpoint of `stream` and the
-/// number of records in the outbox (both read from the store).
+/// Inputs this runner process has applied so far (committed from its partitions' inboxes),
+/// from `/metrics`: usable mid-run and while NATS is down.
+pub async fn inputs_applied(admin: &str) -> u64 {
+    scaleout::metric(
+        &get_text(&format!("{admin}/metrics")).await,
+        "runner_saga_inputs_total",
+    ) as u64
+}
+
+/// The saga pipeline's progress from `/info` on a node that runs alone: how far the inputs
+/// of source `stream` are applied (its routed position once this node owns every partition
+/// and none has inbox messages left to apply, else 0) and the records in the outbox.
 pub async fn saga_progress(admin: &str, stream: &str) -> (u64, u64) {
     let info = get_json(&format!("{admin}/info")).await;
     let p = &info["saga_progress"];
+    let routed = p["routed"][stream]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no routed position for {stream} in {info}"));
+    // Applied through `routed` once this node owns every partition and none is behind.
+    let settled = p["partitions_owned"] == info["partitions"]["count"]
+        && p["partitions_behind"] == 0
+        && p["partitions_unknown"] == 0;
     (
-        p["checkpoints"][stream]
-            .as_u64()
-            .unwrap_or_else(|| panic!("no checkpoint for {stream} in {info}")),
+        if settled { routed } else { 0 },
         p["outbox_depth"]
             .as_u64()
             .unwrap_or_else(|| panic!("no outbox depth in {info}")),
@@ -725,19 +752,44 @@ pub const COMMAND_SUBJECTS: [&str; 2] = ["tenant.*.effect.*.*", "tenant.*.comman
 /// compatibility check does not look at message limits, so it starts against this stream.
 pub async fn create_capped_commands_stream(js: &async_nats::jetstream::Context, max_messages: i64) {
     use async_nats::jetstream::stream::{Config, DiscardPolicy};
+    let mut subjects: Vec<String> = COMMAND_SUBJECTS.iter().map(|s| s.to_string()).collect();
+    subjects.push(runner::broker::fence_subjects("WORKFLOW_COMMANDS"));
     js.create_stream(Config {
         name: "WORKFLOW_COMMANDS".into(),
-        subjects: COMMAND_SUBJECTS.iter().map(|s| s.to_string()).collect(),
+        subjects,
         duplicate_window: Duration::from_secs(120),
         max_messages,
         discard: DiscardPolicy::New,
+        allow_atomic_publish: true,
         ..Default::default()
     })
     .await
     .unwrap();
 }
 
-/// Lifts the message limit of a stream made by [`create_capped_commands_stream`].
+/// Closes WORKFLOW_COMMANDS to new messages once the runner at `admin` owns all its
+/// `partitions` (each raised its fence there first): the stream keeps what it holds and
+/// refuses the rest (discard `new`), so every output stays in the outbox while the relay
+/// retries. [`uncap_stream`] opens it again.
+pub async fn refuse_new_commands(
+    js: &async_nats::jetstream::Context,
+    admin: &str,
+    partitions: u64,
+) {
+    wait_until("every partition owned", Duration::from_secs(30), || async {
+        metrics::metric(admin, "runner_partitions_owned").await == partitions as f64
+    })
+    .await;
+    let mut stream = js.get_stream("WORKFLOW_COMMANDS").await.unwrap();
+    let info = stream.info().await.unwrap().clone();
+    let mut config = info.config.clone();
+    config.max_messages = info.state.messages as i64;
+    config.discard = async_nats::jetstream::stream::DiscardPolicy::New;
+    js.update_stream(config).await.unwrap();
+}
+
+/// Lifts the message limit of a stream made by [`create_capped_commands_stream`] or closed
+/// by [`refuse_new_commands`].
 pub async fn uncap_stream(js: &async_nats::jetstream::Context, name: &str) {
     let mut config = js
         .get_stream(name)
@@ -762,13 +814,20 @@ pub async fn start_ledger_instance(js: &async_nats::jetstream::Context) {
         serde_json::json!({"n": 1, "amount": 5}),
     );
     publish_json(js, "tenant.bank.aggregate.Account.a-1", &ev).await;
-    wait_for_messages(js, "WORKFLOW_COMMANDS", ">", 1, Duration::from_secs(30)).await;
+    wait_for_messages(
+        js,
+        "WORKFLOW_COMMANDS",
+        "tenant.>",
+        1,
+        Duration::from_secs(30),
+    )
+    .await;
 }
 
 /// The `payload.n` of every message on WORKFLOW_COMMANDS, in stream order (the ledger
 /// saga's commands carry the deposit number there, so order and repeats show).
 pub async fn command_numbers(js: &async_nats::jetstream::Context) -> Vec<serde_json::Value> {
-    read_stream(js, "WORKFLOW_COMMANDS", ">")
+    read_stream(js, "WORKFLOW_COMMANDS", "tenant.>")
         .await
         .iter()
         .map(|s| s.body["payload"]["n"].clone())

@@ -38,7 +38,6 @@ pub fn replica_with(
 ) -> RunnerProc {
     let p = P.to_string();
     let mut env = vec![
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
         ("RUNNER__PARTITIONS__COUNT", p.as_str()),
         ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
         ("RUNNER__STREAMS__REPLICAS", "3"),

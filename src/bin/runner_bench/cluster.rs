@@ -234,7 +234,6 @@ async fn start_replica(a: &Args, dir: &Path, urls: &str, name: &str) -> Result<R
     let human = |d: Option<Duration>| d.map(|d| humantime::format_duration(d).to_string());
     let (ack_wait, effect_lease) = (human(a.effect_ack_wait), human(a.effect_lease_ttl));
     let mut env = vec![
-        ("RUNNER__PARTITIONS__ENABLED", "true"),
         ("RUNNER__PARTITIONS__COUNT", p.as_str()),
         ("RUNNER__PARTITIONS__LEASE_TTL", ttl.as_str()),
         ("RUNNER__STREAMS__REPLICAS", replicas.as_str()),

@@ -31,4 +31,10 @@ impl Tables<'_, RW> {
             WriteFlags::UPSERT,
         )?)
     }
+
+    /// Deletes a consumer's checkpoint (one no pipeline reads any more); absent is fine.
+    pub fn delete_checkpoint(&self, consumer: &str) -> Result<()> {
+        self.txn.del(&self.checkpoint, consumer.as_bytes(), None)?;
+        Ok(())
+    }
 }
