@@ -62,6 +62,9 @@ use crate::runtime::AppState;
 use crate::storage::snapshot::{Partitioning, partition_checkpoint_key};
 use async_nats::jetstream::object_store::ObjectStore;
 
+/// Partitions started at the same time by one replica.
+const STARTS_AT_ONCE: usize = 16;
+
 /// The lease key of partition `p`.
 pub fn partition_key(p: u32) -> String {
     format!("p.{p}")
@@ -279,28 +282,41 @@ async fn balance(
         holders.insert(*p, me.clone());
     }
     let target = assign(count, &members, &holders);
-    for p in 0..count {
-        if state.lifecycle.is_draining() {
-            break; // nothing new is taken once a drain began
-        }
-        let mine = target[p as usize].as_deref() == Some(me.as_str());
-        if mine && !running.contains_key(&p) && !holders.contains_key(&p) {
+    // The free partitions assigned here are taken side by side, a few at a time: each
+    // start waits on the broker (a lease, a fence per stream, a snapshot listing), and one
+    // after the other they made a fresh replica on a cluster take tens of seconds.
+    let free: Vec<u32> = (0..count)
+        .filter(|p| target[*p as usize].as_deref() == Some(me.as_str()))
+        .filter(|p| !running.contains_key(p) && !holders.contains_key(p))
+        .collect();
+    let started: Vec<(u32, Option<Running>)> = futures::stream::iter(free)
+        .map(|p| async move {
+            if state.lifecycle.is_draining() {
+                return (p, None); // nothing new is taken once a drain began
+            }
             let ttl = state.config.partitions.lease_ttl.get();
             let key = partition_key(p);
-            match Lease::reclaim_or_acquire(leases, &key, me, Some(&state.store_id), ttl).await {
+            let store = Some(state.store_id.as_str());
+            match Lease::reclaim_or_acquire(leases, &key, me, store, ttl).await {
                 Ok(Some(lease)) => {
                     // Renewed from now on by its own task, however long the start takes.
                     let renewed = state.metrics.lease_events.with_label_values(&["renewed"]);
                     let lease = Kept::keep(lease, Some(renewed));
-                    if let Some(r) = start(state, snap, p, lease, committer).await {
-                        running.insert(p, r);
-                    }
+                    (p, start(state, snap, p, lease, committer).await)
                 }
-                Ok(None) => {}
+                Ok(None) => (p, None),
                 Err(e) => {
-                    tracing::warn!(message = "Cannot acquire a partition lease.", partition = p, error = %e)
+                    tracing::warn!(message = "Cannot acquire a partition lease.", partition = p, error = %e);
+                    (p, None)
                 }
             }
+        })
+        .buffer_unordered(STARTS_AT_ONCE)
+        .collect()
+        .await;
+    for (p, r) in started {
+        if let Some(r) = r {
+            running.insert(p, r);
         }
     }
     let surplus = running
