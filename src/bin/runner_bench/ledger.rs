@@ -82,8 +82,8 @@ pub(crate) struct TimerArgs {
     manifest: PathBuf,
 }
 
-/// Waits until the runner has committed through `seq` on `stream` and its relay has
-/// published at least `outputs` records.
+/// Waits until the runner has routed `stream` through `seq` into its saga inbox and its
+/// relays have published at least `outputs` records (which the inputs' commits wrote).
 async fn caught_up(m: &Metrics, stream: &str, seq: u64, outputs: f64) -> Result<()> {
     let until = Instant::now() + Duration::from_secs(600);
     loop {

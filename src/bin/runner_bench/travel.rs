@@ -2,12 +2,13 @@
 //! a fixed number of sagas in flight, each finished one replaced at once by a new one.
 //!
 //! A finished orchestration emits nothing (its state becomes `completed` or `compensated`
-//! in the store), so completion is observed this way: the bench follows the effect results
-//! stored on WORKFLOW_EVENTS and notes the stream sequence of each trip's last one (both
+//! in the store), so completion is observed this way: the bench follows the effect results,
+//! which the executor stores straight into their partition's saga inbox
+//! (`runner.inbox.<p>.result`), and notes the inbox sequence of each trip's last one (both
 //! reservations of the stay stage on success; `cancel_flight` after a compensation); the
-//! trip is finished once the runner's committed checkpoint on that stream
-//! (`runner_consumer_checkpoint`, polled every 5 ms) has passed that sequence, i.e. once
-//! the terminal transition is durably committed.
+//! trip is finished once that partition's committed checkpoint
+//! (`runner_partition_checkpoint{partition}`, polled every 5 ms) has passed that sequence,
+//! i.e. once the terminal transition is durably committed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -113,25 +114,15 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     );
     let client = async_nats::connect(&nats.url).await?;
     let js = jetstream::new(client);
-    let mut results = tail(
-        &js,
-        "WORKFLOW_EVENTS",
-        &[format!("tenant.{TENANT}.effect_result.>")],
-    )
-    .await?;
+    let mut results = tail(&js, "SAGA_INBOX", &["runner.inbox.*.result".to_string()]).await?;
 
-    // Checkpoint poller: the committed position on WORKFLOW_EVENTS.
-    let (cp_tx, mut cp_rx) = tokio::sync::watch::channel(0u64);
+    // Checkpoint poller: the committed inbox position of every partition.
+    let (cp_tx, mut cp_rx) = tokio::sync::watch::channel(HashMap::<u32, u64>::new());
     let metrics = runner.client();
     let poller = tokio::spawn(async move {
         loop {
-            if let Ok(v) = metrics
-                .sum(
-                    "runner_consumer_checkpoint",
-                    &[("stream", "WORKFLOW_EVENTS")],
-                )
-                .await
-                && cp_tx.send(v as u64).is_err()
+            if let Ok(text) = metrics.text().await
+                && cp_tx.send(partition_checkpoints(&text)).is_err()
             {
                 return;
             }
@@ -142,8 +133,8 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let total = a.warmup + a.sagas;
     let mut trips: HashMap<String, Trip> = HashMap::new();
     let mut next = 0u64;
-    // Trips whose last result is stored, by its stream sequence.
-    let mut waiting: BTreeMap<u64, Vec<(u64, Instant, bool)>> = BTreeMap::new();
+    // Trips whose last result is stored, by partition and inbox sequence.
+    let mut waiting: HashMap<u32, BTreeMap<u64, Vec<(u64, Instant, bool)>>> = HashMap::new();
     let mut ok_lat = Vec::new();
     let mut comp_lat = Vec::new();
     let mut counted_done = 0u64;
@@ -180,16 +171,21 @@ pub(crate) async fn run(a: Args) -> Result<()> {
                 };
                 if last {
                     let i: u64 = id.trim_start_matches("trip-").parse().unwrap_or(0);
-                    waiting.entry(m.seq).or_default().push((i, trip.started, trip.fail));
+                    let p: u32 = m.subject.split('.').nth(2).and_then(|p| p.parse().ok()).unwrap_or(0);
+                    waiting.entry(p).or_default().entry(m.seq).or_default().push((i, trip.started, trip.fail));
                     trips.remove(id);
                 }
             }
             Ok(()) = cp_rx.changed() => {
-                let cp = *cp_rx.borrow_and_update();
+                let cps = cp_rx.borrow_and_update().clone();
                 let now = Instant::now();
-                let later = waiting.split_off(&(cp + 1));
-                let finished = std::mem::replace(&mut waiting, later);
-                for (i, t0, fail) in finished.into_values().flatten() {
+                let mut finished = Vec::new();
+                for (p, w) in waiting.iter_mut() {
+                    let cp = cps.get(p).copied().unwrap_or(0);
+                    let later = w.split_off(&(cp + 1));
+                    finished.extend(std::mem::replace(w, later).into_values().flatten());
+                }
+                for (i, t0, fail) in finished {
                     if i >= a.warmup && i < total {
                         first_counted = Some(first_counted.map_or(t0, |f: Instant| f.min(t0)));
                         last_counted = now;
@@ -256,4 +252,15 @@ pub(crate) async fn run(a: Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Every `runner_partition_checkpoint{partition="p"}` sample of a scrape, by partition.
+fn partition_checkpoints(text: &str) -> HashMap<u32, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("runner_partition_checkpoint{partition=\"")?;
+            let (p, value) = rest.split_once("\"} ")?;
+            Some((p.parse().ok()?, value.trim().parse::<f64>().ok()? as u64))
+        })
+        .collect()
 }
