@@ -134,7 +134,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let mut trips: HashMap<String, Trip> = HashMap::new();
     let mut next = 0u64;
     // Trips whose last result is stored, by partition and inbox sequence.
-    let mut waiting: HashMap<u32, BTreeMap<u64, Vec<(u64, Instant, bool)>>> = HashMap::new();
+    let mut waiting: HashMap<u32, Waiting> = HashMap::new();
     let mut ok_lat = Vec::new();
     let mut comp_lat = Vec::new();
     let mut counted_done = 0u64;
@@ -253,6 +253,10 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     }
     Ok(())
 }
+
+/// A partition's trips whose last result is stored, by inbox sequence: (trip, start,
+/// compensated).
+type Waiting = BTreeMap<u64, Vec<(u64, Instant, bool)>>;
 
 /// Every `runner_partition_checkpoint{partition="p"}` sample of a scrape, by partition.
 fn partition_checkpoints(text: &str) -> HashMap<u32, u64> {
