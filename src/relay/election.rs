@@ -38,7 +38,7 @@ pub(crate) fn is_election(error: &str) -> bool {
 pub(crate) fn publish_failed(what: &'static str, error: &dyn std::fmt::Display) {
     let text = error.to_string();
     if !is_election(&text) {
-        tracing::warn!(message = "Relay publish failed; retrying.", step = what, error = %text);
+        tracing::warn!(message = "Publish failed; retrying.", step = what, error = %text);
         return;
     }
     let mut last = match LAST.lock() {
@@ -51,7 +51,7 @@ pub(crate) fn publish_failed(what: &'static str, error: &dyn std::fmt::Display) 
         _ => {
             let suppressed = last.map_or(0, |(_, n)| n);
             tracing::warn!(
-                message = "Relay publish not answered: the stream is electing a leader (it exists); retrying.",
+                message = "Publish not answered: the stream is electing a leader (it exists); retrying.",
                 step = what,
                 error = %text,
                 similar_since_last_line = suppressed,

@@ -5,7 +5,9 @@
 //! - **The heartbeat never waits for ownership work.** It runs on a task of its own and is
 //!   written every TTL/3 while the node's mode owns partitions, so a long hand-over or start
 //!   never makes the others rebalance around a member that is still here. When the mode
-//!   stops owning partitions the key is deleted at once.
+//!   stops owning partitions the key is deleted at once. A failing heartbeat is logged once
+//!   per episode (named as a leader election when it looks like one), and again when it is
+//!   stored.
 //! - **A rebuilt view is never half-filled.** [`fresh_view`] returns only after the watch
 //!   delivered the bucket's history (or after a second for an empty bucket).
 //! - The view is advice: leases, not the view, decide who holds a partition (a stale view
@@ -74,12 +76,21 @@ pub(crate) async fn heartbeat(
     let key = member_key(&state.node_id);
     let mut mode = state.placement.watch_mode();
     let mut beating = false;
+    // Failures since the last stored heartbeat: logged once per episode (finding 19).
+    let mut failing: Option<(Instant, u32)> = None;
     loop {
         let mut wait = every;
         if state.placement.mode().owns_partitions() {
             let beat = serde_json::json!({"node": state.node_id, "at_ms": now_ms()});
             match leases.put(&key, beat.to_string().into()).await {
                 Ok(_) => {
+                    if let Some((since, tries)) = failing.take() {
+                        tracing::info!(
+                            message = "Heartbeat stored again.",
+                            failed_attempts = tries,
+                            seconds = since.elapsed().as_secs()
+                        );
+                    }
                     beating = true;
                     joined.send_if_modified(|j| {
                         let first = j.is_none();
@@ -88,8 +99,18 @@ pub(crate) async fn heartbeat(
                     });
                 }
                 Err(e) => {
-                    tracing::warn!(message = "Heartbeat failed.", error = %e);
                     wait = every / 4;
+                    match &mut failing {
+                        Some((_, tries)) => *tries += 1,
+                        None => {
+                            failing = Some((Instant::now(), 1));
+                            if crate::relay::election::is_election(&e.to_string()) {
+                                tracing::warn!(message = "Heartbeat not answered: the leases bucket is electing a leader (or unreachable); retrying, logged again when it succeeds.", error = %e);
+                            } else {
+                                tracing::warn!(message = "Heartbeat failed; retrying, logged again when it succeeds.", error = %e);
+                            }
+                        }
+                    }
                 }
             }
         } else if beating {

@@ -351,7 +351,11 @@ async fn start(
             Err(e) => {
                 // Counted as a stall (`/health`), logged once per episode.
                 if state.metrics.stalls.failed(&stage(p), &e) {
-                    tracing::warn!(message = "Cannot raise a partition fence; giving the lease back (logged once until it starts).", partition = p, stream = %spec.name, error = %e);
+                    if crate::relay::election::is_election(&e.to_string()) {
+                        tracing::warn!(message = "Cannot raise a partition fence: the stream is electing a leader (or unreachable); giving the lease back (logged once until it starts).", partition = p, stream = %spec.name, error = %e);
+                    } else {
+                        tracing::warn!(message = "Cannot raise a partition fence; giving the lease back (logged once until it starts).", partition = p, stream = %spec.name, error = %e);
+                    }
                 }
                 give_back(lease).await;
                 return None;

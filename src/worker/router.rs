@@ -582,7 +582,7 @@ async fn flush(
         }
         fenced_batch::Outcome::Fenced => Err(Stop::Fenced),
         fenced_batch::Outcome::Retry(why) => {
-            tracing::warn!(message = "Router batch not stored; will retry.", error = %why);
+            crate::relay::election::publish_failed("router batch", &why);
             state.metrics.stalls.failed(&stage(source), &why);
             Err(Stop::Retry)
         }

@@ -94,7 +94,7 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
                     state.metrics.timers_fired.inc();
                 }
                 Err(e) => {
-                    tracing::warn!(message = "Cannot publish a timer firing; will retry.", error = %e);
+                    crate::relay::election::publish_failed("timer firing", &e);
                     break;
                 }
             }
