@@ -2,8 +2,8 @@
 //! deep.
 //!
 //! What counts as queued: effect commands not yet finished (pending and unacknowledged on
-//! every effect consumer, read from the broker), plus the triggers let through in the last
-//! moments whose commands the broker does not show yet. The router of the aggregate stream
+//! every effect consumer, read from the broker), plus the triggers let in at the bound whose
+//! outputs the command stream does not show yet (its sequence has not grown by as many). The router of the aggregate stream
 //! copies into the saga inbox only as many new inputs as there is room for under
 //! `saga.max_queued_work` (at least one), and none while the queue is above it, polling
 //! every [`POLL`] ([`super::router`]); so the inbox partitions, which also carry the effect
@@ -38,19 +38,22 @@ pub(crate) const POLL: Duration = Duration::from_millis(20);
 /// How long a read of the effect consumers is reused.
 const FRESH: Duration = Duration::from_millis(50);
 
-/// How long inputs let in at the bound count as queued work while the broker does not show
-/// their commands yet (they are applied and published first; on a loaded node that takes
-/// seconds). Only inputs split off at the bound count: far from it nothing is held back.
+/// The longest inputs let in at the bound count as queued work while the command stream
+/// has not grown by as many messages (a safety bound: normally their outputs show first).
 const CREDIT_TTL: Duration = Duration::from_secs(5);
 
 /// The gate of new triggers, with its last reading of the effect consumers and the
-/// triggers it let through since.
+/// triggers it let in at the bound since.
 pub(crate) struct Admission {
+    /// Effect commands pending or unacknowledged, at the last reading.
     commands: u64,
+    /// The command stream's last sequence at the last reading (it only grows).
+    stored: u64,
     read_at: Option<Instant>,
-    /// Triggers let through since `credited_at`, on top of `base` (the reading then).
+    /// Triggers let in at the bound since `credited_at`, and the stream's last sequence
+    /// then: they count as queued until the stream has grown by as many messages.
     credit: u64,
-    base: u64,
+    credit_base: u64,
     credited_at: Option<Instant>,
 }
 
@@ -59,9 +62,10 @@ impl Admission {
     pub(crate) fn router() -> Self {
         Self {
             commands: 0,
+            stored: 0,
             read_at: None,
             credit: 0,
-            base: 0,
+            credit_base: 0,
             credited_at: None,
         }
     }
@@ -74,7 +78,7 @@ impl Admission {
             return None;
         }
         if self.read_at.is_none_or(|at| at.elapsed() >= FRESH) {
-            self.commands = effect_backlog(state).await;
+            (self.commands, self.stored) = effect_backlog(state).await;
             self.read_at = Some(Instant::now());
         }
         // Held above the bound; at it, one more goes in (so a bound of 0 queued never
@@ -87,23 +91,25 @@ impl Admission {
         })
     }
 
-    /// Notes `n` triggers let through: they count as queued until the broker shows their
-    /// commands, or for [`CREDIT_TTL`] at most (some triggers make no command).
+    /// Notes `n` triggers let in at the bound: they count as queued until the command
+    /// stream has grown by `n` messages since (their outputs, applied and published), or
+    /// for [`CREDIT_TTL`] at most (some triggers make no command). Completions do not
+    /// consume the credit: the stream's sequence only grows.
     pub(crate) fn admitted(&mut self, n: u64) {
         if self.credited_at.is_none() {
-            self.base = self.commands;
+            self.credit_base = self.stored;
             self.credit = 0;
         }
         self.credit += n;
         self.credited_at = Some(Instant::now());
     }
 
-    /// The queued work: the last reading, or what the triggers let through since would
-    /// make of it, whichever is more.
+    /// The queued work: the commands the broker shows, plus the triggers let in whose
+    /// outputs it does not show yet.
     fn queued(&mut self) -> u64 {
-        let expected = self.base + self.credit;
+        let unseen = (self.credit_base + self.credit).saturating_sub(self.stored);
         match self.credited_at {
-            Some(at) if at.elapsed() < CREDIT_TTL && self.commands < expected => expected,
+            Some(at) if at.elapsed() < CREDIT_TTL && unseen > 0 => self.commands + unseen,
             _ => {
                 self.credited_at = None;
                 self.commands
@@ -112,8 +118,9 @@ impl Admission {
     }
 }
 
-/// Pending plus unacknowledged commands over the catch-all and every effect's consumer.
-async fn effect_backlog(state: &AppState) -> u64 {
+/// Pending plus unacknowledged commands over the catch-all and every effect's consumer,
+/// and the command stream's last sequence; zeros when the stream cannot be read.
+async fn effect_backlog(state: &AppState) -> (u64, u64) {
     let c = &state.config;
     let Ok(stream) = state
         .broker
@@ -121,8 +128,9 @@ async fn effect_backlog(state: &AppState) -> u64 {
         .get_stream(&c.streams.workflow_commands)
         .await
     else {
-        return 0;
+        return (0, 0);
     };
+    let stored = stream.cached_info().state.last_sequence;
     let base = &c.consumers.effect;
     let catalog = state.catalog();
     let mut names = vec![base.clone()];
@@ -138,5 +146,5 @@ async fn effect_backlog(state: &AppState) -> u64 {
             total += info.num_pending + info.num_ack_pending as u64;
         }
     }
-    total
+    (total, stored)
 }
