@@ -3,7 +3,7 @@
 //!
 //! What counts as queued: effect commands not yet finished (pending and unacknowledged on
 //! every effect consumer, read from the broker), plus the triggers let in at the bound whose
-//! outputs the command stream does not show yet (its sequence has not grown by as many). The router of the aggregate stream
+//! commands the effect consumers do not show yet (fewer new commands stored than triggers). The router of the aggregate stream
 //! copies into the saga inbox only as many new inputs as there is room for under
 //! `saga.max_queued_work` (at least one), and none while the queue is above it, polling
 //! every [`POLL`] ([`super::router`]); so the inbox partitions, which also carry the effect
@@ -38,8 +38,8 @@ pub(crate) const POLL: Duration = Duration::from_millis(20);
 /// How long a read of the effect consumers is reused.
 const FRESH: Duration = Duration::from_millis(50);
 
-/// The longest inputs let in at the bound count as queued work while the command stream
-/// has not grown by as many messages (a safety bound: normally their outputs show first).
+/// The longest inputs let in at the bound count as queued work while no effect commands of
+/// theirs are stored (a safety bound: normally their commands show first).
 const CREDIT_TTL: Duration = Duration::from_secs(5);
 
 /// The gate of new triggers, with its last reading of the effect consumers and the
@@ -47,11 +47,11 @@ const CREDIT_TTL: Duration = Duration::from_secs(5);
 pub(crate) struct Admission {
     /// Effect commands pending or unacknowledged, at the last reading.
     commands: u64,
-    /// The command stream's last sequence at the last reading (it only grows).
+    /// Effect commands stored so far, at the last reading (it only grows).
     stored: u64,
     read_at: Option<Instant>,
-    /// Triggers let in at the bound since `credited_at`, and the stream's last sequence
-    /// then: they count as queued until the stream has grown by as many messages.
+    /// Triggers let in at the bound since `credited_at`, and `stored` then: they count as
+    /// queued until as many more effect commands are stored.
     credit: u64,
     credit_base: u64,
     credited_at: Option<Instant>,
@@ -91,10 +91,10 @@ impl Admission {
         })
     }
 
-    /// Notes `n` triggers let in at the bound: they count as queued until the command
-    /// stream has grown by `n` messages since (their outputs, applied and published), or
-    /// for [`CREDIT_TTL`] at most (some triggers make no command). Completions do not
-    /// consume the credit: the stream's sequence only grows.
+    /// Notes `n` triggers let in at the bound: they count as queued until `n` more effect
+    /// commands are stored (their outputs, applied and published), or for [`CREDIT_TTL`]
+    /// at most (some triggers make no command). Completions do not consume the credit:
+    /// the count of commands stored only grows.
     pub(crate) fn admitted(&mut self, n: u64) {
         if self.credited_at.is_none() {
             self.credit_base = self.stored;
@@ -118,8 +118,9 @@ impl Admission {
     }
 }
 
-/// Pending plus unacknowledged commands over the catch-all and every effect's consumer,
-/// and the command stream's last sequence; zeros when the stream cannot be read.
+/// Pending plus unacknowledged commands over the catch-all and every effect's consumer, and
+/// the effect commands stored so far (delivered or pending: it only grows, redeliveries
+/// aside); zeros when the stream cannot be read.
 async fn effect_backlog(state: &AppState) -> (u64, u64) {
     let c = &state.config;
     let Ok(stream) = state
@@ -130,7 +131,7 @@ async fn effect_backlog(state: &AppState) -> (u64, u64) {
     else {
         return (0, 0);
     };
-    let stored = stream.cached_info().state.last_sequence;
+
     let base = &c.consumers.effect;
     let catalog = state.catalog();
     let mut names = vec![base.clone()];
@@ -140,10 +141,12 @@ async fn effect_backlog(state: &AppState) -> (u64, u64) {
             .filter(|e| has_own_consumer(base, e))
             .map(|e| consumer_name(base, e)),
     );
-    let mut total = 0u64;
+    let (mut total, mut stored) = (0u64, 0u64);
     for name in names {
         if let Ok(info) = stream.consumer_info(&name).await {
             total += info.num_pending + info.num_ack_pending as u64;
+            // Every effect command stored so far: delivered, or waiting to be.
+            stored += info.delivered.consumer_sequence + info.num_pending;
         }
     }
     (total, stored)
