@@ -12,10 +12,8 @@ mod common;
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream::{Config, DiscardPolicy};
-use common::{COMMAND_SUBJECTS, NatsServer, read_stream, wait_until};
+use common::{NatsServer, read_stream, wait_until};
 use runner::broker::fence::Fence;
-use runner::broker::fence_subjects;
 use runner::broker::fenced_batch::Transport;
 use runner::relay::RelayHandle;
 use runner::relay::fenced::PartitionRelay;
@@ -26,24 +24,6 @@ use tokio_util::sync::CancellationToken;
 
 /// The partition the relay publishes for.
 const P: u16 = 3;
-
-/// WORKFLOW_COMMANDS as Runner makes it (fence subjects, atomic batches allowed), holding at
-/// most `max_messages` messages (-1: no limit) and refusing the rest.
-async fn create_commands_stream(js: &async_nats::jetstream::Context, max_messages: i64) {
-    let mut subjects: Vec<String> = COMMAND_SUBJECTS.iter().map(|s| s.to_string()).collect();
-    subjects.push(fence_subjects("WORKFLOW_COMMANDS"));
-    js.create_stream(Config {
-        name: "WORKFLOW_COMMANDS".into(),
-        subjects,
-        duplicate_window: Duration::from_secs(120),
-        max_messages,
-        discard: DiscardPolicy::New,
-        allow_atomic_publish: true,
-        ..Default::default()
-    })
-    .await
-    .unwrap();
-}
 
 /// Records per window: small, so a run spans many overlapping windows.
 const WINDOW: usize = 4;
@@ -145,7 +125,7 @@ async fn a_refusal_holds_the_acknowledged_prefix_and_publishing_resumes_in_order
     let js = async_nats::jetstream::new(client.clone());
     // The stream takes 16 messages (records and fence markers) and refuses the rest until
     // its limit is lifted.
-    create_commands_stream(&js, 16).await;
+    common::create_capped_commands_stream(&js, 16).await;
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());
     let handle = RelayHandle::new();
@@ -198,7 +178,7 @@ async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
     let mut nats = NatsServer::start();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
-    create_commands_stream(&js, -1).await;
+    common::create_capped_commands_stream(&js, -1).await;
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());
     let handle = RelayHandle::new();
