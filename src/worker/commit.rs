@@ -58,11 +58,17 @@ pub(crate) struct Applied {
     pub deferred: Vec<(u64, RawInput)>,
 }
 
-/// Most batches merged into one transaction.
-pub(crate) const MAX_MERGED: usize = 8;
+/// Most batches merged into one transaction: one from each partition loop of a node that
+/// owns the default 64 partitions. Each loop has at most one batch waiting, so a commit can
+/// take every partition that is ready; merging fewer (8 until the pipeline was partitioned)
+/// made more, smaller commits, each writing its tables' branch pages and the GC again
+/// (about 9 % more store pages per input at the maximum rate, `scripts/bench pipeline`).
+pub(crate) const MAX_MERGED: usize = 64;
 
-/// Batches that may wait for the commit thread before [`Committer::submit`] waits to send.
-const QUEUE: usize = 8;
+/// Batches that may wait for the commit thread before [`Committer::submit`] waits to send:
+/// as many as one commit takes, so a ready loop is not left waiting to send while the
+/// thread takes what is queued.
+const QUEUE: usize = MAX_MERGED;
 
 /// One consumer loop's batch, waiting for the commit thread.
 struct Job {

@@ -211,7 +211,7 @@ async fn ledger_drive(
 /// The runner's batch commits between two scrapes: how many, inputs per commit, the
 /// commit's p50/p99 — what bounds a saga-mode runner whose CPU is not saturated — and the
 /// store pages they wrote per input.
-fn commits_line(before: &str, after: &str) -> String {
+pub(crate) fn commits_line(before: &str, after: &str) -> String {
     use crate::probe::{metric_sum, window_quantile};
     let delta = |name: &str| metric_sum(after, name, &[]) - metric_sum(before, name, &[]);
     let commits = delta("runner_saga_commit_seconds_count");

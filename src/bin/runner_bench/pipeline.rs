@@ -438,18 +438,25 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let (mut runner_tps, mut limit_tps, mut sagas) = (Vec::new(), Vec::new(), Vec::new());
     for pair in 1..=pairs {
         let before = applied().await?;
+        let scraped = metrics.text().await?;
         let sampler = Sampler::start(runner.proc.pid());
+        let server_cpu = crate::probe::cpu_seconds(nats.pid());
         let flow = Flow::Runner {
             tenant: format!("max{pair}"),
         };
         let mut d = drive(&js, &flow, a.orders, 0.0, QUIET).await?;
         let usage = sampler.finish().await;
+        let server_cpu = crate::probe::cpu_seconds(nats.pid()) - server_cpu;
         let transitions = applied().await? - before;
         println!(
             "{}",
             d.line(&format!("pair {pair} runner max rate"), transitions)
         );
         println!("{}", usage.line("  runner", d.elapsed));
+        println!("  nats-server: cpu_seconds={server_cpu:.2}");
+        let after = metrics.text().await?;
+        println!("{}", where_time_goes(&scraped, &after));
+        println!("{}", crate::ledger::commits_line(&scraped, &after));
         if d.completed as u64 != a.orders {
             bail!(
                 "only {} of {} orders completed; see the runner log in {} (run with --keep)",
@@ -469,8 +476,10 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             &work.path.join(format!("limit-{pair}.log")),
         )?;
         let sampler = Sampler::start(shadow.pid());
+        let server_cpu = crate::probe::cpu_seconds(nats.pid());
         let mut d = drive(&js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
         let usage = sampler.finish().await;
+        let server_cpu = crate::probe::cpu_seconds(nats.pid()) - server_cpu;
         shadow.stop(Duration::from_secs(5));
         let done = d.completed as f64 * TRANSITIONS_PER_ORDER;
         println!(
@@ -478,6 +487,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             d.line(&format!("pair {pair} messaging limit max rate"), done)
         );
         println!("{}", usage.line("  limit process", d.elapsed));
+        println!("  nats-server: cpu_seconds={server_cpu:.2}");
         limit_tps.push(done / d.elapsed);
         println!(
             "pair {pair}: ratio {:.2}",
