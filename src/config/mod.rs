@@ -148,7 +148,9 @@ pub struct EffectConfig {
     /// which answers commands no effect consumer covers, has a share of its own too).
     pub concurrency: usize,
     /// How long JetStream waits for an acknowledgement before redelivering a command
-    /// (the worker sends progress acknowledgements while a command runs).
+    /// (the worker sends progress acknowledgements while a command runs). The default,
+    /// 20 s, is the default `lease_ttl` plus 5 s: a dead worker's commands come back about
+    /// when their claims lapse, so another worker runs them within `lease_ttl` + 5 s.
     pub ack_wait: HumanDuration,
     /// Most commands of one effect delivered and not yet acknowledged, across all replicas
     /// (1..=1000000): each effect's consumer has this limit of its own.
@@ -180,7 +182,7 @@ impl Default for EffectConfig {
     fn default() -> Self {
         Self {
             concurrency: 64,
-            ack_wait: HumanDuration::secs(30),
+            ack_wait: HumanDuration::secs(20),
             max_ack_pending: 1024,
             max_deliver: 100,
             claims_bucket: "RUNNER_EFFECT_CLAIMS".into(),
