@@ -22,6 +22,12 @@
 //!   revision) and deletes the key (or writes the hand-over). Dropping a `Kept` stops the
 //!   keeper without releasing: the key then ages out after one TTL.
 //!
+//! - **Failures logged once per episode, per process.** A broker outage fails the renewal of
+//!   every lease a process holds (one per partition and router) at once. The first failure
+//!   logs one warning, the others and the retries log at debug, and one line says when no
+//!   lease of the process is failing any more ([`Episode`]), with how many leases failed
+//!   and how many attempts.
+//!
 //! Fencing stays the safety net (see [`super::lease`]): a holder paused past its deadline
 //! can still write nothing a newer holder's fence refuses.
 
@@ -171,9 +177,9 @@ async fn renew(
 ) -> Lease {
     let every = lease.renew_every();
     let mut next = Instant::now() + every;
-    // A failing episode is logged once when it starts and once when it ends, not at
-    // every retry (a broker outage would otherwise log every few seconds per lease).
-    let mut failing: Option<(Instant, u32)> = None;
+    // While this lease's renewals fail it is part of the process's failing episode
+    // (logged once for every lease, see `Episode`); dropping the guard leaves it.
+    let mut failing: Option<Episode> = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return lease,
@@ -182,9 +188,7 @@ async fn renew(
         match lease.renew().await {
             Ok(()) => {
                 next = Instant::now() + every;
-                if let Some((since, tries)) = failing.take() {
-                    tracing::info!(message = "Lease renewed again.", key = %lease.key(), failed_attempts = tries, seconds = since.elapsed().as_secs());
-                }
+                failing = None;
                 if let Some(c) = &renewed {
                     c.inc();
                 }
@@ -197,22 +201,110 @@ async fn renew(
             }
             Err(e) => {
                 next = Instant::now() + every / 4;
-                match &mut failing {
-                    Some((_, tries)) => {
-                        *tries += 1;
-                        tracing::debug!(message = "Lease renewal failed again; retrying.", key = %lease.key(), error = %e);
-                    }
-                    None => {
-                        failing = Some((Instant::now(), 1));
-                        if crate::relay::election::is_election(&e.to_string()) {
-                            tracing::warn!(message = "Lease renewal not answered: the leases bucket is electing a leader (or unreachable); retrying, logged again when it succeeds.", key = %lease.key(), error = %e);
-                        } else {
-                            tracing::warn!(message = "Lease renewal failed; retrying, logged again when it succeeds.", key = %lease.key(), error = %e);
-                        }
-                    }
+                match &failing {
+                    Some(episode) => episode.failed_again(lease.key(), &e),
+                    None => failing = Some(Episode::join(lease.key(), &e)),
                 }
             }
         }
         deadline.send_replace(lease.valid_until());
+    }
+}
+
+/// The renewal failures of every lease of this process, as one episode: the first failure
+/// starts it (one warning), the last lease to renew again or be given up ends it (one line).
+struct Failing {
+    /// Leases whose last renewal failed.
+    leases: usize,
+    /// Leases that failed at least once since the episode started.
+    seen: u64,
+    /// Failed renewals since the episode started.
+    attempts: u64,
+    since: Option<Instant>,
+}
+
+static FAILING: std::sync::Mutex<Failing> = std::sync::Mutex::new(Failing {
+    leases: 0,
+    seen: 0,
+    attempts: 0,
+    since: None,
+});
+
+fn failing() -> std::sync::MutexGuard<'static, Failing> {
+    FAILING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One lease's part in the process's failing episode; dropped when the lease renews
+/// again, is lost or is given up.
+struct Episode;
+
+impl Episode {
+    fn join(key: &str, e: &LeaseError) -> Self {
+        let mut f = failing();
+        f.leases += 1;
+        f.seen += 1;
+        f.attempts += 1;
+        if f.since.is_none() {
+            f.since = Some(Instant::now());
+            if crate::relay::election::is_election(&e.to_string()) {
+                tracing::warn!(message = "Lease renewals not answered: the leases bucket is electing a leader (or unreachable); retrying, logged again when no lease is failing.", key = %key, error = %e);
+            } else {
+                tracing::warn!(message = "Lease renewals failing; retrying, logged again when no lease is failing.", key = %key, error = %e);
+            }
+        } else {
+            tracing::debug!(message = "Lease renewal failed; retrying.", key = %key, error = %e);
+        }
+        Episode
+    }
+
+    fn failed_again(&self, key: &str, e: &LeaseError) {
+        failing().attempts += 1;
+        tracing::debug!(message = "Lease renewal failed again; retrying.", key = %key, error = %e);
+    }
+}
+
+impl Drop for Episode {
+    fn drop(&mut self) {
+        let mut f = failing();
+        f.leases = f.leases.saturating_sub(1);
+        if f.leases == 0 {
+            let seconds = f.since.take().map_or(0, |s| s.elapsed().as_secs());
+            tracing::info!(message = "No lease renewal failing any more.", leases = f.seen, failed_attempts = f.attempts, seconds);
+            f.seen = 0;
+            f.attempts = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outage(key: &str) -> LeaseError {
+        LeaseError::Kv {
+            key: key.into(),
+            op: "update",
+            reason: "timed out".into(),
+        }
+    }
+
+    #[test]
+    fn one_episode_spans_every_failing_lease_and_ends_with_the_last() {
+        let a = Episode::join("p.1", &outage("p.1"));
+        let b = Episode::join("p.2", &outage("p.2"));
+        b.failed_again("p.2", &outage("p.2"));
+        {
+            let f = failing();
+            assert!(f.leases >= 2, "both leases are in the episode");
+            assert!(f.since.is_some(), "the episode started once");
+            assert!(f.attempts >= 3);
+        }
+        drop(a);
+        assert!(failing().since.is_some(), "one lease still failing");
+        drop(b);
+        let f = failing();
+        assert_eq!(f.leases, 0);
+        assert!(f.since.is_none(), "the episode ended with its last lease");
+        assert_eq!((f.seen, f.attempts), (0, 0));
     }
 }
