@@ -24,6 +24,8 @@
 
 #[path = "runner_bench/batches.rs"]
 mod batches;
+#[path = "runner_bench/cgroup.rs"]
+mod cgroup;
 #[path = "runner_bench/cluster.rs"]
 mod cluster;
 #[path = "runner_bench/goals.rs"]

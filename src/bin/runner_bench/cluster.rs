@@ -41,6 +41,7 @@ use async_nats::jetstream;
 use futures::StreamExt;
 use runner::worker::partition::partition;
 
+use crate::cgroup::Cap;
 use crate::harness::{Nats, NatsCluster, Programs, Runner, WorkDir};
 use crate::pipeline::{Flow, QUIET, TRANSITIONS_PER_ORDER, drive, median};
 use crate::probe::{Sampler, cpu_seconds};
@@ -71,7 +72,7 @@ pub(crate) struct Args {
     /// last renewal.
     #[arg(long, env = "BENCH_CLUSTER_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     lease_ttl: Duration,
-    /// The replicas' `effect.ack_wait` (default: the runner's, 30 s). Effect commands the
+    /// The replicas' `effect.ack_wait` (default: the runner's, 20 s). Effect commands the
     /// killed replica had taken are delivered again only after it.
     #[arg(long, env = "BENCH_CLUSTER_EFFECT_ACK_WAIT", value_parser = humantime::parse_duration)]
     effect_ack_wait: Option<Duration>,
@@ -79,6 +80,11 @@ pub(crate) struct Args {
     /// replica had claimed is executed again only once its claim lease has run out.
     #[arg(long, env = "BENCH_CLUSTER_EFFECT_LEASE_TTL", value_parser = humantime::parse_duration)]
     effect_lease_ttl: Option<Duration>,
+    /// Cores each replica may use (cgroup v1 `cpu.cfs_quota_us`, needs root), the same cap
+    /// for every replica count; unset: uncapped. Three NATS nodes use most of this
+    /// machine, so only capped replicas show what adding replicas adds.
+    #[arg(long, env = "BENCH_CLUSTER_CPU")]
+    cpu: Option<f64>,
     /// Orders of the fail-over run (0 skips it; default: as many as a measurement).
     #[arg(long, env = "BENCH_CLUSTER_FAILOVER_ORDERS")]
     failover_orders: Option<u64>,
@@ -117,13 +123,21 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     );
     let js = jetstream::new(crate::connect(&cluster.urls).await?);
     let settle = a.lease_ttl * 2 + Duration::from_secs(60);
+    match a.cpu {
+        Some(cores) => println!(
+            "cluster: each replica capped at {cores} of a core (cgroup v1 cpu.cfs_quota_us), the same for every replica count"
+        ),
+        None => println!("cluster: replicas uncapped (BENCH_CLUSTER_CPU unset)"),
+    }
 
+    // Declared before the replicas, so the caps are removed after the replicas are gone.
+    let mut caps: Vec<Cap> = Vec::new();
     let mut replicas: Vec<Runner> = Vec::new();
     let (mut runner_tps, mut max_sagas) = (Vec::new(), f64::NAN);
     for &n in &counts {
         while replicas.len() < n {
             let name = format!("r{}", replicas.len() + 1);
-            replicas.push(start_replica(&a, &work.path, &cluster.urls, &name).await?);
+            replicas.push(start_replica(&a, &work.path, &cluster.urls, &name, &mut caps).await?);
         }
         let took = wait_owned(&replicas, a.partitions, true, settle).await?;
         println!(
@@ -170,7 +184,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let open_loop = if let Some((loads, orders)) = &open_plan {
         for i in 0..largest {
             let name = format!("open{}", i + 1);
-            replicas.push(start_replica(&a, &work.path, &cluster.urls, &name).await?);
+            replicas.push(start_replica(&a, &work.path, &cluster.urls, &name, &mut caps).await?);
         }
         let took = wait_owned(&replicas, a.partitions, true, settle).await?;
         let (replayed, quiet) = load::caught_up(&replicas, settle).await?;
@@ -193,6 +207,28 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             "result: cluster replicas={n} runner {tps:.0} transitions/s, messaging limit {fenced:.0}/s, ratio {:.2}",
             tps / fenced
         );
+    }
+    if let (Some((1, one)), Some((n, most))) = (runner_tps.first(), runner_tps.last())
+        && *n > 1
+    {
+        let cap = a.cpu.map_or("uncapped".to_string(), |c| format!("each capped at {c} of a core"));
+        println!(
+            "scaling: {n} replicas {most:.0} transitions/s, 1 replica {one:.0}/s: {:.2}x, efficiency {:.2} ({cap})",
+            most / one,
+            most / one / *n as f64
+        );
+        if a.cpu.is_some() {
+            println!(
+                "{}",
+                crate::goals::line(
+                    &format!("cluster, {n} capped replicas over one"),
+                    most / one,
+                    "x",
+                    crate::goals::Bound::AtLeast,
+                    crate::goals::CAPPED_SCALING * *n as f64,
+                )
+            );
+        }
     }
     if let Some((n, tps)) = runner_tps.iter().find(|(n, _)| *n == 3) {
         println!(
@@ -225,7 +261,14 @@ pub(crate) async fn run(a: Args) -> Result<()> {
 }
 
 /// Starts partitioned replica `name` against every node of the cluster.
-async fn start_replica(a: &Args, dir: &Path, urls: &str, name: &str) -> Result<Runner> {
+/// Capped at `a.cpu` cores when set; its cap joins `caps`.
+async fn start_replica(
+    a: &Args,
+    dir: &Path,
+    urls: &str,
+    name: &str,
+    caps: &mut Vec<Cap>,
+) -> Result<Runner> {
     let (p, ttl) = (
         a.partitions.to_string(),
         humantime::format_duration(a.lease_ttl).to_string(),
@@ -246,7 +289,12 @@ async fn start_replica(a: &Args, dir: &Path, urls: &str, name: &str) -> Result<R
         env.push(("RUNNER__EFFECT__LEASE_TTL", l.as_str()));
     }
     let bin = &a.programs.runner;
-    Runner::start_named(bin, dir, name, urls, "combined", &a.manifest, &env).await
+    let runner = Runner::start_named(bin, dir, name, urls, "combined", &a.manifest, &env).await?;
+    if let Some(cores) = a.cpu {
+        let group = format!("{}-{name}", std::process::id());
+        caps.push(Cap::new(&group, runner.proc.pid(), cores)?);
+    }
+    Ok(runner)
 }
 
 /// What a replica holds: partitions and routed sources.
