@@ -11,15 +11,19 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use async_nats::jetstream::kv;
+use async_nats::jetstream::object_store::ObjectStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::{self, Broker};
+use crate::cli::Mode;
 use crate::config::Config;
-use crate::manifest::{self, Diagnostic};
+use crate::manifest::{self, Catalog, Diagnostic};
 use crate::runtime::{AppState, GIT_REVISION, Lifecycle, VERSION, stranded_in};
 use crate::storage::Store;
+use crate::storage::lock::NodeLock;
 use crate::telemetry::Metrics;
 
 /// Errors that stop the start.
@@ -98,7 +102,18 @@ pub fn node_id(
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string())
 }
 
+/// What the workers of this node's mode are handed from NATS at start-up.
+struct Buckets {
+    /// The effect side's claims bucket, when this node runs effects.
+    claims: Option<kv::Store>,
+    /// The saga side's partition leases and snapshots, when this node runs sagas.
+    partitions: Option<(kv::Store, ObjectStore)>,
+}
+
 /// Starts everything and runs until drained.
+///
+/// The steps below run in this order; each helper owns one of them. A drain requested
+/// while NATS is being set up ends the start cleanly, with nothing started.
 pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, StartError> {
     let mode = config.runner.mode;
     tracing::info!(
@@ -109,17 +124,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     );
 
     // The lock is held until `run` returns: one node per data directory (`storage/lock.rs`).
-    let storage_cfg = config.storage.clone();
-    let (node_lock, store) = tokio::task::spawn_blocking(move || {
-        let lock = crate::storage::lock::NodeLock::acquire(&storage_cfg.data_dir)?;
-        Ok((lock, Store::open(&storage_cfg)?))
-    })
-    .await
-    .unwrap_or_else(|e| Err(crate::storage::StorageError::Task(e.to_string())))
-    .map_err(|source| StartError::Storage {
-        path: config.storage.data_dir.display().to_string(),
-        source,
-    })?;
+    let (node_lock, store) = open_store(&config).await?;
     let node_id = node_id(
         &config.node.id,
         |k| std::env::var(k).ok(),
@@ -131,53 +136,8 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     // One deadline for all of set-up; a drain requested meanwhile ends the start cleanly.
     let setup = std::time::Instant::now() + config.nats.setup_timeout.get();
     let interrupt = lifecycle.work_token();
-    let streams = broker::with_setup_retry("streams", setup, &interrupt, || {
-        broker::ensure_streams(broker.jetstream(), &config.streams, mode.runs_sagas())
-    })
-    .await;
-    let claims_kv = match streams {
-        Ok(()) if mode.runs_effects() => Some(
-            broker::with_setup_retry("claims bucket", setup, &interrupt, || {
-                broker::ensure_claims_bucket(broker.jetstream(), &config)
-            })
-            .await,
-        )
-        .transpose(),
-        Ok(()) => Ok(None),
-        Err(e) => Err(e),
-    };
-    let leases_kv = match claims_kv {
-        Ok(kv) if mode.runs_sagas() => {
-            let p = &config.partitions;
-            let leases = broker::with_setup_retry("leases bucket", setup, &interrupt, || {
-                broker::ensure_leases_bucket(
-                    broker.jetstream(),
-                    &p.leases_bucket,
-                    p.lease_ttl.get(),
-                    config.streams.replicas,
-                    config.streams.storage,
-                )
-            })
-            .await;
-            let snapshots = match leases {
-                Ok(l) => broker::with_setup_retry("snapshots bucket", setup, &interrupt, || {
-                    crate::worker::snapshot::ensure_bucket(
-                        broker.jetstream(),
-                        &p.snapshot_bucket,
-                        &config.streams,
-                    )
-                })
-                .await
-                .map(|s| (l, s)),
-                Err(e) => Err(e),
-            };
-            snapshots.map(|ls| (kv, Some(ls)))
-        }
-        Ok(kv) => Ok((kv, None)),
-        Err(e) => Err(e),
-    };
-    let (claims_kv, leases_kv) = match leases_kv {
-        Ok(kv) => kv,
+    let buckets = match ensure_streams_and_buckets(&broker, &config, setup, &interrupt).await {
+        Ok(b) => b,
         Err(_) if lifecycle.is_draining() => {
             tracing::info!(message = "Drain requested during start-up; stopping before any work.");
             return Ok(Exit::Drained);
@@ -185,6 +145,130 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         Err(e) => return Err(e.into()),
     };
 
+    let catalog = load_manifests(&config, &store).await?;
+    let metrics = start_metrics(mode, &catalog, &store).await?;
+    let (listener, admin_addr) = bind_admin(config.admin.addr).await?;
+
+    let drain_timeout = config.runner.drain_timeout.get();
+    let state = Arc::new(AppState::new(
+        config,
+        node_id,
+        node_lock.store_id().to_string(),
+        broker,
+        store,
+        metrics,
+        lifecycle,
+        catalog,
+    ));
+
+    // Paused tenants are known before the saga worker reads its first input.
+    let pause_watch = match load_pause_watch(&state, setup, &interrupt).await {
+        Ok(w) => w,
+        Err(_) if state.lifecycle.is_draining() => return Ok(Exit::Drained),
+        Err(e) => return Err(e.into()),
+    };
+
+    // Never beside a replica of a single-active release, and what one left in this store
+    // and in the streams is taken over (`worker/upgrade.rs`). Last, once nothing else can
+    // stop the start.
+    if let Some((leases, _)) = &buckets.partitions {
+        take_over_earlier_release(&state, leases, node_lock.store_id()).await?;
+    }
+
+    // The admin server outlives the drain so `/ready` can report it; it stops last.
+    let admin_stop = CancellationToken::new();
+    let admin_task = tokio::spawn(crate::admin::serve(
+        listener,
+        state.clone(),
+        admin_stop.clone(),
+    ));
+    tracing::info!(message = "Admin server listening.", admin.addr = %admin_addr);
+
+    // Workers of the configured mode run on this tracker and watch the work token; each
+    // owned partition's relay is flushed by its hand-over before the tracker empties.
+    let workers = TaskTracker::new();
+    start_saga_side(&workers, &state, pause_watch, buckets.partitions);
+    start_effect_side(&workers, &state, buckets.claims);
+    workers.close();
+    state.lifecycle.mark_started();
+    tracing::info!(message = "Ready.", mode = mode.as_str());
+
+    let exit = wait_and_drain(&state, &workers, drain_timeout).await;
+    admin_stop.cancel();
+    let _ = admin_task.await;
+    Ok(exit)
+}
+
+/// Takes the data directory's lock, then opens the store in it (both off the async
+/// threads).
+async fn open_store(config: &Config) -> Result<(NodeLock, Store), StartError> {
+    let storage_cfg = config.storage.clone();
+    tokio::task::spawn_blocking(move || {
+        let lock = NodeLock::acquire(&storage_cfg.data_dir)?;
+        Ok((lock, Store::open(&storage_cfg)?))
+    })
+    .await
+    .unwrap_or_else(|e| Err(crate::storage::StorageError::Task(e.to_string())))
+    .map_err(|source| StartError::Storage {
+        path: config.storage.data_dir.display().to_string(),
+        source,
+    })
+}
+
+/// Makes sure the streams exist, then the buckets this node's mode uses (claims for the
+/// effect side; leases, then snapshots, for the saga side), each retried until `setup` or
+/// `interrupt`. The first failure ends it.
+async fn ensure_streams_and_buckets(
+    broker: &Broker,
+    config: &Config,
+    setup: std::time::Instant,
+    interrupt: &CancellationToken,
+) -> Result<Buckets, broker::BrokerError> {
+    let mode = config.runner.mode;
+    broker::with_setup_retry("streams", setup, interrupt, || {
+        broker::ensure_streams(broker.jetstream(), &config.streams, mode.runs_sagas())
+    })
+    .await?;
+    let claims = if mode.runs_effects() {
+        Some(
+            broker::with_setup_retry("claims bucket", setup, interrupt, || {
+                broker::ensure_claims_bucket(broker.jetstream(), config)
+            })
+            .await?,
+        )
+    } else {
+        None
+    };
+    let partitions = if mode.runs_sagas() {
+        let p = &config.partitions;
+        let leases = broker::with_setup_retry("leases bucket", setup, interrupt, || {
+            broker::ensure_leases_bucket(
+                broker.jetstream(),
+                &p.leases_bucket,
+                p.lease_ttl.get(),
+                config.streams.replicas,
+                config.streams.storage,
+            )
+        })
+        .await?;
+        let snapshots = broker::with_setup_retry("snapshots bucket", setup, interrupt, || {
+            crate::worker::snapshot::ensure_bucket(
+                broker.jetstream(),
+                &p.snapshot_bucket,
+                &config.streams,
+            )
+        })
+        .await?;
+        Some((leases, snapshots))
+    } else {
+        None
+    };
+    Ok(Buckets { claims, partitions })
+}
+
+/// Loads the manifests (off the async threads) into a catalog; refuses one that leaves
+/// instances in the store on a version it no longer has, and logs its warnings.
+async fn load_manifests(config: &Config, store: &Store) -> Result<Catalog, StartError> {
     let paths = config.runner.manifests.clone();
     let report = tokio::task::spawn_blocking(move || manifest::load(&paths))
         .await
@@ -201,14 +285,23 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         Some(c) => c,
         None => return Err(StartError::Manifests(report.diagnostics)),
     };
-    let stranded = stranded_in(&store, &catalog).await;
+    let stranded = stranded_in(store, &catalog).await;
     if !stranded.is_empty() {
         return Err(StartError::Manifests(stranded));
     }
     for w in &report.diagnostics {
         tracing::warn!(message = "Manifest warning.", diagnostic = %w);
     }
+    Ok(catalog)
+}
 
+/// The metrics registry, seeded with what is known before any work: the sagas loaded and
+/// the outputs an earlier run parked.
+async fn start_metrics(
+    mode: Mode,
+    catalog: &Catalog,
+    store: &Store,
+) -> Result<Metrics, StartError> {
     let metrics = Metrics::new(VERSION, GIT_REVISION, mode.as_str())?;
     metrics
         .manifest_sagas
@@ -227,70 +320,62 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         .await
         .unwrap_or(0);
     metrics.relay_parked.inc_by(parked_before);
-    let listener = TcpListener::bind(config.admin.addr)
+    Ok(metrics)
+}
+
+/// Binds the admin listener; also answers the address it got (the port, when `addr` asked
+/// for any).
+async fn bind_admin(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
         .await
-        .map_err(|source| StartError::AdminBind {
-            addr: config.admin.addr,
-            source,
-        })?;
-    let admin_addr = listener
+        .map_err(|source| StartError::AdminBind { addr, source })?;
+    let bound = listener
         .local_addr()
-        .map_err(|source| StartError::AdminBind {
-            addr: config.admin.addr,
-            source,
-        })?;
+        .map_err(|source| StartError::AdminBind { addr, source })?;
+    Ok((listener, bound))
+}
 
-    let drain_timeout = config.runner.drain_timeout.get();
-    let state = Arc::new(AppState::new(
-        config,
-        node_id,
-        node_lock.store_id().to_string(),
-        broker,
-        store,
-        metrics,
-        lifecycle,
-        catalog,
-    ));
-
-    // Paused tenants are known before the saga worker reads its first input.
-    let pause_watch = if mode.runs_sagas() {
-        match broker::with_setup_retry("control bucket", setup, &interrupt, || {
-            crate::worker::control::load(&state)
-        })
-        .await
-        {
-            Ok(w) => Some(w),
-            Err(_) if state.lifecycle.is_draining() => return Ok(Exit::Drained),
-            Err(e) => return Err(e.into()),
-        }
-    } else {
-        None
-    };
-
-    // Never beside a replica of a single-active release, and what one left in this store
-    // and in the streams is taken over (`worker/upgrade.rs`). Last, once nothing else can
-    // stop the start.
-    if let Some((leases, _)) = &leases_kv {
-        if state.config.partitions.enabled.is_some() {
-            tracing::warn!(
-                message = "`partitions.enabled` is no longer read: saga mode is always partitioned (one replica owns every partition; more replicas share them). Remove the setting."
-            );
-        }
-        crate::worker::upgrade::take_over(&state, leases, node_lock.store_id()).await?;
+/// The paused tenants and a watch on them, when this node runs sagas (retried until
+/// `setup` or `interrupt`).
+async fn load_pause_watch(
+    state: &AppState,
+    setup: std::time::Instant,
+    interrupt: &CancellationToken,
+) -> Result<Option<kv::Watch>, broker::BrokerError> {
+    if !state.config.runner.mode.runs_sagas() {
+        return Ok(None);
     }
+    broker::with_setup_retry("control bucket", setup, interrupt, || {
+        crate::worker::control::load(state)
+    })
+    .await
+    .map(Some)
+}
 
-    // The admin server outlives the drain so `/ready` can report it; it stops last.
-    let admin_stop = CancellationToken::new();
-    let admin_task = tokio::spawn(crate::admin::serve(
-        listener,
-        state.clone(),
-        admin_stop.clone(),
-    ));
-    tracing::info!(message = "Admin server listening.", admin.addr = %admin_addr);
+/// Refuses to run beside a replica of a single-active release and takes over what one
+/// left (`worker/upgrade.rs`); warns about a setting no longer read.
+async fn take_over_earlier_release(
+    state: &AppState,
+    leases: &kv::Store,
+    store_id: &str,
+) -> Result<(), StartError> {
+    if state.config.partitions.enabled.is_some() {
+        tracing::warn!(
+            message = "`partitions.enabled` is no longer read: saga mode is always partitioned (one replica owns every partition; more replicas share them). Remove the setting."
+        );
+    }
+    crate::worker::upgrade::take_over(state, leases, store_id).await?;
+    Ok(())
+}
 
-    // Workers of the configured mode run on this tracker and watch the work token; each
-    // owned partition's relay is flushed by its hand-over before the tracker empties.
-    let workers = TaskTracker::new();
+/// Spawns the saga side on `workers` when this node runs sagas: the paused-tenants watch,
+/// then the partition workers.
+fn start_saga_side(
+    workers: &TaskTracker,
+    state: &Arc<AppState>,
+    pause_watch: Option<kv::Watch>,
+    partitions: Option<(kv::Store, ObjectStore)>,
+) {
     if let Some(w) = pause_watch {
         workers.spawn(crate::worker::control::watch(
             state.clone(),
@@ -298,22 +383,31 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             state.lifecycle.work_token(),
         ));
     }
-    if let Some((leases, snapshots)) = leases_kv {
+    if let Some((leases, snapshots)) = partitions {
         crate::worker::spawn(
-            &workers,
+            workers,
             state.clone(),
             leases,
             snapshots,
             state.lifecycle.work_token(),
         );
     }
-    if let Some(kv) = claims_kv {
-        crate::effect::spawn(&workers, state.clone(), kv, state.lifecycle.work_token());
-    }
-    workers.close();
-    state.lifecycle.mark_started();
-    tracing::info!(message = "Ready.", mode = mode.as_str());
+}
 
+/// Spawns the effect side on `workers` when this node runs effects.
+fn start_effect_side(workers: &TaskTracker, state: &Arc<AppState>, claims: Option<kv::Store>) {
+    if let Some(kv) = claims {
+        crate::effect::spawn(workers, state.clone(), kv, state.lifecycle.work_token());
+    }
+}
+
+/// Waits for the drain to start, then for the workers to finish and the NATS connection to
+/// flush, both within `drain_timeout`; answers whether the workers made it in time.
+async fn wait_and_drain(
+    state: &AppState,
+    workers: &TaskTracker,
+    drain_timeout: std::time::Duration,
+) -> Exit {
     state.lifecycle.work_token().cancelled().await;
     state.metrics.draining.set(1);
     let deadline = tokio::time::Instant::now() + drain_timeout;
@@ -334,7 +428,5 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     if exit == Exit::Drained {
         tracing::info!(message = "Drained.");
     }
-    admin_stop.cancel();
-    let _ = admin_task.await;
-    Ok(exit)
+    exit
 }

@@ -5,6 +5,10 @@
 //! range, names that become JetStream names or subject tokens are valid as such, settings
 //! that only make sense together are set together; the first problem found is a
 //! [`ConfigError::Invalid`] naming the key, never a silent clamp.
+//!
+//! Inside: one check per config section (`[nats]`, `[node]`, `[runner]`, `[streams]`, …),
+//! run in the order [`Config::validate`] lists them, plus one for the names that become
+//! JetStream names, which several sections give. Each stops at its own first problem.
 
 use super::Config;
 use super::error::ConfigError;
@@ -33,6 +37,14 @@ fn range<T: PartialOrd + std::fmt::Display>(
     }
 }
 
+/// The refusal of `key`, saying why in `message`.
+fn invalid(key: &str, message: String) -> Result<(), ConfigError> {
+    Err(ConfigError::Invalid {
+        key: key.to_string(),
+        message,
+    })
+}
+
 /// A JetStream stream or consumer name.
 fn is_js_name(s: &str) -> bool {
     is_subject_token(s) && !s.contains(['/', '\\'])
@@ -40,17 +52,32 @@ fn is_js_name(s: &str) -> bool {
 
 impl Config {
     /// Checks every value against its allowed range. Called once after all layers applied.
+    ///
+    /// The sections are checked in this order, and the first problem found is the answer.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |key: &str, message: String| {
-            Err(ConfigError::Invalid {
-                key: key.to_string(),
-                message,
-            })
-        };
-        if self.nats.urls.is_empty() {
+        self.validate_nats()?;
+        self.validate_node()?;
+        self.validate_runner()?;
+        self.validate_streams()?;
+        self.validate_jetstream_names()?;
+        self.validate_tenancy()?;
+        self.validate_storage()?;
+        self.validate_saga()?;
+        self.validate_effect()?;
+        self.validate_partitions()?;
+        self.validate_admin()?;
+        self.validate_consumers()?;
+        self.validate_tracing()
+    }
+
+    /// `[nats]`: server URLs without credentials in them, at most one authentication
+    /// scheme, credentials and TLS files given in pairs, sane timeouts.
+    fn validate_nats(&self) -> Result<(), ConfigError> {
+        let nats = &self.nats;
+        if nats.urls.is_empty() {
             return invalid("nats.urls", "at least one server URL is required".into());
         }
-        for url in &self.nats.urls {
+        for url in &nats.urls {
             let addr = match url.parse::<async_nats::ServerAddr>() {
                 Ok(a) => a,
                 Err(e) => {
@@ -70,13 +97,10 @@ impl Config {
             }
         }
         let schemes: Vec<&str> = [
-            ("nats.token", self.nats.token.is_some()),
-            (
-                "nats.user",
-                self.nats.user.is_some() || self.nats.password.is_some(),
-            ),
-            ("nats.nkey_seed_file", self.nats.nkey_seed_file.is_some()),
-            ("nats.creds_file", self.nats.creds_file.is_some()),
+            ("nats.token", nats.token.is_some()),
+            ("nats.user", nats.user.is_some() || nats.password.is_some()),
+            ("nats.nkey_seed_file", nats.nkey_seed_file.is_some()),
+            ("nats.creds_file", nats.creds_file.is_some()),
         ]
         .into_iter()
         .filter_map(|(k, set)| set.then_some(k))
@@ -90,6 +114,41 @@ impl Config {
                 ),
             );
         }
+        range(
+            "nats.connect_timeout",
+            nats.connect_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "nats.setup_timeout",
+            nats.setup_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(3600),
+        )?;
+        range(
+            "nats.request_timeout",
+            nats.request_timeout,
+            HumanDuration::millis(100),
+            HumanDuration::secs(300),
+        )?;
+        if nats.user.is_some() != nats.password.is_some() {
+            return invalid(
+                "nats.user",
+                "`user` and `password` must be set together".into(),
+            );
+        }
+        if nats.tls_cert_file.is_some() != nats.tls_key_file.is_some() {
+            return invalid(
+                "nats.tls_cert_file",
+                "`tls_cert_file` and `tls_key_file` must be set together".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// `[node]`: an id, when one is configured, usable in keys and subjects.
+    fn validate_node(&self) -> Result<(), ConfigError> {
         if !self.node.id.is_empty() && !valid_node_id(&self.node.id) {
             return invalid(
                 "node.id",
@@ -99,83 +158,61 @@ impl Config {
                 ),
             );
         }
-        range(
-            "nats.connect_timeout",
-            self.nats.connect_timeout,
-            HumanDuration::millis(100),
-            HumanDuration::secs(3600),
-        )?;
-        range(
-            "nats.setup_timeout",
-            self.nats.setup_timeout,
-            HumanDuration::millis(100),
-            HumanDuration::secs(3600),
-        )?;
-        range(
-            "nats.request_timeout",
-            self.nats.request_timeout,
-            HumanDuration::millis(100),
-            HumanDuration::secs(300),
-        )?;
+        Ok(())
+    }
+
+    /// `[runner]`: a drain timeout in range.
+    fn validate_runner(&self) -> Result<(), ConfigError> {
         range(
             "runner.drain_timeout",
             self.runner.drain_timeout,
             HumanDuration::millis(100),
             HumanDuration::secs(3600),
-        )?;
+        )
+    }
+
+    /// `[streams]`: the duplicate window, ages no shorter than it (nor than an hour), byte
+    /// caps of at least 1MiB (or none), a replica count JetStream accepts.
+    fn validate_streams(&self) -> Result<(), ConfigError> {
+        let streams = &self.streams;
         range(
             "streams.duplicate_window",
-            self.streams.duplicate_window,
+            streams.duplicate_window,
             HumanDuration::secs(1),
             HumanDuration::secs(7 * 24 * 3600),
         )?;
         let year = HumanDuration::secs(366 * 24 * 3600);
-        for (key, v) in [
-            (
-                "saga.dead_letter_retention",
-                self.saga.dead_letter_retention,
-            ),
-            ("saga.finished_retention", self.saga.finished_retention),
-        ] {
-            range(key, v, HumanDuration::secs(60), year)?;
-        }
-        let floor = HumanDuration::secs(3600).max(self.streams.duplicate_window);
-        range("streams.max_age", self.streams.max_age, floor, year)?;
+        let floor = HumanDuration::secs(3600).max(streams.duplicate_window);
+        range("streams.max_age", streams.max_age, floor, year)?;
         range(
             "streams.dead_letter_max_age",
-            self.streams.dead_letter_max_age,
+            streams.dead_letter_max_age,
             floor,
             year,
         )?;
         for (key, v) in [
-            ("streams.max_bytes", self.streams.max_bytes),
+            ("streams.max_bytes", streams.max_bytes),
             (
                 "streams.dead_letter_max_bytes",
-                self.streams.dead_letter_max_bytes,
+                streams.dead_letter_max_bytes,
             ),
         ] {
             if v.get() != 0 && v.get() < 1024 * 1024 {
                 return invalid(key, format!("{v} is below the least allowed, 1MiB (or 0)"));
             }
         }
-        if self.nats.user.is_some() != self.nats.password.is_some() {
-            return invalid(
-                "nats.user",
-                "`user` and `password` must be set together".into(),
-            );
-        }
-        if self.nats.tls_cert_file.is_some() != self.nats.tls_key_file.is_some() {
-            return invalid(
-                "nats.tls_cert_file",
-                "`tls_cert_file` and `tls_key_file` must be set together".into(),
-            );
-        }
-        if !(1..=5).contains(&self.streams.replicas) {
+        if !(1..=5).contains(&streams.replicas) {
             return invalid(
                 "streams.replicas",
-                format!("{} is out of range; allowed 1 to 5", self.streams.replicas),
+                format!("{} is out of range; allowed 1 to 5", streams.replicas),
             );
         }
+        Ok(())
+    }
+
+    /// Every name that becomes a JetStream stream, consumer or bucket name, whichever
+    /// section gives it.
+    fn validate_jetstream_names(&self) -> Result<(), ConfigError> {
         for (key, name) in [
             ("streams.aggregate_events", &self.streams.aggregate_events),
             ("streams.workflow_commands", &self.streams.workflow_commands),
@@ -196,6 +233,11 @@ impl Config {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// `[tenancy]`: the default tenant and every allowed one are subject tokens.
+    fn validate_tenancy(&self) -> Result<(), ConfigError> {
         use crate::subject::{Rule, check};
         if let Err(e) = check(&self.tenancy.default_tenant, Rule::TENANT) {
             return invalid(
@@ -211,181 +253,214 @@ impl Config {
                 );
             }
         }
-        if self.storage.max_size < ByteSize::mib(16) {
+        Ok(())
+    }
+
+    /// `[storage]`: a size of at least 16MiB, a growth step within it, a page size the
+    /// store supports, a data directory.
+    fn validate_storage(&self) -> Result<(), ConfigError> {
+        let storage = &self.storage;
+        if storage.max_size < ByteSize::mib(16) {
             return invalid(
                 "storage.max_size",
-                format!("{} is too small; at least 16MiB", self.storage.max_size),
+                format!("{} is too small; at least 16MiB", storage.max_size),
             );
         }
-        if self.storage.growth_step < ByteSize::mib(1)
-            || self.storage.growth_step > self.storage.max_size
-        {
+        if storage.growth_step < ByteSize::mib(1) || storage.growth_step > storage.max_size {
             return invalid(
                 "storage.growth_step",
                 format!(
                     "{} is out of range; allowed 1MiB to storage.max_size",
-                    self.storage.growth_step
+                    storage.growth_step
                 ),
             );
         }
-        let page = self.storage.page_size;
+        let page = storage.page_size;
         if !page.get().is_power_of_two() || page < ByteSize::kib(4) || page > ByteSize::kib(64) {
             return invalid(
                 "storage.page_size",
                 format!(
                     "{} is not a power of two from 4KiB to 64KiB",
-                    self.storage.page_size
+                    storage.page_size
                 ),
             );
         }
-        if self.storage.data_dir.as_os_str().is_empty() {
+        if storage.data_dir.as_os_str().is_empty() {
             return invalid("storage.data_dir", "must not be empty".into());
         }
-        range("saga.batch_size", self.saga.batch_size, 1, 10_000)?;
-        range("saga.relay_window", self.saga.relay_window, 1, 10_000)?;
+        Ok(())
+    }
+
+    /// `[saga]`: retentions, batch and message sizes, outbox depth, poll intervals and the
+    /// clock skew tolerated.
+    fn validate_saga(&self) -> Result<(), ConfigError> {
+        let saga = &self.saga;
+        let year = HumanDuration::secs(366 * 24 * 3600);
+        for (key, v) in [
+            ("saga.dead_letter_retention", saga.dead_letter_retention),
+            ("saga.finished_retention", saga.finished_retention),
+        ] {
+            range(key, v, HumanDuration::secs(60), year)?;
+        }
+        range("saga.batch_size", saga.batch_size, 1, 10_000)?;
+        range("saga.relay_window", saga.relay_window, 1, 10_000)?;
         range(
             "saga.max_message_bytes",
-            self.saga.max_message_bytes,
+            saga.max_message_bytes,
             ByteSize(1024),
             ByteSize::mib(64),
         )?;
         range(
             "saga.max_batch_bytes",
-            self.saga.max_batch_bytes,
+            saga.max_batch_bytes,
             ByteSize(64 * 1024),
             ByteSize::gib(1),
         )?;
         range(
             "saga.max_pull_bytes",
-            self.saga.max_pull_bytes,
+            saga.max_pull_bytes,
             ByteSize::mib(1),
             ByteSize::gib(1),
         )?;
-        if self.saga.max_outbox_depth == 0 {
+        if saga.max_outbox_depth == 0 {
             return invalid("saga.max_outbox_depth", "must be at least 1".into());
         }
         range(
             "saga.relay_poll",
-            self.saga.relay_poll,
+            saga.relay_poll,
             HumanDuration::millis(10),
             HumanDuration::secs(60),
         )?;
         range(
             "saga.max_clock_skew",
-            self.saga.max_clock_skew,
+            saga.max_clock_skew,
             HumanDuration::secs(0),
             HumanDuration::secs(30 * 24 * 3600),
         )?;
         range(
             "saga.timer_poll",
-            self.saga.timer_poll,
+            saga.timer_poll,
             HumanDuration::millis(10),
             HumanDuration::secs(60),
-        )?;
-        range("effect.concurrency", self.effect.concurrency, 1, 10_000)?;
+        )
+    }
+
+    /// `[effect]`: concurrency and in-flight budgets, delivery and lease timing, claim
+    /// retention, the default call timeout.
+    fn validate_effect(&self) -> Result<(), ConfigError> {
+        let effect = &self.effect;
+        range("effect.concurrency", effect.concurrency, 1, 10_000)?;
         range(
             "effect.max_inflight_bytes",
-            self.effect.max_inflight_bytes,
+            effect.max_inflight_bytes,
             ByteSize::mib(1),
             ByteSize::gib(16),
         )?;
         range(
             "effect.max_ack_pending",
-            self.effect.max_ack_pending,
+            effect.max_ack_pending,
             1,
             1_000_000,
         )?;
-        range("effect.max_deliver", self.effect.max_deliver, 2, 10_000)?;
+        range("effect.max_deliver", effect.max_deliver, 2, 10_000)?;
         range(
             "effect.ack_wait",
-            self.effect.ack_wait,
+            effect.ack_wait,
             HumanDuration::secs(1),
             HumanDuration::secs(3600),
         )?;
         range(
             "effect.lease_ttl",
-            self.effect.lease_ttl,
+            effect.lease_ttl,
             HumanDuration::millis(300),
             HumanDuration::secs(600),
         )?;
         range(
             "effect.claim_retention",
-            self.effect.claim_retention,
+            effect.claim_retention,
             HumanDuration::secs(60),
             HumanDuration::secs(365 * 24 * 3600),
         )?;
-        if !(1..=1024).contains(&self.partitions.count) {
+        range(
+            "effect.default_timeout",
+            effect.default_timeout,
+            HumanDuration::millis(10),
+            HumanDuration::secs(3600),
+        )
+    }
+
+    /// `[partitions]`: a partition count, snapshot cadence and keep, a lease TTL.
+    fn validate_partitions(&self) -> Result<(), ConfigError> {
+        let partitions = &self.partitions;
+        if !(1..=1024).contains(&partitions.count) {
             return invalid(
                 "partitions.count",
-                format!("must be 1 to 1024, got {}", self.partitions.count),
+                format!("must be 1 to 1024, got {}", partitions.count),
             );
         }
         range(
             "partitions.snapshot_interval",
-            self.partitions.snapshot_interval,
+            partitions.snapshot_interval,
             HumanDuration::secs(1),
             HumanDuration::secs(24 * 3600),
         )?;
-        if !(1..=100).contains(&self.partitions.snapshot_keep) {
+        if !(1..=100).contains(&partitions.snapshot_keep) {
             return invalid(
                 "partitions.snapshot_keep",
-                format!("must be 1 to 100, got {}", self.partitions.snapshot_keep),
+                format!("must be 1 to 100, got {}", partitions.snapshot_keep),
             );
         }
         range(
             "partitions.lease_ttl",
-            self.partitions.lease_ttl,
+            partitions.lease_ttl,
             HumanDuration::secs(1),
             HumanDuration::secs(300),
-        )?;
-        range(
-            "effect.default_timeout",
-            self.effect.default_timeout,
-            HumanDuration::millis(10),
-            HumanDuration::secs(3600),
-        )?;
-        if let Some(t) = &self.admin.token
+        )
+    }
+
+    /// `[admin]`: a token long enough and given one way, required when the address is
+    /// reachable from other hosts; connection limits and timeouts.
+    fn validate_admin(&self) -> Result<(), ConfigError> {
+        let admin = &self.admin;
+        if let Some(t) = &admin.token
             && t.len() < 16
         {
             return invalid("admin.token", "is shorter than 16 characters".into());
         }
-        if self.admin.token.is_some() && self.admin.token_file.is_some() {
+        if admin.token.is_some() && admin.token_file.is_some() {
             return invalid(
                 "admin.token",
                 "set either `token` or `token_file`, not both".into(),
             );
         }
-        if !self.admin.addr.ip().is_loopback()
-            && self.admin.token.is_none()
-            && self.admin.token_file.is_none()
-        {
+        if !admin.addr.ip().is_loopback() && admin.token.is_none() && admin.token_file.is_none() {
             return invalid(
                 "admin.addr",
                 format!(
                     "{} is reachable from other hosts, so `admin.token` (or `admin.token_file`) \
                      is required: without one anyone who reaches it could drain or reload this node",
-                    self.admin.addr
+                    admin.addr
                 ),
             );
         }
-        range(
-            "admin.max_connections",
-            self.admin.max_connections,
-            1,
-            10_000,
-        )?;
+        range("admin.max_connections", admin.max_connections, 1, 10_000)?;
         range(
             "admin.idle_timeout",
-            self.admin.idle_timeout,
+            admin.idle_timeout,
             HumanDuration::millis(100),
             HumanDuration::secs(3600),
         )?;
         range(
             "admin.connection_timeout",
-            self.admin.connection_timeout,
+            admin.connection_timeout,
             HumanDuration::secs(1),
             HumanDuration::secs(86_400),
-        )?;
+        )
+    }
+
+    /// `[consumers]`: the stall check interval, and a reopen timeout no longer than one NATS
+    /// request may take.
+    fn validate_consumers(&self) -> Result<(), ConfigError> {
         range(
             "consumers.stall_check",
             self.consumers.stall_check,
@@ -397,19 +472,12 @@ impl Config {
             self.consumers.reopen_timeout,
             HumanDuration::millis(100),
             self.nats.request_timeout,
-        )?;
-        self.validate_tracing()
+        )
     }
 
     /// `[tracing]`: an http(s) endpoint without credentials, a ratio, sane intervals.
     fn validate_tracing(&self) -> Result<(), ConfigError> {
         let t = &self.tracing;
-        let invalid = |key: &str, message: String| {
-            Err(ConfigError::Invalid {
-                key: key.to_string(),
-                message,
-            })
-        };
         if let Some(url) = &t.otlp_endpoint {
             let rest = url
                 .strip_prefix("http://")

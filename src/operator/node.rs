@@ -1,0 +1,76 @@
+//! `runner tenants` and `runner partitions`: what only a running node does, so these
+//! commands need `--admin URL` and refuse without it.
+
+use super::store::remote;
+use crate::cli::{OutputFormat, PartitionsAction, StoreArgs, TenantsAction};
+
+/// `runner tenants`: pause, resume, list — through a running saga node only (the pause is
+/// shared by every node through NATS, and a resume releases inside the node's commits).
+pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
+    use crate::admin::client::enc;
+    let Some(api) = remote(args)? else {
+        anyhow::bail!(
+            "tenants are paused and resumed through a running saga node: add --admin URL"
+        );
+    };
+    match action {
+        TenantsAction::Pause { tenant } => {
+            let v = api.post(
+                &format!("/admin/tenants/{}/pause", enc(&tenant)),
+                &serde_json::json!({}),
+            )?;
+            crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
+        }
+        TenantsAction::Resume { tenant } => {
+            let v = api.post(
+                &format!("/admin/tenants/{}/resume", enc(&tenant)),
+                &serde_json::json!({}),
+            )?;
+            crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
+        }
+        TenantsAction::List { output } => {
+            let v = api.get("/admin/tenants/paused")?;
+            if output == OutputFormat::Json {
+                crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
+            } else {
+                let paused = v["paused"].as_array().cloned().unwrap_or_default();
+                for t in &paused {
+                    crate::outln!(
+                        "{}",
+                        crate::telemetry::escape_controls(t.as_str().unwrap_or("-"))
+                    )?;
+                }
+                crate::outln!("{} tenant(s) paused", paused.len())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `runner partitions replay`: asks the owner of a partition to read its inbox again.
+pub fn partitions(args: &StoreArgs, action: PartitionsAction) -> anyhow::Result<()> {
+    let Some(api) = remote(args)? else {
+        anyhow::bail!("a partition is replayed by the node that owns it: add --admin URL");
+    };
+    match action {
+        PartitionsAction::Replay {
+            partition,
+            from,
+            confirm,
+        } => {
+            let body = serde_json::json!({ "from": from, "confirm": confirm });
+            match api.post(&format!("/admin/partitions/{partition}/replay"), &body) {
+                Ok(v) => crate::outln!("{}", serde_json::to_string_pretty(&v)?)?,
+                Err(crate::admin::client::ClientError::Refused {
+                    status: 400,
+                    message,
+                }) if !confirm => {
+                    crate::outln!("{message}")?;
+                    anyhow::bail!("nothing done: add --confirm to replay");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
