@@ -225,7 +225,8 @@ pub(crate) async fn run(a: Args) -> Result<()> {
                     most / one,
                     "x",
                     crate::goals::Bound::AtLeast,
-                    crate::goals::CAPPED_SCALING * *n as f64,
+                    // 0.8 × 3 printed as 2.4, not 2.4000000000000004.
+                    (crate::goals::CAPPED_SCALING * *n as f64 * 100.0).round() / 100.0,
                 )
             );
         }
