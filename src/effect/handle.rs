@@ -7,6 +7,11 @@
 //! **ack** the command. Every line logged while handling a command sits in one span,
 //! `effect_command`, carrying its tenant, effect, command id and claim attempt.
 //!
+//! `handle_in` runs the steps in that order, one function each: [`admit`], [`pass_gate`],
+//! [`run_attempts`], [`shape_result`], [`record_outcome`], [`publish_result`] and
+//! [`complete`]. A step that ends the handling early has settled the delivery (acked,
+//! nak'ed or terminated) before it returns.
+//!
 //! Guarantees: the outcome is recorded (CAS on the held revision) before the result is
 //! published, so an executor fenced out by a takeover publishes nothing; a result is
 //! published under its derived `Nats-Msg-Id` before the command is acked, so a crash in
@@ -21,7 +26,7 @@ use tracing::Instrument;
 use tracing::field::Empty;
 
 use super::attempt::{Guarded, run_guarded};
-use super::claim::{self, ClaimError, Gate, StoredResult};
+use super::claim::{self, ClaimError, Gate, Lease, StoredResult};
 use super::command::{Command, CommandError, ResultType};
 use super::context::{Ctx, event, outcome};
 use crate::backoff::Backoff;
@@ -45,18 +50,67 @@ pub(super) async fn handle(ctx: &Ctx, msg: jetstream::Message) {
     handle_in(ctx, msg, &span).instrument(span.clone()).await;
 }
 
+/// The steps of one delivery, in their order; each step that ends the handling early
+/// (a refusal, a hand-back, a replay) has already settled the message when it returns.
 async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     let traceparent = crate::broker::headers::traceparent(msg.headers.as_ref());
     let metrics = &ctx.state.metrics;
+    observe_queue_age(ctx, &msg);
+    let (mut cmd, key) = match admit(ctx, &msg, traceparent.clone()) {
+        Ok(v) => v,
+        Err((kind, reason)) => {
+            refuse(ctx, &msg, traceparent, kind, &reason).await;
+            return;
+        }
+    };
+    // Held until the handling ends, so the execution span covers every later step.
+    let mut exec = open_execution(&mut cmd);
+    span.record("tenant", cmd.tenant.as_str());
+    span.record("effect", cmd.effect.as_str());
+    span.record("command_id", cmd.command_id.as_str());
+    let Some(mut lease) = pass_gate(ctx, &msg, &key, span).await else {
+        return;
+    };
+    let Some(ran) = run_attempts(ctx, &msg, &cmd, &mut lease).await else {
+        return;
+    };
+    let label = ctx.effect_label(&cmd.effect);
+    metrics
+        .effect_seconds
+        .with_label_values(&[label.as_str()])
+        .observe(ran.started.elapsed().as_secs_f64());
+    let attempts = ran.attempts;
+    let (result, rt) = shape_result(ctx, &cmd, ran, exec.as_mut());
+    if !record_outcome(ctx, &msg, &mut lease, &result).await {
+        return;
+    }
+    if !publish_result(ctx, &msg, &result).await {
+        return;
+    }
+    complete(ctx, &msg, &label, rt, attempts).await;
+}
+
+/// Observes how long the command waited in its stream before this delivery.
+fn observe_queue_age(ctx: &Ctx, msg: &jetstream::Message) {
     if let Ok(info) = msg.info() {
-        metrics
+        ctx.state
+            .metrics
             .effect_queue
             .observe(crate::broker::headers::stored_age(
                 &info,
                 crate::broker::headers::now_nanos(),
             ));
     }
-    let decoded = Command::decode(msg.subject.as_str(), &msg.payload, traceparent.clone())
+}
+
+/// Decodes the command and admits it, with its claim key; or says why it can never run,
+/// as the dead-letter kind and the reason [`refuse`] files it under.
+fn admit(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    traceparent: Option<String>,
+) -> Result<(Command, String), (&'static str, String)> {
+    Command::decode(msg.subject.as_str(), &msg.payload, traceparent)
         .map(|mut c| {
             c.reply_partition = crate::broker::headers::reply_partition(msg.headers.as_ref());
             c
@@ -97,17 +151,14 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                     },
                 )),
             }
-        });
-    let (mut cmd, key) = match decoded {
-        Ok(v) => v,
-        Err((kind, reason)) => {
-            refuse(ctx, &msg, traceparent, kind, &reason).await;
-            return;
-        }
-    };
+        })
+}
+
+/// Opens the `effect.execute` span of an admitted command, when span export is on.
+fn open_execution(cmd: &mut Command) -> Option<otel::Hop> {
     // With span export on, this delivery is an `effect.execute` span: its attempts and its
     // result are its children, so the command's trace context becomes the span's.
-    let mut exec = otel::hop(
+    let exec = otel::hop(
         "effect.execute",
         otel::Kind::Consumer,
         cmd.traceparent.as_deref(),
@@ -122,19 +173,28 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     if let Some(h) = &exec {
         cmd.traceparent = Some(h.traceparent().to_string());
     }
-    span.record("tenant", cmd.tenant.as_str());
-    span.record("effect", cmd.effect.as_str());
-    span.record("command_id", cmd.command_id.as_str());
+    exec
+}
+
+/// Passes the claim gate: the lease to run the command under, or `None` once the delivery
+/// is settled without running (a done command's stored result republished and acked, a
+/// command held elsewhere or an unreadable claim handed back).
+async fn pass_gate(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    key: &str,
+    span: &tracing::Span,
+) -> Option<Lease> {
     let first_delivery = msg.info().map(|i| i.delivered <= 1).unwrap_or(false);
-    let gate = match ctx.claims.gate(&key, first_delivery).await {
+    let gate = match ctx.claims.gate(key, first_delivery).await {
         Ok(g) => g,
         Err(e) => {
             tracing::warn!(message = "Claim check failed; will retry.", error = %e);
-            hand_back(ctx, &msg, None, "the claim could not be checked").await;
-            return;
+            hand_back(ctx, msg, None, "the claim could not be checked").await;
+            return None;
         }
     };
-    let mut lease = match gate {
+    match gate {
         Gate::Done(result) => {
             ctx.claim_event(event::REPLAYED);
             tracing::info!(message = "Command already done; republishing its stored result.");
@@ -144,70 +204,98 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 }
                 Err(e) => {
                     tracing::warn!(message = "Republishing a stored result failed; will retry.", error = %e);
-                    hand_back(
-                        ctx,
-                        &msg,
-                        None,
-                        "its stored result could not be republished",
-                    )
-                    .await;
+                    hand_back(ctx, msg, None, "its stored result could not be republished").await;
                 }
             }
-            return;
+            None
         }
         Gate::Busy(delay) => {
             ctx.claim_event(event::BUSY);
             tracing::debug!(message = "Command held by a live executor; retrying later.", retry_in = ?delay);
-            hand_back(ctx, &msg, Some(delay), "another executor held its claim").await;
-            return;
+            hand_back(ctx, msg, Some(delay), "another executor held its claim").await;
+            None
         }
         Gate::Acquired(l) => {
             ctx.claim_event(event::ACQUIRED);
             span.record("attempt", l.attempt);
             tracing::debug!(message = "Claim acquired.");
-            l
+            Some(l)
         }
         Gate::Stolen(l) => {
             ctx.claim_event(event::STEAL);
             span.record("attempt", l.attempt);
             tracing::info!(message = "Claim taken over after its lease expired.");
-            l
+            Some(l)
         }
-    };
+    }
+}
 
+/// What the attempts came to, with when they started.
+struct Ran {
+    rt: ResultType,
+    payload: serde_json::Value,
+    attempts: u32,
+    started: Instant,
+}
+
+/// Runs the attempts under the lease ([`run_guarded`]): their outcome, or `None` once the
+/// command is handed back (its lease lost, or the worker draining between retries).
+async fn run_attempts(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    cmd: &Command,
+    lease: &mut Lease,
+) -> Option<Ran> {
+    let metrics = &ctx.state.metrics;
     metrics.effect_in_flight.inc();
     let started = Instant::now();
-    let outcome = run_guarded(ctx, &msg, &cmd, &mut lease).await;
+    let outcome = run_guarded(ctx, msg, cmd, lease).await;
     metrics.effect_in_flight.dec();
-    let (rt, payload, attempts) = match outcome {
-        Guarded::Done(rt, payload, attempts) => (rt, payload, attempts),
+    match outcome {
+        Guarded::Done(rt, payload, attempts) => Some(Ran {
+            rt,
+            payload,
+            attempts,
+            started,
+        }),
         Guarded::Lost => {
             // Someone else owns the command now. Its redelivery finds the new owner's claim.
-            hand_back(ctx, &msg, Some(ctx.claims.ttl()), "its lease was lost").await;
-            return;
+            hand_back(ctx, msg, Some(ctx.claims.ttl()), "its lease was lost").await;
+            None
         }
         Guarded::HandBack => {
             // Expire the lease at once so another replica takes the command over now.
-            let released = ctx.claims.release(&mut lease).await;
+            let released = ctx.claims.release(lease).await;
             tracing::info!(
                 message = "Draining: command handed back between retries.",
                 released = released.is_ok()
             );
             hand_back(
                 ctx,
-                &msg,
+                msg,
                 Some(Duration::ZERO),
                 "a draining worker handed it back",
             )
             .await;
-            return;
+            None
         }
-    };
-    let label = ctx.effect_label(&cmd.effect);
-    metrics
-        .effect_seconds
-        .with_label_values(&[label.as_str()])
-        .observe(started.elapsed().as_secs_f64());
+    }
+}
+
+/// The result to record and publish, with its type: a result too large for the broker
+/// becomes a Failed one saying so. The execution span is told how the effect ended.
+fn shape_result(
+    ctx: &Ctx,
+    cmd: &Command,
+    ran: Ran,
+    exec: Option<&mut otel::Hop>,
+) -> (StoredResult, ResultType) {
+    let Ran {
+        rt,
+        payload,
+        attempts,
+        ..
+    } = ran;
     let (result, oversized) =
         cmd.result_within(rt, payload, attempts, ctx.state.broker.max_record_bytes());
     if let Some(bytes) = oversized {
@@ -222,19 +310,30 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
     } else {
         rt
     };
-    if let Some(h) = exec.as_mut() {
+    if let Some(h) = exec {
         h.set("runner.result_type", rt.as_str());
         h.set("runner.attempts", i64::from(attempts));
         if rt != ResultType::Succeeded {
             h.fail(format!("the effect ended {}", rt.as_str()));
         }
     }
+    (result, rt)
+}
+
+/// Records the outcome in the claim (CAS on the held revision). `false` once the command
+/// is handed back, fenced out or unrecordable, with nothing published.
+async fn record_outcome(
+    ctx: &Ctx,
+    msg: &jetstream::Message,
+    lease: &mut Lease,
+    result: &StoredResult,
+) -> bool {
     // Recording is retried while the lease lasts: the call's outcome is in hand, and giving
     // up here would make another executor call the upstream again.
     let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
     loop {
-        match ctx.claims.complete(&mut lease, result.clone()).await {
-            Ok(()) => break,
+        match ctx.claims.complete(lease, result.clone()).await {
+            Ok(()) => return true,
             Err(e @ ClaimError::Kv { .. })
                 if now_ms().saturating_add(pause.peek().as_millis() as u64) < lease.expires_ms =>
             {
@@ -245,28 +344,39 @@ async fn handle_in(ctx: &Ctx, msg: jetstream::Message, span: &tracing::Span) {
                 ctx.claim_event(event::FAILED);
                 let fenced = matches!(e, ClaimError::Fenced { .. });
                 tracing::warn!(message = if fenced { "Outcome fenced out: another executor owns the command; nothing published." } else { "Recording the outcome failed; nothing published, will retry." }, error = %e);
-                hand_back(ctx, &msg, None, "its outcome could not be recorded").await;
-                return;
+                hand_back(ctx, msg, None, "its outcome could not be recorded").await;
+                return false;
             }
         }
     }
+}
+
+/// Publishes the recorded result. `false` once the command is handed back after the last
+/// try, for its redelivery to republish the stored result.
+async fn publish_result(ctx: &Ctx, msg: &jetstream::Message, result: &StoredResult) -> bool {
     // The claim is done from here on; a failed publish is retried a few times, and after
     // that the redelivery republishes the stored result.
     let mut pause = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut tries = 0;
-    while let Err(e) = publish(ctx, &result).await {
+    while let Err(e) = publish(ctx, result).await {
         tries += 1;
         if tries >= 5 {
             tracing::warn!(message = "Publishing the result failed; the redelivery republishes it.", error = %e);
-            hand_back(ctx, &msg, None, "its result could not be published").await;
-            return;
+            hand_back(ctx, msg, None, "its result could not be published").await;
+            return false;
         }
         tokio::time::sleep(pause.next_wait()).await;
     }
+    true
+}
+
+/// Counts the completed command and acks it, its result published.
+async fn complete(ctx: &Ctx, msg: &jetstream::Message, label: &str, rt: ResultType, attempts: u32) {
     ctx.claim_event(event::COMPLETED);
-    metrics
+    ctx.state
+        .metrics
         .effect_results
-        .with_label_values(&[label.as_str(), rt.as_str()])
+        .with_label_values(&[label, rt.as_str()])
         .inc();
     tracing::debug!(
         message = "Effect completed.",

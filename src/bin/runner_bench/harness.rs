@@ -219,31 +219,8 @@ impl NatsCluster {
             .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
             .collect::<Result<_>>()?;
         let mut nodes = Vec::new();
-        for (i, (client, route, monitor)) in ports.iter().enumerate() {
-            let routes: Vec<String> = ports
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, p)| format!("\"nats-route://127.0.0.1:{}\"", p.1))
-                .collect();
-            let name = format!("n{}", i + 1);
-            let conf = format!(
-                "server_name: {name}\nlisten: \"127.0.0.1:{client}\"\nhttp: \"127.0.0.1:{monitor}\"\n\
-                 jetstream {{ store_dir: \"{store}\" }}\n\
-                 cluster {{ name: bench\n  listen: \"127.0.0.1:{route}\"\n  routes: [{routes}]\n}}\n",
-                store = dir.join(&name).display(),
-                routes = routes.join(", "),
-            );
-            let conf_path = dir.join(format!("{name}.conf"));
-            std::fs::write(&conf_path, conf)?;
-            let child = Command::new(bin)
-                .arg("-c")
-                .arg(&conf_path)
-                .stdout(Stdio::null())
-                .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
-                .spawn()
-                .with_context(|| format!("starting {}", bin.display()))?;
-            nodes.push(Proc { child });
+        for i in 0..ports.len() {
+            nodes.push(start_node(bin, dir, &ports, i)?);
         }
         let urls: Vec<String> = ports
             .iter()
@@ -254,29 +231,25 @@ impl NatsCluster {
             nodes,
             monitors: ports.iter().map(|p| p.2).collect(),
         };
+        cluster.wait_formed(dir, n).await?;
+        Ok(cluster)
+    }
+
+    /// Waits (up to 60 s) until every node reports a meta leader and at least `n` peers,
+    /// and JetStream answers a client of the cluster.
+    async fn wait_formed(&self, dir: &Path, n: usize) -> Result<()> {
         let http = reqwest::Client::new();
         let until = Instant::now() + Duration::from_secs(60);
         loop {
             let mut formed = true;
-            for (_, _, monitor) in &ports {
-                let jsz: serde_json::Value = match http
-                    .get(format!("http://127.0.0.1:{monitor}/jsz"))
-                    .timeout(Duration::from_secs(2))
-                    .send()
-                    .await
-                {
-                    Ok(r) => r.json().await.unwrap_or_default(),
-                    Err(_) => serde_json::Value::Null,
-                };
-                let meta = &jsz["meta_cluster"];
-                formed &= meta["leader"].as_str().is_some_and(|l| !l.is_empty())
-                    && meta["cluster_size"].as_u64().unwrap_or(0) as usize >= n;
+            for monitor in &self.monitors {
+                formed &= node_sees_cluster(&http, *monitor, n).await;
             }
             if formed
-                && let Ok(c) = crate::connect(&cluster.urls).await
+                && let Ok(c) = crate::connect(&self.urls).await
                 && async_nats::jetstream::new(c).query_account().await.is_ok()
             {
-                return Ok(cluster);
+                return Ok(());
             }
             if Instant::now() > until {
                 bail!(
@@ -384,6 +357,63 @@ impl NatsCluster {
             .collect::<Vec<_>>()
             .join(" ")
     }
+}
+
+/// Starts node `i` of a cluster whose nodes listen on `ports` (client, route, monitoring):
+/// writes its configuration file `n<i+1>.conf`, with every other node as a route, and runs
+/// it with its log in `n<i+1>.log`.
+fn start_node(bin: &Path, dir: &Path, ports: &[(u16, u16, u16)], i: usize) -> Result<Proc> {
+    let (client, route, monitor) = ports[i];
+    let routes: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .map(|(_, p)| format!("\"nats-route://127.0.0.1:{}\"", p.1))
+        .collect();
+    let name = format!("n{}", i + 1);
+    // The file, one entry per line of it.
+    let conf = [
+        format!("server_name: {name}"),
+        format!("listen: \"127.0.0.1:{client}\""),
+        format!("http: \"127.0.0.1:{monitor}\""),
+        format!(
+            "jetstream {{ store_dir: \"{}\" }}",
+            dir.join(&name).display()
+        ),
+        "cluster { name: bench".to_string(),
+        format!("  listen: \"127.0.0.1:{route}\""),
+        format!("  routes: [{}]", routes.join(", ")),
+        "}".to_string(),
+    ]
+    .map(|line| line + "\n")
+    .concat();
+    let conf_path = dir.join(format!("{name}.conf"));
+    std::fs::write(&conf_path, conf)?;
+    let child = Command::new(bin)
+        .arg("-c")
+        .arg(&conf_path)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.log")))?)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    Ok(Proc { child })
+}
+
+/// Whether the node monitored on port `monitor` reports a JetStream meta leader and at
+/// least `n` peers (false when it does not answer).
+async fn node_sees_cluster(http: &reqwest::Client, monitor: u16, n: usize) -> bool {
+    let jsz: serde_json::Value = match http
+        .get(format!("http://127.0.0.1:{monitor}/jsz"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+    {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => serde_json::Value::Null,
+    };
+    let meta = &jsz["meta_cluster"];
+    meta["leader"].as_str().is_some_and(|l| !l.is_empty())
+        && meta["cluster_size"].as_u64().unwrap_or(0) as usize >= n
 }
 
 /// A running `runner run`.

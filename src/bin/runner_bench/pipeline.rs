@@ -10,22 +10,23 @@
 //! it by revision with the result, publishes the result awaiting its acknowledgement, and
 //! acknowledges the command. `limit` (`limit.rs`) does exactly those consumes, publishes
 //! (with bodies of the sizes the runner produced, copied from its streams), KV operations and
-//! acks, on streams of its own. [`drive`] is shared with the `cluster` scenario.
+//! acks, on streams of its own. [`drive`] (its own file) is shared with the `cluster`
+//! scenarios; `run` measures the alternated runner/limit pairs, then the open-loop runs, one
+//! step each, and prints the `result:` and `goal:` lines last.
 
-use std::collections::HashMap;
+#[path = "pipeline/drive.rs"]
+mod drive;
+
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use async_nats::jetstream;
-use futures::StreamExt;
-use serde_json::{Value as Json, json};
 
 use crate::goals;
 use crate::harness::{Nats, Programs, Runner, WorkDir};
-use crate::probe::Sampler;
-use crate::{Publisher, event, quantiles, tail};
+use crate::probe::{Metrics, Sampler};
+pub(crate) use drive::{Flow, drive};
 
 /// Saga transitions per order on the happy path.
 pub(crate) const TRANSITIONS_PER_ORDER: f64 = 4.0;
@@ -173,229 +174,6 @@ pub(crate) fn goal_lines(
     out
 }
 
-/// Where a drive sends orders and watches their outputs.
-#[derive(Clone)]
-pub(crate) enum Flow {
-    Runner { tenant: String },
-    Limit,
-}
-
-impl Flow {
-    fn input(&self, id: &str) -> String {
-        match self {
-            Flow::Runner { tenant } => format!("tenant.{tenant}.aggregate.Order.{id}"),
-            Flow::Limit => format!("limit.agg.Order.{id}"),
-        }
-    }
-    fn first_output(&self) -> (&'static str, String) {
-        match self {
-            Flow::Runner { tenant } => (
-                "WORKFLOW_COMMANDS",
-                format!("tenant.{tenant}.effect.charge_card.*"),
-            ),
-            Flow::Limit => ("LIMIT_CMD", "limit.cmd.effect.charge_card.*".into()),
-        }
-    }
-    pub(crate) fn final_output(&self) -> (&'static str, String) {
-        match self {
-            Flow::Runner { tenant } => (
-                "WORKFLOW_EVENTS",
-                format!("tenant.{tenant}.workflow_event.order.*"),
-            ),
-            Flow::Limit => ("LIMIT_EVT", "limit.evt.workflow_event.order.*".into()),
-        }
-    }
-    /// The order a seen output belongs to.
-    pub(crate) fn order_of(&self, subject: &str, payload: &[u8], first: bool) -> Option<String> {
-        if matches!(self, Flow::Runner { .. }) {
-            let v: Json = serde_json::from_slice(payload).ok()?;
-            if first {
-                // The runner's command subject ends with the command id; the body names
-                // the order.
-                return v["payload"]["order_id"].as_str().map(str::to_owned);
-            }
-            // The saga's own end event shares the subject with OrderFulfilled; only the
-            // latter is the order's final output (counting both ended a drive at half).
-            if v["event_type"] != "OrderFulfilled" {
-                return None;
-            }
-        }
-        subject.rsplit('.').next().map(str::to_owned)
-    }
-}
-
-/// What one drive measured.
-pub(crate) struct Drive {
-    pub(crate) orders: u64,
-    pub(crate) completed: usize,
-    pub(crate) elapsed: f64,
-    /// Whether the orders were offered at a set rate (open loop).
-    paced: bool,
-    /// Seconds from the first publish to the last.
-    offered_for: f64,
-    /// When each order completed, in seconds from the first publish.
-    done_at: Vec<f64>,
-    first: Vec<f64>,
-    done: Vec<f64>,
-}
-
-impl Drive {
-    pub(crate) fn sagas_per_s(&self) -> f64 {
-        self.completed as f64 / self.elapsed
-    }
-    /// Sagas completed per second while the load was offered, past its first quarter
-    /// ([`steady_rate`]): what an open-loop run keeps up with, without the warm-up or the
-    /// drain after the last publish.
-    pub(crate) fn steady_per_s(&self) -> f64 {
-        steady_rate(&self.done_at, self.offered_for)
-    }
-    /// p99 in ms of input → first output and of input → saga completed.
-    pub(crate) fn p99s(&mut self) -> (f64, f64) {
-        self.first.sort_by(f64::total_cmp);
-        self.done.sort_by(f64::total_cmp);
-        (
-            crate::percentile(&self.first, 0.99),
-            crate::percentile(&self.done, 0.99),
-        )
-    }
-    pub(crate) fn line(&mut self, label: &str, transitions: f64) -> String {
-        // Only a paced (open-loop) drive has a rate it was offered to keep up with.
-        let steady = if self.paced {
-            format!(" completed_per_s_while_offered={:.0}", self.steady_per_s())
-        } else {
-            String::new()
-        };
-        format!(
-            "{label}: orders={} completed={} elapsed={:.2}s transitions_per_s={:.0} sagas_per_s={:.0}{steady} | input->first output stored (charge_card) ms {} | input->saga completed (OrderFulfilled stored) ms {}",
-            self.orders,
-            self.completed,
-            self.elapsed,
-            transitions / self.elapsed,
-            self.sagas_per_s(),
-            quantiles(&mut self.first),
-            quantiles(&mut self.done),
-        )
-    }
-}
-
-/// Completions per second in the last three quarters of an offering that lasted
-/// `offered_for` seconds, `done_at` holding when each completed (seconds from its start).
-/// A system that keeps up completes about as many per second there as were offered; one
-/// that falls behind completes fewer. The first quarter is left out so the latency of the
-/// first sagas does not count as falling behind, and completions after the last publish
-/// (the drain) are left out so a long latency does not either.
-pub(crate) fn steady_rate(done_at: &[f64], offered_for: f64) -> f64 {
-    let from = offered_for / 4.0;
-    let window = offered_for - from;
-    if window <= 0.0 {
-        return 0.0;
-    }
-    let n = done_at
-        .iter()
-        .filter(|t| **t >= from && **t <= offered_for)
-        .count();
-    n as f64 / window
-}
-
-/// Publishes `orders` OrderPlaced events (as fast as acks allow, or at `rate` per second)
-/// and waits for every order's first and final outputs, giving up after `quiet` with no
-/// output.
-pub(crate) async fn drive(
-    js: &jetstream::Context,
-    flow: &Flow,
-    orders: u64,
-    rate: f64,
-    quiet: Duration,
-) -> Result<Drive> {
-    let sent: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
-    let mut collectors = Vec::new();
-    for first in [true, false] {
-        let (stream, filter) = if first {
-            flow.first_output()
-        } else {
-            flow.final_output()
-        };
-        let mut seen = tail(js, stream, &[filter]).await?;
-        let (sent, flow) = (sent.clone(), flow.clone());
-        collectors.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(orders as usize);
-            let mut ats = Vec::with_capacity(orders as usize);
-            let mut last = None;
-            let mut counted = std::collections::HashSet::new();
-            while (lat.len() as u64) < orders {
-                let Ok(Some(m)) = tokio::time::timeout(quiet, seen.next()).await else {
-                    break;
-                };
-                let Some(id) = flow.order_of(&m.subject, &m.payload, first) else {
-                    continue;
-                };
-                // One latency per order, however many outputs of the kind it has.
-                if !counted.insert(id.clone()) {
-                    continue;
-                }
-                let t0 = sent.lock().ok().and_then(|s| s.get(&id).copied());
-                if let Some(t0) = t0 {
-                    lat.push(m.at.duration_since(t0).as_secs_f64() * 1000.0);
-                    ats.push(m.at);
-                    last = Some(m.at);
-                }
-            }
-            (lat, ats, last)
-        }));
-    }
-    let tenant = match flow {
-        Flow::Runner { tenant } => tenant.as_str(),
-        Flow::Limit => "limit",
-    };
-    let mut publisher = Publisher::new(js.clone(), 256);
-    let started = Instant::now();
-    for i in 0..orders {
-        if rate > 0.0 {
-            let due = started + Duration::from_secs_f64(i as f64 / rate);
-            tokio::time::sleep_until(due.into()).await;
-        }
-        let id = format!("o-{i}");
-        let body = event(
-            tenant,
-            "Order",
-            &id,
-            "OrderPlaced",
-            json!({
-                "customer_id": format!("customer-{}", i % 997),
-                "amount_cents": 1000 + i % 100,
-                "items": [{"sku": "book", "qty": 1}],
-            }),
-        );
-        let msg_id = body["event_id"].as_str().unwrap_or_default().to_string();
-        sent.lock()
-            .map_err(|_| anyhow::anyhow!("lock"))?
-            .insert(id.clone(), Instant::now());
-        publisher.send(flow.input(&id), &body, &msg_id).await?;
-    }
-    publisher.flush().await?;
-    let offered_for = started.elapsed().as_secs_f64();
-    let (first, _, _) = collectors.remove(0).await?;
-    let (done, ats, last) = collectors.remove(0).await?;
-    let elapsed = last
-        .unwrap_or_else(Instant::now)
-        .duration_since(started)
-        .as_secs_f64();
-    let done_at = ats
-        .iter()
-        .map(|at| at.duration_since(started).as_secs_f64())
-        .collect();
-    Ok(Drive {
-        orders,
-        completed: done.len(),
-        elapsed,
-        paced: rate > 0.0,
-        offered_for,
-        done_at,
-        first,
-        done,
-    })
-}
-
 pub(crate) async fn run(a: Args) -> Result<()> {
     if let Some(r) = a.rate
         && !(r.is_finite() && r > 0.0)
@@ -423,13 +201,15 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let metrics = runner.client();
     let client = async_nats::connect(&nats.url).await?;
     let js = jetstream::new(client.clone());
-
-    let applied = || {
-        metrics.sum(
-            "runner_saga_transitions_total",
-            &[("saga", "order"), ("outcome", "applied")],
-        )
+    let bench = Bench {
+        a: &a,
+        work: &work,
+        nats: &nats,
+        runner_pid: runner.proc.pid(),
+        metrics: &metrics,
+        js: &js,
     };
+
     // Runner and limit alternate, A B A B …, on the same server with the same inputs, so a
     // change in the machine's load moves both halves of a pair alike. The runner idles
     // while the limit is driven; the limit runs only for its own half (it copies the body
@@ -437,58 +217,10 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let pairs = a.pairs.max(1);
     let (mut runner_tps, mut limit_tps, mut sagas) = (Vec::new(), Vec::new(), Vec::new());
     for pair in 1..=pairs {
-        let before = applied().await?;
-        let scraped = metrics.text().await?;
-        let sampler = Sampler::start(runner.proc.pid());
-        let server_cpu = crate::probe::cpu_seconds(nats.pid());
-        let flow = Flow::Runner {
-            tenant: format!("max{pair}"),
-        };
-        let mut d = drive(&js, &flow, a.orders, 0.0, QUIET).await?;
-        let usage = sampler.finish().await;
-        let server_cpu = crate::probe::cpu_seconds(nats.pid()) - server_cpu;
-        let transitions = applied().await? - before;
-        println!(
-            "{}",
-            d.line(&format!("pair {pair} runner max rate"), transitions)
-        );
-        println!("{}", usage.line("  runner", d.elapsed));
-        println!("  nats-server: cpu_seconds={server_cpu:.2}");
-        let after = metrics.text().await?;
-        println!("{}", where_time_goes(&scraped, &after));
-        println!("{}", crate::ledger::commits_line(&scraped, &after));
-        if d.completed as u64 != a.orders {
-            bail!(
-                "only {} of {} orders completed; see the runner log in {} (run with --keep)",
-                d.completed,
-                a.orders,
-                work.path.display()
-            );
-        }
-        runner_tps.push(transitions / d.elapsed);
-        sagas.push(d.sagas_per_s());
-
-        // A fresh shadow per pair: it recreates its streams, so the same order ids (and
-        // message ids) are new to them, and it does not idle beside the runner's runs.
-        let mut shadow = crate::limit::start(
-            &nats.url,
-            &["--orders".into(), a.orders.to_string()],
-            &work.path.join(format!("limit-{pair}.log")),
-        )?;
-        let sampler = Sampler::start(shadow.pid());
-        let server_cpu = crate::probe::cpu_seconds(nats.pid());
-        let mut d = drive(&js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
-        let usage = sampler.finish().await;
-        let server_cpu = crate::probe::cpu_seconds(nats.pid()) - server_cpu;
-        shadow.stop(Duration::from_secs(5));
-        let done = d.completed as f64 * TRANSITIONS_PER_ORDER;
-        println!(
-            "{}",
-            d.line(&format!("pair {pair} messaging limit max rate"), done)
-        );
-        println!("{}", usage.line("  limit process", d.elapsed));
-        println!("  nats-server: cpu_seconds={server_cpu:.2}");
-        limit_tps.push(done / d.elapsed);
+        let (tps, per_s) = bench.runner_max_rate(pair).await?;
+        runner_tps.push(tps);
+        sagas.push(per_s);
+        limit_tps.push(bench.limit_max_rate(pair).await?);
         println!(
             "pair {pair}: ratio {:.2}",
             runner_tps[pair - 1] / limit_tps[pair - 1]
@@ -499,43 +231,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let mut open_loop = Vec::new();
     for (n, load) in a.loads.iter().enumerate() {
         let rate = a.rate.unwrap_or_else(|| median(&sagas)) * load;
-        let sampler = Sampler::start(runner.proc.pid());
-        let flow = Flow::Runner {
-            tenant: format!("load{n}"),
-        };
-        let before = applied().await?;
-        let scraped = metrics.text().await?;
-        let mut d = drive(&js, &flow, a.orders, rate, QUIET).await?;
-        let usage = sampler.finish().await;
-        let transitions = applied().await? - before;
-        let breakdown = where_time_goes(&scraped, &metrics.text().await?);
-        let label = if is_half(*load) {
-            format!("runner half rate ({rate:.0} orders/s offered)")
-        } else {
-            format!(
-                "runner at {:.0}% of max rate ({rate:.0} orders/s offered)",
-                load * 100.0
-            )
-        };
-        println!("{}", d.line(&label, transitions));
-        println!("{}", usage.line("  runner", d.elapsed));
-        println!("{breakdown}");
-        let (first_p99, done_p99) = d.p99s();
-        open_loop.push(goals::OpenLoopRun {
-            load: *load,
-            offered: rate,
-            completed: d.steady_per_s(),
-            first_p99,
-            done_p99,
-        });
-        if d.completed as u64 != a.orders {
-            bail!(
-                "only {} of {} orders completed at {label}; see the runner log in {} (run with --keep)",
-                d.completed,
-                a.orders,
-                work.path.display()
-            );
-        }
+        open_loop.push(bench.open_loop(n, *load, rate).await?);
     }
     let store = runner.store_bytes();
     runner.proc.stop(Duration::from_secs(30));
@@ -550,21 +246,140 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     Ok(())
 }
 
+/// What the runs of one `pipeline` bench share: its settings, directory, server, runner
+/// and connection.
+struct Bench<'b> {
+    a: &'b Args,
+    work: &'b WorkDir,
+    nats: &'b Nats,
+    runner_pid: u32,
+    metrics: &'b Metrics,
+    js: &'b jetstream::Context,
+}
+
+impl Bench<'_> {
+    /// Transitions the runner applied so far, of the order saga.
+    async fn applied(&self) -> Result<f64> {
+        self.metrics
+            .sum(
+                "runner_saga_transitions_total",
+                &[("saga", "order"), ("outcome", "applied")],
+            )
+            .await
+    }
+
+    /// The runner's half of pair `pair`: orders driven as fast as it takes them. Prints
+    /// its lines and returns its transitions and sagas per second; fails unless every order
+    /// completed.
+    async fn runner_max_rate(&self, pair: usize) -> Result<(f64, f64)> {
+        let (a, nats, metrics) = (self.a, self.nats, self.metrics);
+        let before = self.applied().await?;
+        let scraped = metrics.text().await?;
+        let sampler = Sampler::start(self.runner_pid);
+        let server_cpu = crate::probe::cpu_seconds(nats.pid());
+        let flow = Flow::Runner {
+            tenant: format!("max{pair}"),
+        };
+        let mut d = drive(self.js, &flow, a.orders, 0.0, QUIET).await?;
+        let usage = sampler.finish().await;
+        let server_cpu = crate::probe::cpu_seconds(nats.pid()) - server_cpu;
+        let transitions = self.applied().await? - before;
+        println!(
+            "{}",
+            d.line(&format!("pair {pair} runner max rate"), transitions)
+        );
+        println!("{}", usage.line("  runner", d.elapsed));
+        println!("  nats-server: cpu_seconds={server_cpu:.2}");
+        let after = metrics.text().await?;
+        println!("{}", where_time_goes(&scraped, &after));
+        println!("{}", crate::ledger::commits_line(&scraped, &after));
+        if d.completed as u64 != a.orders {
+            bail!(
+                "only {} of {} orders completed; see the runner log in {} (run with --keep)",
+                d.completed,
+                a.orders,
+                self.work.path.display()
+            );
+        }
+        Ok((transitions / d.elapsed, d.sagas_per_s()))
+    }
+
+    /// The messaging limit's half of pair `pair`, on a limit process of its own. Prints its
+    /// lines and returns its transitions per second.
+    async fn limit_max_rate(&self, pair: usize) -> Result<f64> {
+        let (a, nats) = (self.a, self.nats);
+        // A fresh shadow per pair: it recreates its streams, so the same order ids (and
+        // message ids) are new to them, and it does not idle beside the runner's runs.
+        let mut shadow = crate::limit::start(
+            &nats.url,
+            &["--orders".into(), a.orders.to_string()],
+            &self.work.path.join(format!("limit-{pair}.log")),
+        )?;
+        let sampler = Sampler::start(shadow.pid());
+        let server_cpu = crate::probe::cpu_seconds(nats.pid());
+        let mut d = drive(self.js, &Flow::Limit, a.orders, 0.0, QUIET).await?;
+        let usage = sampler.finish().await;
+        let server_cpu = crate::probe::cpu_seconds(nats.pid()) - server_cpu;
+        shadow.stop(Duration::from_secs(5));
+        let done = d.completed as f64 * TRANSITIONS_PER_ORDER;
+        println!(
+            "{}",
+            d.line(&format!("pair {pair} messaging limit max rate"), done)
+        );
+        println!("{}", usage.line("  limit process", d.elapsed));
+        println!("  nats-server: cpu_seconds={server_cpu:.2}");
+        Ok(done / d.elapsed)
+    }
+
+    /// Open-loop run `n`: orders offered at `rate` per second (`load` of the maximum).
+    /// Prints its lines and returns its figures for the goals; fails unless every order
+    /// completed.
+    async fn open_loop(&self, n: usize, load: f64, rate: f64) -> Result<goals::OpenLoopRun> {
+        let (a, metrics) = (self.a, self.metrics);
+        let sampler = Sampler::start(self.runner_pid);
+        let flow = Flow::Runner {
+            tenant: format!("load{n}"),
+        };
+        let before = self.applied().await?;
+        let scraped = metrics.text().await?;
+        let mut d = drive(self.js, &flow, a.orders, rate, QUIET).await?;
+        let usage = sampler.finish().await;
+        let transitions = self.applied().await? - before;
+        let breakdown = where_time_goes(&scraped, &metrics.text().await?);
+        let label = if is_half(load) {
+            format!("runner half rate ({rate:.0} orders/s offered)")
+        } else {
+            format!(
+                "runner at {:.0}% of max rate ({rate:.0} orders/s offered)",
+                load * 100.0
+            )
+        };
+        println!("{}", d.line(&label, transitions));
+        println!("{}", usage.line("  runner", d.elapsed));
+        println!("{breakdown}");
+        let (first_p99, done_p99) = d.p99s();
+        let run = goals::OpenLoopRun {
+            load,
+            offered: rate,
+            completed: d.steady_per_s(),
+            first_p99,
+            done_p99,
+        };
+        if d.completed as u64 != a.orders {
+            bail!(
+                "only {} of {} orders completed at {label}; see the runner log in {} (run with --keep)",
+                d.completed,
+                a.orders,
+                self.work.path.display()
+            );
+        }
+        Ok(run)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_steady_rate_counts_completions_while_offered_past_the_first_quarter() {
-        // 10/s offered for 10 s, each completing 2 s after it was sent: 76 of them land in
-        // [2.5 s, 10 s], about 10/s; the 19 after the last publish do not count.
-        let lagging: Vec<f64> = (0..100).map(|i| i as f64 / 10.0 + 2.0).collect();
-        assert!((steady_rate(&lagging, 10.0) - 76.0 / 7.5).abs() < 1e-9);
-        // Falling behind: half as many completions over the same window.
-        let behind: Vec<f64> = (0..50).map(|i| i as f64 / 5.0 + 0.1).collect();
-        assert!((steady_rate(&behind, 10.0) - 38.0 / 7.5).abs() < 1e-9);
-        assert_eq!(steady_rate(&[1.0], 0.0), 0.0);
-    }
 
     #[test]
     fn a_window_quantile_interpolates_inside_its_bucket() {

@@ -9,9 +9,13 @@
 //! trip is finished once that partition's committed checkpoint
 //! (`runner_partition_checkpoint{partition}`, polled every 5 ms) has passed that sequence,
 //! i.e. once the terminal transition is durably committed.
+//!
+//! `run` keeps the load ([`Load`]: the trips in flight, each finished one replaced), the
+//! trips waiting for their checkpoint, and the counted figures ([`Counted`]) apart, and
+//! checks one trip of each path in the store at the end.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
@@ -21,7 +25,7 @@ use serde_json::{Value as Json, json};
 
 use crate::harness::{Nats, Programs, Runner, WorkDir};
 use crate::probe::Sampler;
-use crate::{event, quantiles, tail};
+use crate::{Seen, event, quantiles, tail};
 
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
@@ -115,9 +119,53 @@ pub(crate) async fn run(a: Args) -> Result<()> {
     let client = async_nats::connect(&nats.url).await?;
     let js = jetstream::new(client);
     let mut results = tail(&js, "SAGA_INBOX", &["runner.inbox.*.result".to_string()]).await?;
+    let (poller, mut cp_rx) = poll_checkpoints(&runner);
 
-    // Checkpoint poller: the committed inbox position of every partition.
-    let (cp_tx, mut cp_rx) = tokio::sync::watch::channel(HashMap::<u32, u64>::new());
+    let mut load = Load {
+        trips: HashMap::new(),
+        next: 0,
+        fail_share: a.fail_share,
+    };
+    // Trips whose last result is stored, by partition and inbox sequence.
+    let mut waiting: HashMap<u32, Waiting> = HashMap::new();
+    let mut counted = Counted::new(a.warmup, a.warmup + a.sagas);
+    let sampler = Sampler::start(runner.proc.pid());
+    while load.next < a.in_flight {
+        load.start_next(&js).await?;
+    }
+    while counted.done < a.sagas {
+        tokio::select! {
+            m = tokio::time::timeout(Duration::from_secs(30), results.next()) => {
+                let Ok(Some(m)) = m else { bail!("no effect result for 30 s; {} of {} counted sagas done (run with --keep for logs)", counted.done, a.sagas) };
+                load.on_result(&m, &mut waiting);
+            }
+            Ok(()) = cp_rx.changed() => {
+                let cps = cp_rx.borrow_and_update().clone();
+                let now = Instant::now();
+                for (i, t0, fail) in committed(&mut waiting, &cps) {
+                    counted.note(i, t0, fail, now);
+                    // Replace it at once (trips past the counted ones keep the load steady to the end).
+                    load.start_next(&js).await?;
+                }
+            }
+        }
+    }
+    let usage = sampler.finish().await;
+    poller.abort();
+    let elapsed = counted.report();
+    println!("{}", usage.line("  runner", elapsed));
+    check_examples(&a.programs.runner, &runner.data_dir, &counted.examples)
+}
+
+/// Starts the checkpoint poller: the committed inbox position of every partition, read
+/// off the runner's metrics every 5 ms.
+fn poll_checkpoints(
+    runner: &Runner,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<HashMap<u32, u64>>,
+) {
+    let (cp_tx, cp_rx) = tokio::sync::watch::channel(HashMap::<u32, u64>::new());
     let metrics = runner.client();
     let poller = tokio::spawn(async move {
         loop {
@@ -129,111 +177,167 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     });
+    (poller, cp_rx)
+}
 
-    let total = a.warmup + a.sagas;
-    let mut trips: HashMap<String, Trip> = HashMap::new();
-    let mut next = 0u64;
-    // Trips whose last result is stored, by partition and inbox sequence.
-    let mut waiting: HashMap<u32, Waiting> = HashMap::new();
-    let mut ok_lat = Vec::new();
-    let mut comp_lat = Vec::new();
-    let mut counted_done = 0u64;
-    let mut first_counted: Option<Instant> = None;
-    // One counted trip of each path, checked in the store at the end.
-    let mut examples: [Option<u64>; 2] = [None, None];
-    let mut last_counted = Instant::now();
-    let sampler = Sampler::start(runner.proc.pid());
-    while next < a.in_flight {
-        let fail = fails(next, a.fail_share);
-        let t0 = start_trip(&js, next, fail).await?;
-        trips.insert(
-            format!("trip-{next}"),
+/// The trips in flight, and the number of the next one to start.
+struct Load {
+    trips: HashMap<String, Trip>,
+    next: u64,
+    fail_share: f64,
+}
+
+impl Load {
+    /// Starts trip `next` (failing its car reservation for its share) and puts it in flight.
+    async fn start_next(&mut self, js: &jetstream::Context) -> Result<()> {
+        let fail = fails(self.next, self.fail_share);
+        let t0 = start_trip(js, self.next, fail).await?;
+        self.trips.insert(
+            format!("trip-{}", self.next),
             Trip {
                 started: t0,
                 fail,
                 stay: 0,
             },
         );
-        next += 1;
+        self.next += 1;
+        Ok(())
     }
-    while counted_done < a.sagas {
-        tokio::select! {
-            m = tokio::time::timeout(Duration::from_secs(30), results.next()) => {
-                let Ok(Some(m)) = m else { bail!("no effect result for 30 s; {} of {} counted sagas done (run with --keep for logs)", counted_done, a.sagas) };
-                let v: Json = serde_json::from_slice(&m.payload).unwrap_or_default();
-                let Some(id) = v["metadata"]["correlation_id"].as_str() else { continue };
-                let effect = v["effect_name"].as_str().unwrap_or_default();
-                let Some(trip) = trips.get_mut(id) else { continue };
-                let last = match (trip.fail, effect) {
-                    (false, "reserve_hotel" | "reserve_car") => { trip.stay += 1; trip.stay == 2 }
-                    (true, "cancel_flight") => true,
-                    _ => false,
-                };
-                if last {
-                    let i: u64 = id.trim_start_matches("trip-").parse().unwrap_or(0);
-                    let p: u32 = m.subject.split('.').nth(2).and_then(|p| p.parse().ok()).unwrap_or(0);
-                    waiting.entry(p).or_default().entry(m.seq).or_default().push((i, trip.started, trip.fail));
-                    trips.remove(id);
-                }
+
+    /// Follows one effect result: when it is its trip's last, the trip leaves the flight
+    /// and waits in `waiting` for its partition's checkpoint to pass the result.
+    fn on_result(&mut self, m: &Seen, waiting: &mut HashMap<u32, Waiting>) {
+        let v: Json = serde_json::from_slice(&m.payload).unwrap_or_default();
+        let Some(id) = v["metadata"]["correlation_id"].as_str() else {
+            return;
+        };
+        let effect = v["effect_name"].as_str().unwrap_or_default();
+        let Some(trip) = self.trips.get_mut(id) else {
+            return;
+        };
+        let last = match (trip.fail, effect) {
+            (false, "reserve_hotel" | "reserve_car") => {
+                trip.stay += 1;
+                trip.stay == 2
             }
-            Ok(()) = cp_rx.changed() => {
-                let cps = cp_rx.borrow_and_update().clone();
-                let now = Instant::now();
-                let mut finished = Vec::new();
-                for (p, w) in waiting.iter_mut() {
-                    let cp = cps.get(p).copied().unwrap_or(0);
-                    let later = w.split_off(&(cp + 1));
-                    finished.extend(std::mem::replace(w, later).into_values().flatten());
-                }
-                for (i, t0, fail) in finished {
-                    if i >= a.warmup && i < total {
-                        first_counted = Some(first_counted.map_or(t0, |f: Instant| f.min(t0)));
-                        last_counted = now;
-                        counted_done += 1;
-                        examples[usize::from(fail)].get_or_insert(i);
-                        let ms = now.duration_since(t0).as_secs_f64() * 1000.0;
-                        if fail { comp_lat.push(ms) } else { ok_lat.push(ms) }
-                    }
-                    // Replace it at once (more than `total` keeps the load steady to the end).
-                    let fail = fails(next, a.fail_share);
-                    let t0 = start_trip(&js, next, fail).await?;
-                    trips.insert(format!("trip-{next}"), Trip { started: t0, fail, stay: 0 });
-                    next += 1;
-                }
+            (true, "cancel_flight") => true,
+            _ => false,
+        };
+        if last {
+            let i: u64 = id.trim_start_matches("trip-").parse().unwrap_or(0);
+            let p: u32 = m
+                .subject
+                .split('.')
+                .nth(2)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            waiting
+                .entry(p)
+                .or_default()
+                .entry(m.seq)
+                .or_default()
+                .push((i, trip.started, trip.fail));
+            self.trips.remove(id);
+        }
+    }
+}
+
+/// Takes out of `waiting` the trips whose partition's checkpoint in `cps` has passed their
+/// last result: the trips finished, as (trip, start, compensated).
+fn committed(
+    waiting: &mut HashMap<u32, Waiting>,
+    cps: &HashMap<u32, u64>,
+) -> Vec<(u64, Instant, bool)> {
+    let mut finished = Vec::new();
+    for (p, w) in waiting.iter_mut() {
+        let cp = cps.get(p).copied().unwrap_or(0);
+        let later = w.split_off(&(cp + 1));
+        finished.extend(std::mem::replace(w, later).into_values().flatten());
+    }
+    finished
+}
+
+/// The counted trips' figures: trips `from..to` are counted, the warm-up before them and
+/// the replacements after them are not.
+struct Counted {
+    from: u64,
+    to: u64,
+    ok_lat: Vec<f64>,
+    comp_lat: Vec<f64>,
+    done: u64,
+    first: Option<Instant>,
+    last: Instant,
+    /// One counted trip of each path, checked in the store at the end.
+    examples: [Option<u64>; 2],
+}
+
+impl Counted {
+    fn new(from: u64, to: u64) -> Self {
+        Self {
+            from,
+            to,
+            ok_lat: Vec::new(),
+            comp_lat: Vec::new(),
+            done: 0,
+            first: None,
+            last: Instant::now(),
+            examples: [None, None],
+        }
+    }
+
+    /// Notes trip `i`, started at `t0`, as finished `now`, if it is counted.
+    fn note(&mut self, i: u64, t0: Instant, fail: bool, now: Instant) {
+        if i >= self.from && i < self.to {
+            self.first = Some(self.first.map_or(t0, |f: Instant| f.min(t0)));
+            self.last = now;
+            self.done += 1;
+            self.examples[usize::from(fail)].get_or_insert(i);
+            let ms = now.duration_since(t0).as_secs_f64() * 1000.0;
+            if fail {
+                self.comp_lat.push(ms)
+            } else {
+                self.ok_lat.push(ms)
             }
         }
     }
-    let usage = sampler.finish().await;
-    poller.abort();
-    let elapsed = last_counted
-        .duration_since(first_counted.unwrap_or(last_counted))
-        .as_secs_f64();
-    let mut all: Vec<f64> = ok_lat.iter().chain(&comp_lat).copied().collect();
-    println!(
-        "travel: counted={} elapsed={elapsed:.2}s sagas_per_s={:.0} | start->finish ms all {}",
-        counted_done,
-        counted_done as f64 / elapsed,
-        quantiles(&mut all)
-    );
-    println!(
-        "  completed: {} sagas, ms {}",
-        ok_lat.len(),
-        quantiles(&mut ok_lat)
-    );
-    println!(
-        "  compensated: {} sagas, ms {}",
-        comp_lat.len(),
-        quantiles(&mut comp_lat)
-    );
-    println!("{}", usage.line("  runner", elapsed));
-    // The completion rule above, checked against the store: `runner inspect` on one trip of
-    // each path (it reads the libmdbx file while the runner runs).
+
+    /// Prints the counted trips' lines; returns the seconds from the first counted trip's
+    /// start to the last one's finish.
+    fn report(&mut self) -> f64 {
+        let elapsed = self
+            .last
+            .duration_since(self.first.unwrap_or(self.last))
+            .as_secs_f64();
+        let mut all: Vec<f64> = self.ok_lat.iter().chain(&self.comp_lat).copied().collect();
+        println!(
+            "travel: counted={} elapsed={elapsed:.2}s sagas_per_s={:.0} | start->finish ms all {}",
+            self.done,
+            self.done as f64 / elapsed,
+            quantiles(&mut all)
+        );
+        println!(
+            "  completed: {} sagas, ms {}",
+            self.ok_lat.len(),
+            quantiles(&mut self.ok_lat)
+        );
+        println!(
+            "  compensated: {} sagas, ms {}",
+            self.comp_lat.len(),
+            quantiles(&mut self.comp_lat)
+        );
+        elapsed
+    }
+}
+
+/// The completion rule above, checked against the store: `runner inspect` on one trip of
+/// each path (it reads the libmdbx file while the runner runs).
+fn check_examples(runner: &Path, data_dir: &Path, examples: &[Option<u64>; 2]) -> Result<()> {
     for (i, want) in examples.iter().zip(["completed", "compensated"]) {
         let Some(i) = i else { continue };
-        let out = std::process::Command::new(&a.programs.runner)
+        let out = std::process::Command::new(runner)
             .arg("inspect")
             .arg("--data-dir")
-            .arg(&runner.data_dir)
+            .arg(data_dir)
             .args(["--tenant", TENANT, "--saga", "travel_booking", "--id"])
             .arg(format!("trip-{i}"))
             .output()?;
