@@ -35,7 +35,7 @@ pub(crate) const LARGE_EVENT_ANON_MIB: f64 = 256.0;
 /// lowest load's ("flat").
 pub(crate) const FLAT_FACTOR: f64 = 1.5;
 /// Open loop up to 100 % of the maximum rate: orders/s completed while the load was
-/// offered (past its first quarter, `pipeline::steady_rate`) over orders/s offered, at the
+/// offered (past its first quarter, `pipeline::drive::steady_rate`) over orders/s offered, at the
 /// lowest ("keeping up").
 pub(crate) const KEEPING_UP: f64 = 0.95;
 
