@@ -54,7 +54,7 @@ pub enum StartError {
     /// A replica of a single-active release runs on these streams, or what one left could
     /// not be taken over.
     #[error(transparent)]
-    Upgrade(#[from] crate::worker::upgrade::UpgradeError),
+    Upgrade(#[from] crate::worker::ownership::upgrade::UpgradeError),
 }
 
 /// How a run ended.
@@ -161,7 +161,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
             .await;
             let snapshots = match leases {
                 Ok(l) => broker::with_setup_retry("snapshots bucket", setup, &interrupt, || {
-                    crate::worker::snapshot::ensure_bucket(
+                    crate::worker::ownership::snapshot::ensure_bucket(
                         broker.jetstream(),
                         &p.snapshot_bucket,
                         &config.streams,
@@ -268,7 +268,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     };
 
     // Never beside a replica of a single-active release, and what one left in this store
-    // and in the streams is taken over (`worker/upgrade.rs`). Last, once nothing else can
+    // and in the streams is taken over (`worker/ownership/upgrade.rs`). Last, once nothing else can
     // stop the start.
     if let Some((leases, _)) = &leases_kv {
         if state.config.partitions.enabled.is_some() {
@@ -276,7 +276,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
                 message = "`partitions.enabled` is no longer read: saga mode is always partitioned (one replica owns every partition; more replicas share them). Remove the setting."
             );
         }
-        crate::worker::upgrade::take_over(&state, leases, node_lock.store_id()).await?;
+        crate::worker::ownership::upgrade::take_over(&state, leases, node_lock.store_id()).await?;
     }
 
     // The admin server outlives the drain so `/ready` can report it; it stops last.

@@ -24,7 +24,7 @@
 //!   inbox holds every partition's inputs in source order. (The next chunk of the source
 //!   is read while a batch is in flight, [`ReadAhead`], but sent only after the answer.)
 //! - **Bounded bytes.** A pull of the source asks for as many messages as fit in
-//!   `saga.max_pull_bytes` at the sizes seen ([`super::pull`]), and a batch of copies is cut
+//!   `saga.max_pull_bytes` at the sizes seen ([`crate::worker::pull`]), and a batch of copies is cut
 //!   before it would pass `saga.max_batch_bytes` (one input's copies stay together, so only
 //!   an input whose copies alone pass it makes a larger batch). Copies share the source
 //!   message's body rather than each holding its own.
@@ -56,13 +56,8 @@ use async_nats::jetstream::kv;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{self, Limits, RawInput};
-use super::admit::{Admission, POLL};
-use super::consume::{ORDERED_PULL_EXPIRY, Source, server_filters, wanted};
 use super::keeper::Kept;
 use super::lease::Lease;
-use super::partition::partition;
-use super::pull::{PullSize, ReadAhead};
 use crate::backoff::Backoff;
 use crate::broker::batch::BatchMessage;
 use crate::broker::fence::{Fence, Position};
@@ -72,6 +67,11 @@ use crate::broker::liveness::{Liveness, Probe};
 use crate::manifest::Catalog;
 use crate::runtime::AppState;
 use crate::telemetry::otel;
+use crate::worker::admission::{self, Limits, RawInput};
+use crate::worker::admit::{Admission, POLL};
+use crate::worker::consume::{ORDERED_PULL_EXPIRY, Source, server_filters, wanted};
+use crate::worker::partition::partition;
+use crate::worker::pull::{PullSize, ReadAhead};
 
 /// Most source inputs in one batch (each may add a few copies; the batch limit is 1000).
 const INPUTS_PER_BATCH: usize = 200;

@@ -4,15 +4,15 @@
 //!
 //! **The bucket** (`partitions.leases_bucket`, `max_age` = `partitions.lease_ttl`) holds
 //! `m.<node>` — a member's heartbeat, written every TTL/3, gone TTL after the last one —
-//! and `p.<partition>` — a partition's lease ([`super::lease`]). Every replica watches the
+//! and `p.<partition>` — a partition's lease ([`lease`]). Every replica watches the
 //! whole bucket (`members.rs`), so it sees members come and go and leases expire at once (limit markers).
 //!
 //! **Renewals run beside the task**, never in it: each held lease has its keeper
-//! ([`super::keeper`]) and the heartbeat a task of its own, so a slow step here (a
+//! ([`keeper`]) and the heartbeat a task of its own, so a slow step here (a
 //! hand-over's flush, a snapshot's upload or download) cannot let the other leases lapse.
 //!
 //! **Each tick** (a twentieth of the TTL, and on every bucket change) the task stops what
-//! it no longer holds, computes the target ([`super::assign::assign`]) from the live members and
+//! it no longer holds, computes the target ([`assign::assign`]) from the live members and
 //! holders, takes every free partition assigned to it, and hands over at most one partition
 //! it holds beyond its share (stop reading, flush the outbox, snapshot, hand the lease over
 //! naming the snapshot; the heir sees the key freed, takes it, and waits for that snapshot
@@ -36,6 +36,24 @@
 //!   snapshot covering everything applied and names it in the lease: the heir restores that
 //!   one (waiting, up to half a TTL, for a bucket listing that lags the upload) and replays
 //!   nothing.
+//!
+//! | file | owns |
+//! |---|---|
+//! | [`assign`] | sticky, balanced (±1) assignment of partitions to members |
+//! | `members.rs` | this replica's heartbeat and the watched view of members and holders |
+//! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline |
+//! | [`keeper`] | a held lease renewed by its own task, whatever its holder is busy with |
+//! | [`snapshot`] | partition snapshots in an Object Store: upload, prune, restore |
+//! | [`router`] | one router per source stream: leased, fenced, exact progress in its fence marker |
+//! | [`upgrade`] | taking over what a single-active release left: its lease, outbox and positions |
+
+pub mod assign;
+pub mod keeper;
+pub mod lease;
+mod members;
+pub mod router;
+pub mod snapshot;
+pub mod upgrade;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -46,13 +64,8 @@ use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::assign::assign;
 use super::commit::{Committer, Scoped};
 use super::consume::{self, Input};
-use super::keeper::Kept;
-use super::lease::Lease;
-use super::members::{View, fresh_view, heartbeat, member_key};
-use super::snapshot::{self, partitioning};
 use crate::broker::fence::Fence;
 use crate::broker::stream_specs;
 use crate::clock::now_ms;
@@ -60,7 +73,12 @@ use crate::relay::RelayHandle;
 use crate::relay::fenced::{Fenced, PartitionRelay};
 use crate::runtime::AppState;
 use crate::storage::snapshot::{Partitioning, partition_checkpoint_key};
+use assign::assign;
 use async_nats::jetstream::object_store::ObjectStore;
+use keeper::Kept;
+use lease::Lease;
+use members::{View, fresh_view, heartbeat, member_key};
+use snapshot::partitioning;
 
 /// Partitions started at the same time by one replica.
 const STARTS_AT_ONCE: usize = 16;
