@@ -58,7 +58,7 @@ pub enum StartError {
     /// A replica of a single-active release runs on these streams, or what one left could
     /// not be taken over.
     #[error(transparent)]
-    Upgrade(#[from] crate::worker::upgrade::UpgradeError),
+    Upgrade(#[from] crate::worker::ownership::upgrade::UpgradeError),
 }
 
 /// How a run ended.
@@ -252,7 +252,7 @@ async fn ensure_streams_and_buckets(
         })
         .await?;
         let snapshots = broker::with_setup_retry("snapshots bucket", setup, interrupt, || {
-            crate::worker::snapshot::ensure_bucket(
+            crate::worker::ownership::snapshot::ensure_bucket(
                 broker.jetstream(),
                 &p.snapshot_bucket,
                 &config.streams,
@@ -364,7 +364,7 @@ async fn take_over_earlier_release(
             message = "`partitions.enabled` is no longer read: saga mode is always partitioned (one replica owns every partition; more replicas share them). Remove the setting."
         );
     }
-    crate::worker::upgrade::take_over(state, leases, store_id).await?;
+    crate::worker::ownership::upgrade::take_over(state, leases, store_id).await?;
     Ok(())
 }
 

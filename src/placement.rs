@@ -2,8 +2,8 @@
 //! mode (switchable at run time through the admin API) and the partitions and router
 //! sources it holds now, with their epochs.
 //!
-//! Written only by the ownership task and the routers (`worker/ownership.rs`,
-//! `worker/router.rs`) and by the admin API (the mode); read by `/info`, the timer loop and
+//! Written only by the ownership task and the routers (`worker/ownership/`,
+//! `worker/ownership/router/`) and by the admin API (the mode); read by `/info`, the timer loop and
 //! the metrics. It is a report, never the authority: leases in the KV bucket decide who owns
 //! what, and fences at the broker enforce it.
 

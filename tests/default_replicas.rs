@@ -133,9 +133,9 @@ async fn hold_old_lease(url: &str, owner: &str) -> async_nats::jetstream::kv::St
     )
     .await
     .unwrap();
-    let lease = runner::worker::lease::Lease::acquire(
+    let lease = runner::worker::ownership::lease::Lease::acquire(
         &kv,
-        runner::worker::upgrade::OLD_LEASE,
+        runner::worker::ownership::upgrade::OLD_LEASE,
         owner,
         Duration::from_secs(10),
     )

@@ -1,4 +1,4 @@
-//! `runner::worker::lease` against a real nats-server, on a bucket made by
+//! `runner::worker::ownership::lease` against a real nats-server, on a bucket made by
 //! `runner::broker::ensure_leases_bucket` with a short TTL.
 //!
 //! What it must keep: of two contenders exactly one holds a key; renewing keeps it past its
@@ -8,7 +8,7 @@
 //! left at, ages out unclaimed, can be handed on again by a kept heir, and cannot be written
 //! by a holder that lost the key; the
 //! holder's deadline lies within one TTL of its acquire. A kept lease
-//! (`runner::worker::keeper`) stays held while its holder is busy for several TTLs, and one
+//! (`runner::worker::ownership::keeper`) stays held while its holder is busy for several TTLs, and one
 //! taken from under it is reported lost. Waits are on
 //! conditions with generous bounds; nothing asserts how long something took.
 #![allow(clippy::unwrap_used)]
@@ -21,8 +21,8 @@ use async_nats::jetstream::kv;
 use common::{NatsServer, jetstream};
 use runner::broker::{BrokerError, ensure_leases_bucket};
 use runner::config::StreamStorage;
-use runner::worker::keeper::Kept;
-use runner::worker::lease::{Lease, LeaseError, holder};
+use runner::worker::ownership::keeper::Kept;
+use runner::worker::ownership::lease::{Lease, LeaseError, holder};
 
 /// Short, and above the server's 1 s floor for limit markers.
 const TTL: Duration = Duration::from_secs(2);

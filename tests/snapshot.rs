@@ -1,4 +1,4 @@
-//! `runner::worker::snapshot` against a real nats-server: partition snapshots taken from a
+//! `runner::worker::ownership::snapshot` against a real nats-server: partition snapshots taken from a
 //! libmdbx store, kept in a JetStream Object Store, restored into another store.
 //!
 //! What it must keep: a store restored from a snapshot holds exactly the partition it was
@@ -23,11 +23,11 @@ use runner::saga::{Instance, Status};
 use runner::storage::Store;
 use runner::storage::snapshot::{Partitioning, SnapshotHeader};
 use runner::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
-use runner::worker::partition::partition;
-use runner::worker::snapshot::{
+use runner::worker::ownership::snapshot::{
     Restored, checkpoints, download, ensure_bucket, latest, object_name, partitioning, restore,
     restore_handed_over, retention_gap, snapshot, upload,
 };
+use runner::worker::partition::partition;
 
 const P: u32 = 8;
 

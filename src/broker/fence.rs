@@ -1,6 +1,6 @@
 //! Broker-side fencing of a partition's publishes (DESIGN §8.4), used by the fenced relay
-//! ([`crate::relay::fenced`]) and the routers (`worker/router.rs`). It closes the gap a
-//! lease (`worker/lease.rs`) leaves open: a holder paused past its deadline that wakes up and
+//! ([`crate::relay::fenced`]) and the routers (`worker/ownership/router/`). It closes the gap a
+//! lease (`worker/ownership/lease.rs`) leaves open: a holder paused past its deadline that wakes up and
 //! publishes after another holder took over.
 //!
 //! **The fence** of partition `p` in stream `S` is the subject `runner.fence.<S>.<p>`

@@ -361,7 +361,7 @@ pub async fn ensure_claims_bucket(
 const LEASE_MARKER_TTL: Duration = Duration::from_secs(1);
 
 /// Opens the ownership leases bucket `name`, creating it when missing (see
-/// `worker/lease.rs`): `history 1`, `max_age = ttl` (an entry disappears `ttl` after its last
+/// `worker/ownership/lease.rs`): `history 1`, `max_age = ttl` (an entry disappears `ttl` after its last
 /// write, which is what expires a lease that is no longer renewed) and `limit_markers` (the
 /// expiry is written as a marker, so watchers see it at once). Leases never use per-key TTL.
 ///

@@ -2,7 +2,7 @@
 //!
 //! State moves with its partition: the owner exports partition `p` with
 //! [`Store::export_partition`], the bytes go to an object store (the NATS side is
-//! `worker/snapshot.rs`), and a new owner replaces its copy of `p` with
+//! `worker/ownership/snapshot.rs`), and a new owner replaces its copy of `p` with
 //! [`Store::import_partition`], then replays SAGA_INBOX from the snapshot's checkpoint + 1.
 //!
 //! **What a snapshot of `p` holds.** Every row whose saga instance `(tenant, saga,

@@ -6,7 +6,7 @@
 //! commands the effect consumers do not show yet (fewer new commands stored than triggers). The router of the aggregate stream
 //! copies into the saga inbox only as many new inputs as there is room for under
 //! `saga.max_queued_work` (at least one), and none while the queue is above it, polling
-//! every [`POLL`] ([`super::router`]); so the inbox partitions, which also carry the effect
+//! every [`POLL`] ([`super::ownership::router`]); so the inbox partitions, which also carry the effect
 //! results, do not fill with new triggers ahead of them, and a batch read under a backlog
 //! (hundreds of inputs) is not taken whole. The results
 //! are never held, so completions go on and the queue drains; the backlog of an overload

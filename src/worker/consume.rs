@@ -39,7 +39,7 @@ use crate::broker::liveness::{Liveness, Probe};
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
 
-/// A source stream of saga inputs, read by its router ([`super::router`]).
+/// A source stream of saga inputs, read by its router ([`super::ownership::router`]).
 #[derive(Debug, Clone)]
 pub struct Source {
     /// Stream name.

@@ -2,10 +2,10 @@
 //! per group of batches → fenced relays (DESIGN §8).
 //!
 //! ```text
-//!  AGGREGATE_EVENTS ─► router.rs ─┐ fenced batches or rounds, one leased router per source
-//!  WORKFLOW_EVENTS  ─► router.rs ─┴──► SAGA_INBOX runner.inbox.<p>.…
-//!  effect results (executor) ──────────┤ (straight into the waiting partition's inbox)
-//!  due timers (owned) ─► timers.rs ────┘
+//!  AGGREGATE_EVENTS ─► ownership/router ─┐ fenced batches or rounds, one leased router per source
+//!  WORKFLOW_EVENTS  ─► ownership/router ─┤
+//!  effect results (executor) ────────────┤ (straight into the waiting partition's inbox)
+//!  due timers (owned) ─► timers.rs ──────┴──► SAGA_INBOX runner.inbox.<p>.…
 //!                                        │ one consume.rs loop per owned partition
 //!                                        ▼
 //!                 commit.rs ── one write transaction per group of batches
@@ -14,7 +14,7 @@
 //!                libmdbx: state, outbox, checkpoints, timers, dedupe markers
 //!                                        ▼
 //!                 relay/fenced.rs ── one fenced relay per owned partition ──► JetStream
-//!  ownership.rs: heartbeats, assign.rs, a lease per partition, fences, snapshots
+//!  ownership/: heartbeats, assignment, a lease per partition, fences, snapshots, routers
 //!  dedupe table ◄── sweep.rs (expiry)
 //! ```
 //!
@@ -35,14 +35,7 @@
 //! | [`control`] | operator actions sent through a partition's inbox (resume, redrive) |
 //! | [`replay`] | an operator's replay of a partition from an inbox sequence |
 //! | [`partition`] | the partition of a saga instance, as the server's `partition()` transform computes it |
-//! | [`router`] | one router per source stream: leased, fenced, exact progress in its fence marker |
-//! | [`assign`] | sticky, balanced (±1) assignment of partitions to members |
-//! | [`ownership`] | leases, hand-over and take-over of partitions |
-//! | `members` | this replica's heartbeat and the watched view of members and holders |
-//! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline |
-//! | [`keeper`] | a held lease renewed by its own task, whatever its holder is busy with |
-//! | [`snapshot`] | partition snapshots in an Object Store: upload, prune, restore |
-//! | [`upgrade`] | taking over what a single-active release left: its lease, outbox and positions |
+//! | [`ownership`] (folder) | who works on what: members and heartbeats, sticky assignment, a lease per partition (kept by its own task), take-over and hand-over of partitions, snapshots, the leased routers, the upgrade from a single-active release; its own table lists its files |
 //!
 //! Broker-side fencing itself is [`crate::broker::fence`]; the fenced relay of one partition
 //! is [`crate::relay::fenced`].
@@ -67,7 +60,7 @@
 //! **Backpressure.** Fetching pauses while the node's outboxes hold more than
 //! `saga.max_outbox_depth` records in all. A batch holds at most `saga.batch_size` inputs.
 //!
-//! **Drain.** On cancellation each owned partition is handed over (`ownership.rs`): its loop
+//! **Drain.** On cancellation each owned partition is handed over (`ownership/hand.rs`): its loop
 //! finishes the batch in hand, commits it and returns, its relay flushes, a snapshot is
 //! uploaded and the lease handed over; the committer ends once every loop has returned.
 //!
@@ -86,26 +79,18 @@
 
 pub mod admission;
 mod admit;
-pub mod assign;
 mod commit;
 mod consume;
 pub mod control;
-
-pub mod keeper;
-pub mod lease;
-mod members;
 pub mod ownership;
 pub mod partition;
 pub mod pause;
 pub mod process;
 pub mod pull;
 pub mod replay;
-pub mod router;
-pub mod snapshot;
 mod sweep;
 pub mod tally;
 mod timers;
-pub mod upgrade;
 
 use std::sync::Arc;
 
@@ -114,6 +99,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::runtime::AppState;
 use commit::Committer;
+use ownership::router;
 
 pub use commit::apply_inputs;
 pub use consume::{Source, sources};

@@ -41,11 +41,11 @@ use async_nats::jetstream::{
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
-use super::partition::partition;
 use crate::broker::BrokerError;
 use crate::config::{Config, StreamStorage, StreamsConfig};
 use crate::storage::Store;
 use crate::storage::snapshot::{Partitioning, SnapshotError, SnapshotHeader};
+use crate::worker::partition::partition;
 
 pub use crate::storage::snapshot::partition_checkpoint_key;
 

@@ -37,12 +37,12 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 
-use super::consume::sources;
 use super::lease::{self, Lease, LeaseError};
 use super::router::router_key;
 use crate::broker::fence::{Fence, Position};
 use crate::runtime::AppState;
 use crate::storage::tables::{DEFAULT_PARTITION, OutboxRecord};
+use crate::worker::consume::sources;
 
 /// The lease key a replica of a single-active release holds while its saga pipeline runs.
 pub const OLD_LEASE: &str = "saga.single-active";

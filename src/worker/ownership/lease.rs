@@ -1,6 +1,6 @@
 //! Ownership leases: at most one holder per key (a saga partition, a router's source), kept
 //! in a JetStream KV bucket (DESIGN §8.3), set up by [`crate::broker::ensure_leases_bucket`];
-//! used by `worker/ownership.rs` and [`super::router`].
+//! used by the ownership task ([`super`]) and [`super::router`].
 //!
 //! **The bucket** keeps one revision per key (`history 1`), ages every entry out `TTL` after
 //! its last write (`max_age = TTL`) and writes a marker when it does (`limit_markers`), so a

@@ -1,0 +1,262 @@
+//! The copies a router makes of its source's inputs, and the fenced batches that carry
+//! them into the saga inbox.
+//!
+//! Guarantees kept here:
+//! - **Whole inputs, exact progress.** A batch holds whole inputs (one input's copies are
+//!   never split across batches) and ends with a marker recording the last source sequence
+//!   it covers, stored atomically with the copies; an input already under the fence's
+//!   watermark is never copied again.
+//! - **Bounded batches.** A batch is cut before it would pass `COPIES_PER_BATCH` copies or
+//!   `saga.max_batch_bytes`, unless one input's copies alone pass the bytes.
+//! - **Every input accounted for.** An input no saga wants is covered by the watermark and
+//!   counted, not copied; one that cannot be routed goes to partition `seq mod P`; one too
+//!   large for the inbox goes there as a copy with only the start of its body, naming why.
+
+use std::collections::BTreeSet;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use async_nats::HeaderMap;
+
+use super::stage;
+use crate::broker::batch::BatchMessage;
+use crate::broker::fence::{Fence, Position};
+use crate::broker::fenced_batch;
+use crate::broker::headers;
+use crate::manifest::Catalog;
+use crate::runtime::AppState;
+use crate::telemetry::otel;
+use crate::worker::admission::{self, Limits, RawInput};
+use crate::worker::consume::{Source, wanted};
+use crate::worker::partition::partition;
+
+/// Most copies in one batch (the server's atomic batch limit is 1000).
+const COPIES_PER_BATCH: usize = 900;
+
+/// The partitions an input's copies go to: one per partition its routes reach, or
+/// `seq mod P` for an input that cannot be routed (its owner dead-letters it).
+pub fn destinations(
+    catalog: &Catalog,
+    limits: &Limits,
+    raw: &RawInput,
+    seq: u64,
+    count: u32,
+) -> BTreeSet<u32> {
+    let poison = || BTreeSet::from([(seq % u64::from(count)) as u32]);
+    let Ok(admitted) = admission::admit(raw, limits) else {
+        return poison();
+    };
+    match catch_unwind(AssertUnwindSafe(|| {
+        crate::saga::route(catalog, &admitted.input)
+    })) {
+        Ok(Ok(routes)) => routes
+            .iter()
+            .map(|r| partition(admitted.tenant, &r.saga, &r.correlation_id, count))
+            .collect(),
+        _ => poison(),
+    }
+}
+
+/// Why a batch did not go through.
+pub(super) enum Stop {
+    /// The fence moved to another router.
+    Fenced,
+    /// Reopen at the fence's watermark and try again.
+    Retry,
+}
+
+/// Copies `inputs` into the inbox as fenced batches; advances the fence.
+pub(super) async fn send(
+    state: &AppState,
+    source: &Source,
+    fence: &mut Fence,
+    inputs: Vec<async_nats::jetstream::Message>,
+) -> Result<(), Stop> {
+    let count = state.config.partitions.count;
+    let catalog = state.catalog();
+    let limits = Limits::from_config(&state.config).with_max_payload(state.broker.max_payload());
+    let max_bytes = usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
+    let mut copies: Vec<BatchMessage> = Vec::new();
+    let mut bytes = 0usize;
+    let mut last = None;
+    let mut lag = None;
+    for msg in inputs {
+        let Ok(info) = msg.info() else { continue };
+        let seq = info.stream_sequence;
+        lag = Some(info.pending);
+        if fence.through().is_some_and(|t| seq <= t.seq) {
+            continue;
+        }
+        if !wanted(&source.filters, msg.subject.as_str()) {
+            // Not an input (a fence marker of the source stream, say): covered, not copied.
+            last = Some(seq);
+            continue;
+        }
+        let traceparent = headers::traceparent(msg.headers.as_ref());
+        let payload = msg.payload.clone();
+        let stored_ms = headers::stored_ms(&info);
+        let raw = RawInput {
+            subject: msg.subject.to_string(),
+            body: payload.clone(),
+            traceparent: traceparent.clone(),
+            header_bytes: headers::block_bytes(msg.headers.as_ref()),
+            refused: None,
+            source: format!("{}:{seq}", source.stream),
+            stored_ms: Some(stored_ms),
+        };
+        // The routing is a span of its own (when spans are exported); the copies name it.
+        let hop = otel::hop(
+            "saga.route",
+            otel::Kind::Producer,
+            traceparent.as_deref(),
+            || {
+                vec![
+                    otel::attr("messaging.destination.name", raw.subject.as_str()),
+                    otel::attr("runner.source", raw.source.as_str()),
+                ]
+            },
+        );
+        let onward = otel::onward(hop.as_ref(), traceparent.as_deref());
+        let copy_headers = |p: u32| {
+            let mut h = HeaderMap::new();
+            h.insert(
+                async_nats::header::NATS_MESSAGE_ID,
+                format!("{}:{seq}:{p}", source.stream).as_str(),
+            );
+            h.insert(headers::ROUTED_SUBJECT, raw.subject.as_str());
+            h.insert(headers::ROUTED_SOURCE, raw.source.as_str());
+            // The source's stored time travels with the copy: the owner bounds the input's
+            // time by it, on every replay of the inbox the same (not by the copy's own time,
+            // which a router's lag would move).
+            h.insert(headers::ROUTED_SOURCE_TIME, stored_ms.to_string().as_str());
+            if let Some(tp) = onward {
+                h.insert(headers::TRACEPARENT_HEADER, tp);
+            }
+            h
+        };
+        let poison = (seq % u64::from(count)) as u32;
+        // The input counted whole, then its copy as it would go out: an input refused as too
+        // large, or whose copy the inbox could not take, goes to its poison partition as a
+        // copy with only the start of its body (what a dead letter keeps), naming why; its
+        // owner dead-letters it (the original stays in the source stream at `raw.source`).
+        let refused = admission::oversized(&raw, &limits)
+            .or_else(|| copy_refusal(&copy_headers(poison), payload.len(), limits.max_payload));
+        let (to, payload) = match &refused {
+            Some(_) => (
+                BTreeSet::from([poison]),
+                excerpt(&payload, &copy_headers(poison), &limits),
+            ),
+            None => (destinations(&catalog, &limits, &raw, seq, count), payload),
+        };
+        if to.is_empty() {
+            // No saga wants it: covered by the watermark, not copied, counted.
+            state.metrics.saga_unrouted.inc();
+        }
+        let adding = payload.len().saturating_mul(to.len());
+        // Cut before an input whose copies would pass a limit, so a batch passes
+        // `saga.max_batch_bytes` only when one input's copies alone do (they are never
+        // split across batches: a batch and its watermark cover whole inputs).
+        if let Some(prev) = last
+            && !copies.is_empty()
+            && (copies.len() + to.len() > COPIES_PER_BATCH
+                || bytes.saturating_add(adding) > max_bytes)
+        {
+            flush(
+                state,
+                &source.stream,
+                fence,
+                std::mem::take(&mut copies),
+                prev,
+            )
+            .await?;
+            bytes = 0;
+        }
+        for p in to {
+            let mut h = copy_headers(p);
+            if let Some(why) = &refused {
+                h.insert(headers::ROUTED_REFUSAL, why.as_str());
+            }
+            copies.push(BatchMessage {
+                subject: format!("runner.inbox.{p}.{}", source.stream),
+                headers: h,
+                payload: payload.clone(),
+            });
+        }
+        bytes = bytes.saturating_add(adding);
+        last = Some(seq);
+    }
+    if let Some(l) = lag {
+        state
+            .metrics
+            .consumer_lag
+            .with_label_values(&[&source.stream])
+            .set(l as i64);
+    }
+    match last {
+        Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
+            flush(state, &source.stream, fence, copies, seq).await
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What a refused input's copy carries of its body: the part a dead letter keeps
+/// ([`crate::deadletter::EXCERPT_BYTES`]), or nothing when even that would not fit beside
+/// `headers`.
+fn excerpt(body: &bytes::Bytes, headers: &HeaderMap, limits: &Limits) -> bytes::Bytes {
+    let part = body.slice(..body.len().min(crate::deadletter::EXCERPT_BYTES));
+    match copy_refusal(headers, part.len(), limits.max_payload) {
+        None => part,
+        Some(_) => bytes::Bytes::new(),
+    }
+}
+
+/// Why a copy with `headers` and a body of `body_len` bytes cannot go into the inbox under
+/// `max_payload` (0: unknown), counting what the fenced batch adds; `None` when it can.
+fn copy_refusal(headers: &HeaderMap, body_len: usize, max_payload: usize) -> Option<String> {
+    let head = headers::block_bytes(Some(headers)) + headers::RELAY_HEADER_RESERVE;
+    let whole = head + body_len;
+    (head > headers::MAX_HEADER_BLOCK || (max_payload > 0 && whole > max_payload)).then(|| {
+        format!(
+            "its copy into the saga inbox would be {whole} bytes ({body_len} of body, {head} of \
+             headers); the broker takes at most {max_payload} (max_payload)"
+        )
+    })
+}
+
+/// Publishes `copies` plus a marker covering source sequence `through` as one fenced batch.
+async fn flush(
+    state: &AppState,
+    source: &str,
+    fence: &mut Fence,
+    copies: Vec<BatchMessage>,
+    through: u64,
+) -> Result<(), Stop> {
+    let position = Position {
+        seq: through,
+        ord: 0,
+    };
+    let timeout = state.config.nats.request_timeout.get();
+    let js = state.broker.jetstream();
+    let transport = fenced_batch::Transport::for_replicas(state.config.streams.replicas);
+    match transport
+        .publish(js, state.broker.client(), fence, &copies, position, timeout)
+        .await
+    {
+        fenced_batch::Outcome::Stored => {
+            state.metrics.router_copies.inc_by(copies.len() as u64);
+            state
+                .metrics
+                .consumer_checkpoint
+                .with_label_values(&[source])
+                .set(through as i64);
+            state.metrics.stalls.progressed(&stage(source));
+            Ok(())
+        }
+        fenced_batch::Outcome::Fenced => Err(Stop::Fenced),
+        fenced_batch::Outcome::Retry(why) => {
+            crate::relay::election::publish_failed("router batch", &why);
+            state.metrics.stalls.failed(&stage(source), &why);
+            Err(Stop::Retry)
+        }
+    }
+}
