@@ -26,13 +26,17 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
+use async_nats::jetstream::Message;
+use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::jetstream::consumer::pull::{Ordered, OrderedConfig, OrderedError};
 use futures::StreamExt;
+use futures::stream::ReadyChunks;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::RawInput;
 use super::commit::{Applied, Committer, Scoped};
 use super::pull::{PullSize, ReadAhead};
+use super::tally::Tally;
 use crate::backoff::Backoff;
 use crate::broker::headers;
 use crate::broker::liveness::{Liveness, Probe};
@@ -107,42 +111,123 @@ const STALL_GRACE: Duration = Duration::from_millis(500);
 /// How often a loop held back by backpressure looks at the outbox depth again.
 const BACKPRESSURE_POLL: Duration = Duration::from_millis(20);
 
+/// The consumer a loop reads: its partition's ordered consumer, chunked, read ahead while a
+/// batch commits.
+type Reader = ReadAhead<ReadyChunks<Ordered>, Result<Message, OrderedError>>;
+
+/// What a loop does once its consumer is given up.
+enum Next {
+    /// Open a new consumer at the committed checkpoint + 1 (any backoff already slept).
+    Reopen,
+    /// Return: the drain has begun.
+    Stop,
+}
+
+/// What waiting for the next chunk gave.
+enum Read {
+    /// Messages from the consumer.
+    Chunk(Vec<Result<Message, OrderedError>>),
+    /// Nothing yet (a replay was asked for, or the stall probe found nothing waiting):
+    /// look again.
+    Again,
+    /// The consumer is given up.
+    Done(Next),
+}
+
+/// The consuming loop of one partition: what it keeps from one consumer to the next.
+struct Loop {
+    state: Arc<AppState>,
+    input: Input,
+    relay: RelayHandle,
+    committer: Committer,
+    cancel: CancellationToken,
+    /// Inputs read per batch (`saga.batch_size`).
+    batch_size: usize,
+    /// Body bytes submitted per batch at most (`saga.max_batch_bytes`).
+    max_batch_bytes: usize,
+    /// Payload bytes read ahead at most (`saga.max_pull_bytes`).
+    max_pull_bytes: u64,
+    pull: PullSize,
+    /// Between tries after a consumer error or a failed commit; reset by a commit.
+    backoff: Backoff,
+    /// Changes on each NATS reconnection.
+    connections: tokio::sync::watch::Receiver<u64>,
+    liveness: Liveness,
+    /// The consumer's name in liveness logs and metrics.
+    label: String,
+}
+
 /// Reads `input` into the committer until `cancel` fires.
 pub(crate) async fn run(
     state: Arc<AppState>,
-    mut input: Input,
+    input: Input,
     relay: RelayHandle,
     committer: Committer,
     cancel: CancellationToken,
 ) {
-    let batch_size = state.config.saga.batch_size;
-    let max_batch_bytes =
-        usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
-    let max_pull_bytes = state.config.saga.max_pull_bytes.get();
-    let mut pull = PullSize::new(max_pull_bytes);
-    let metrics = &state.metrics;
-    let mut backoff =
-        Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter();
-    let mut connections = state.broker.connections();
-    let liveness = Liveness::new(
-        state.broker.jetstream(),
-        &metrics.registry,
-        state.config.consumers.stall_check.get(),
-        state.config.consumers.reopen_timeout.get(),
-    );
-    let label = format!("saga:{}:{}", input.stream, input.scope.partition);
-    'connect: while !cancel.is_cancelled() {
-        connections.mark_unchanged();
+    let mut l = Loop::new(state, input, relay, committer, cancel);
+    while !l.cancel.is_cancelled() {
+        l.connections.mark_unchanged();
+        let next = match l.open().await {
+            Ok((reader, cp)) => l.consume(reader, cp).await,
+            Err(next) => next,
+        };
+        if let Next::Stop = next {
+            return;
+        }
+    }
+}
+
+impl Loop {
+    fn new(
+        state: Arc<AppState>,
+        input: Input,
+        relay: RelayHandle,
+        committer: Committer,
+        cancel: CancellationToken,
+    ) -> Self {
+        let saga = &state.config.saga;
+        let max_pull_bytes = saga.max_pull_bytes.get();
+        let liveness = Liveness::new(
+            state.broker.jetstream(),
+            &state.metrics.registry,
+            state.config.consumers.stall_check.get(),
+            state.config.consumers.reopen_timeout.get(),
+        );
+        Self {
+            batch_size: saga.batch_size,
+            max_batch_bytes: usize::try_from(saga.max_batch_bytes.get()).unwrap_or(usize::MAX),
+            max_pull_bytes,
+            pull: PullSize::new(max_pull_bytes),
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter(),
+            connections: state.broker.connections(),
+            liveness,
+            label: format!("saga:{}:{}", input.stream, input.scope.partition),
+            state,
+            input,
+            relay,
+            committer,
+            cancel,
+        }
+    }
+
+    /// Opens an ordered consumer at the committed checkpoint + 1: the reader and that
+    /// checkpoint, or, when the checkpoint cannot be read or the consumer opened, what to do
+    /// instead (after a backoff, reopen; on cancellation, stop).
+    async fn open(&mut self) -> Result<(Reader, u64), Next> {
+        let input = &self.input;
         let key = input.checkpoint.clone();
-        let cp = match state.store.read(move |t| t.checkpoint(&key)).await {
+        let cp = match self.state.store.read(move |t| t.checkpoint(&key)).await {
             Ok(cp) => cp,
             Err(e) => {
                 tracing::error!(message = "Cannot read checkpoint.", stream = %input.stream, error = %e);
-                backoff.sleep(&cancel).await;
-                continue;
+                self.backoff.sleep(&self.cancel).await;
+                return Err(Next::Reopen);
             }
         };
-        checkpoint_gauge(metrics, &input, cp);
+        checkpoint_gauge(&self.state.metrics, input, cp);
+        let pull = &mut self.pull;
+        let liveness = &self.liveness;
         let messages = async {
             let stream = liveness.context().get_stream(&input.stream).await?;
             let consumer = stream
@@ -166,90 +251,51 @@ pub(crate) async fn run(
             Ok::<_, async_nats::Error>(consumer.messages().await?)
         };
         let messages = tokio::select! {
-            _ = cancel.cancelled() => return,
+            _ = self.cancel.cancelled() => return Err(Next::Stop),
             m = messages => m,
         };
-        let mut reader = match messages {
+        let (batch_size, max_pull_bytes) = (self.batch_size, self.max_pull_bytes);
+        let reader = match messages {
             Ok(m) => ReadAhead::new(m.ready_chunks(batch_size), batch_size, max_pull_bytes),
             Err(e) => {
                 tracing::warn!(message = "Cannot open consumer; retrying.", stream = %input.stream, error = %e);
-                backoff.sleep(&cancel).await;
-                continue;
+                self.backoff.sleep(&self.cancel).await;
+                return Err(Next::Reopen);
             }
         };
         tracing::info!(message = "Consuming.", stream = %input.stream, from_sequence = cp + 1);
+        Ok((reader, cp))
+    }
+
+    /// Reads `reader`, opened at checkpoint `cp`, batch after batch into the committer until
+    /// the consumer is given up: on a replay, a reconnection, a stall, a rewind, the end of
+    /// the messages, a consumer error, a failed commit or a new pull size (reopen), or on
+    /// cancellation (stop).
+    async fn consume(&mut self, mut reader: Reader, cp: u64) -> Next {
         // The last stream sequence read from this consumer (the probe asks what lies past it).
         let mut position = cp;
         loop {
-            if let Some(from) = state.replays.take(input.scope.partition) {
-                let s = &mut input.scope;
-                // An operator's replay (`replay.rs`): back to `from - 1`, then reopen.
-                let key = input.checkpoint.clone();
-                let back = from.saturating_sub(1);
-                match state
-                    .store
-                    .write(move |t| {
-                        let cp = t.checkpoint(&key)?;
-                        if back < cp {
-                            t.set_checkpoint(&key, back)?;
-                        }
-                        Ok(cp)
-                    })
-                    .await
-                {
-                    Ok(was) => {
-                        s.replay_until = s.replay_until.max(was);
-                        tracing::warn!(
-                            message = "Replaying the partition from an operator's request.",
-                            partition = s.partition,
-                            from_sequence = from,
-                            checkpoint_was = was
-                        );
-                    }
-                    Err(e) => {
-                        tracing::error!(message = "Cannot move the checkpoint back for a replay; not replaying.", partition = s.partition, error = %e);
-                    }
-                }
-                continue 'connect;
+            if let Some(from) = self.state.replays.take(self.input.scope.partition) {
+                self.replay(from).await;
+                return Next::Reopen;
             }
-            wait_for_relay(&state, &relay, &cancel).await;
-            let next = tokio::select! {
-                _ = state.replays.asked() => continue,
-                _ = cancel.cancelled() => {
-                    tracing::info!(message = "Consumer stopped for the drain.", stream = %input.stream);
-                    return;
-                }
-                Ok(()) = connections.changed() => {
-                    tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
-                    continue 'connect;
-                }
-                c = reader.next() => c,
-                _ = tokio::time::sleep(liveness.stall_check()) => {
-                    let Probe::Pending(seq) =
-                        liveness.probe(&input.stream, &input.filters, position).await
-                    else {
-                        continue;
-                    };
-                    // A message published just now may be on its way: give it a moment.
-                    match tokio::time::timeout(STALL_GRACE, reader.next()).await {
-                        Ok(c) => c,
-                        Err(_) => {
-                            let detail = format!("message {seq} waits past sequence {position}");
-                            liveness.recreating(&label, "stalled", &detail);
-                            continue 'connect;
-                        }
-                    }
-                }
+            wait_for_relay(&self.state, &self.relay, &self.cancel).await;
+            let chunk = match self.next_chunk(&mut reader, position).await {
+                Read::Chunk(chunk) => chunk,
+                Read::Again => continue,
+                Read::Done(next) => return next,
             };
-            let Some(chunk) = next else {
-                tracing::warn!(message = "Consumer ended; reopening at the checkpoint.", stream = %input.stream);
-                continue 'connect;
-            };
+            let input = &self.input;
             let Chunk {
                 batch,
                 failure,
                 lag,
-            } = read_chunk(&input.stream, &input.filters, chunk, &metrics.input_wait);
+            } = read_chunk(
+                &input.stream,
+                &input.filters,
+                chunk,
+                &self.state.metrics.input_wait,
+            );
             // A consumer that went back (async-nats restarts an ordered consumer from the
             // stream's start when it had delivered nothing yet) would have the whole stream
             // read again: reopen at the checkpoint instead.
@@ -257,70 +303,173 @@ pub(crate) async fn run(
                 && *seq <= position
             {
                 let detail = format!("delivered {seq} after {position}");
-                liveness.rewound(&label, &detail);
-                continue 'connect;
+                self.liveness.rewound(&self.label, &detail);
+                return Next::Reopen;
             }
             if let Some((seq, _)) = batch.last() {
                 position = position.max(*seq);
             }
-            pull.observe(batch.iter().map(|(_, r)| r.body.len()));
-            let mut pieces: VecDeque<_> = split_by_bytes(batch, max_batch_bytes).into();
-            while let Some(batch) = pieces.pop_front() {
-                let replay_until = input.scope.replay_until;
-                let replayed_in = |batch: &[(u64, RawInput)]| {
-                    batch.iter().filter(|(seq, _)| *seq <= replay_until).count()
+            self.pull.observe(batch.iter().map(|(_, r)| r.body.len()));
+            if let Err(next) = self.submit(&mut reader, batch, lag).await {
+                return next;
+            }
+            if let Some(e) = failure {
+                tracing::warn!(message = "Consumer error; reopening at the checkpoint.", stream = %self.input.stream, error = %e);
+                self.backoff.sleep(&self.cancel).await;
+                return Next::Reopen;
+            }
+            if self.pull.should_reopen() {
+                // What is committed is the checkpoint: reopening there loses nothing.
+                tracing::debug!(message = "Input sizes changed; reopening with another pull size.", stream = %self.input.stream, pull = self.pull.wanted());
+                return Next::Reopen;
+            }
+        }
+    }
+
+    /// An operator's replay (`replay.rs`) from inbox sequence `from`: moves the checkpoint
+    /// back to `from - 1` (never forward) and counts what lies up to where it was as replayed;
+    /// the caller then reopens there.
+    async fn replay(&mut self, from: u64) {
+        let s = &mut self.input.scope;
+        let key = self.input.checkpoint.clone();
+        let back = from.saturating_sub(1);
+        match self
+            .state
+            .store
+            .write(move |t| {
+                let cp = t.checkpoint(&key)?;
+                if back < cp {
+                    t.set_checkpoint(&key, back)?;
+                }
+                Ok(cp)
+            })
+            .await
+        {
+            Ok(was) => {
+                s.replay_until = s.replay_until.max(was);
+                tracing::warn!(
+                    message = "Replaying the partition from an operator's request.",
+                    partition = s.partition,
+                    from_sequence = from,
+                    checkpoint_was = was
+                );
+            }
+            Err(e) => {
+                tracing::error!(message = "Cannot move the checkpoint back for a replay; not replaying.", partition = s.partition, error = %e);
+            }
+        }
+    }
+
+    /// Waits for the next chunk of `reader`, whose last message read is `position`, while
+    /// watching for a replay, the drain, a NATS reconnection and a stalled consumer (one
+    /// that delivers nothing while its stream holds a message for it past `position`).
+    async fn next_chunk(&mut self, reader: &mut Reader, position: u64) -> Read {
+        let input = &self.input;
+        let liveness = &self.liveness;
+        let next = tokio::select! {
+            _ = self.state.replays.asked() => return Read::Again,
+            _ = self.cancel.cancelled() => {
+                tracing::info!(message = "Consumer stopped for the drain.", stream = %input.stream);
+                return Read::Done(Next::Stop);
+            }
+            Ok(()) = self.connections.changed() => {
+                tracing::info!(message = "NATS reconnected; reopening at the checkpoint.", stream = %input.stream);
+                return Read::Done(Next::Reopen);
+            }
+            c = reader.next() => c,
+            _ = tokio::time::sleep(liveness.stall_check()) => {
+                let Probe::Pending(seq) =
+                    liveness.probe(&input.stream, &input.filters, position).await
+                else {
+                    return Read::Again;
                 };
-                let (n, replayed) = (batch.len(), replayed_in(&batch));
-                // The next batch is read while this one commits (see `ReadAhead`).
-                let commit = committer.submit(&input.checkpoint, batch, input.scope.clone());
-                match reader.during(commit).await {
-                    Ok(Applied {
-                        checkpoint: cp,
-                        tally,
-                        deferred,
-                    }) => {
-                        // What the transaction had no room for goes again, first.
-                        let (n, replayed) = (n - deferred.len(), replayed - replayed_in(&deferred));
-                        if !deferred.is_empty() {
-                            pieces.push_front(deferred);
-                        }
-                        metrics.partition_replayed.inc_by(replayed as u64);
-                        metrics
-                            .saga_inputs
-                            .with_label_values(&[&input.stream])
-                            .inc_by(n as u64);
-                        checkpoint_gauge(metrics, &input, cp);
-                        if let Some(l) = lag {
-                            metrics
-                                .partition_lag
-                                .with_label_values(&[&input.scope.partition.to_string()])
-                                .set(l as i64);
-                        }
-                        tally.record(metrics);
-                        if tally.outbox > 0 {
-                            relay.note_written(tally.last_outbox, tally.outbox);
-                            relay.wake();
-                        }
-                        backoff.reset();
-                    }
-                    Err(e) => {
-                        tracing::error!(message = "Batch commit failed; re-reading from the checkpoint.", stream = %input.stream, error = %e);
-                        backoff.sleep(&cancel).await;
-                        continue 'connect;
+                // A message published just now may be on its way: give it a moment.
+                match tokio::time::timeout(STALL_GRACE, reader.next()).await {
+                    Ok(c) => c,
+                    Err(_) => {
+                        let detail = format!("message {seq} waits past sequence {position}");
+                        liveness.recreating(&self.label, "stalled", &detail);
+                        return Read::Done(Next::Reopen);
                     }
                 }
             }
-            if let Some(e) = failure {
-                tracing::warn!(message = "Consumer error; reopening at the checkpoint.", stream = %input.stream, error = %e);
-                backoff.sleep(&cancel).await;
-                continue 'connect;
-            }
-            if pull.should_reopen() {
-                // What is committed is the checkpoint: reopening there loses nothing.
-                tracing::debug!(message = "Input sizes changed; reopening with another pull size.", stream = %input.stream, pull = pull.wanted());
-                continue 'connect;
+        };
+        match next {
+            Some(chunk) => Read::Chunk(chunk),
+            None => {
+                tracing::warn!(message = "Consumer ended; reopening at the checkpoint.", stream = %input.stream);
+                Read::Done(Next::Reopen)
             }
         }
+    }
+
+    /// Submits `batch` to the committer in pieces of at most `saga.max_batch_bytes`, each
+    /// only after the answer for the one before, reading ahead on `reader` while each
+    /// commits. Inputs a commit deferred go again, first. A failed commit gives the
+    /// consumer up (after a backoff): what it held is re-read from the checkpoint.
+    async fn submit(
+        &mut self,
+        reader: &mut Reader,
+        batch: Vec<(u64, RawInput)>,
+        lag: Option<u64>,
+    ) -> Result<(), Next> {
+        let mut pieces: VecDeque<_> = split_by_bytes(batch, self.max_batch_bytes).into();
+        while let Some(batch) = pieces.pop_front() {
+            let replay_until = self.input.scope.replay_until;
+            let replayed_in = |batch: &[(u64, RawInput)]| {
+                batch.iter().filter(|(seq, _)| *seq <= replay_until).count()
+            };
+            let (n, replayed) = (batch.len(), replayed_in(&batch));
+            // The next batch is read while this one commits (see `ReadAhead`).
+            let commit =
+                self.committer
+                    .submit(&self.input.checkpoint, batch, self.input.scope.clone());
+            match reader.during(commit).await {
+                Ok(Applied {
+                    checkpoint: cp,
+                    tally,
+                    deferred,
+                }) => {
+                    // What the transaction had no room for goes again, first.
+                    let (n, replayed) = (n - deferred.len(), replayed - replayed_in(&deferred));
+                    if !deferred.is_empty() {
+                        pieces.push_front(deferred);
+                    }
+                    self.committed(n, replayed, cp, lag, tally);
+                }
+                Err(e) => {
+                    tracing::error!(message = "Batch commit failed; re-reading from the checkpoint.", stream = %self.input.stream, error = %e);
+                    self.backoff.sleep(&self.cancel).await;
+                    return Err(Next::Reopen);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a commit that applied `n` inputs (`replayed` of them a replay) up to checkpoint
+    /// `cp`: the metrics, then the relay told what was written and woken.
+    fn committed(&mut self, n: usize, replayed: usize, cp: u64, lag: Option<u64>, tally: Tally) {
+        let metrics = &self.state.metrics;
+        let input = &self.input;
+        metrics.partition_replayed.inc_by(replayed as u64);
+        metrics
+            .saga_inputs
+            .with_label_values(&[&input.stream])
+            .inc_by(n as u64);
+        checkpoint_gauge(metrics, input, cp);
+        if let Some(l) = lag {
+            metrics
+                .partition_lag
+                .with_label_values(&[&input.scope.partition.to_string()])
+                .set(l as i64);
+        }
+        tally.record(metrics);
+        if tally.outbox > 0 {
+            self.relay.note_written(tally.last_outbox, tally.outbox);
+            self.relay.wake();
+        }
+        self.backoff.reset();
     }
 }
 
