@@ -21,8 +21,13 @@
 //! - **Drain.** On cancellation the loop stops reading; a batch already submitted is
 //!   committed and answered before the loop returns, since it waits for the answer.
 //! - Metrics and the relay's wake-up follow a commit, never precede it.
+//!
+//! | file | owns |
+//! |---|---|
+//! | `mod.rs` | the loop: opening a consumer, waiting for chunks, replays, reconnects and backoff |
+//! | `chunk.rs` | consumer messages turned into inputs; which messages a reader wants |
+//! | `submit.rs` | a chunk submitted to the committer in pieces, and what follows each answer |
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,15 +38,18 @@ use futures::StreamExt;
 use futures::stream::ReadyChunks;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::RawInput;
-use super::commit::{Applied, Committer, Scoped};
+use super::commit::{Committer, Scoped};
 use super::pull::{PullSize, ReadAhead};
-use super::tally::Tally;
 use crate::backoff::Backoff;
-use crate::broker::headers;
 use crate::broker::liveness::{Liveness, Probe};
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
+use chunk::{Chunk, read_chunk};
+
+mod chunk;
+mod submit;
+
+pub(crate) use chunk::{server_filters, wanted};
 
 /// A source stream of saga inputs, read by its router ([`super::router`]).
 #[derive(Debug, Clone)]
@@ -79,25 +87,6 @@ pub(crate) struct Input {
     pub checkpoint: String,
     /// The partition read.
     pub scope: Scoped,
-}
-
-/// The filters an ordered consumer of `filters` asks the server for: its one filter, or none
-/// when it has several, the reader then skipping what matches none itself ([`wanted`]).
-/// The server serves a consumer with several filters by intersecting them with the subjects
-/// of the message block it reads, for every message; on a stream with a subject per saga
-/// instance (effect results) that cost the three-node bench about a third of its broker
-/// CPU. Reading the few messages no filter wants (fence markers) is far cheaper.
-pub(crate) fn server_filters(filters: &[String]) -> Vec<String> {
-    if filters.len() == 1 {
-        filters.to_vec()
-    } else {
-        Vec::new()
-    }
-}
-
-/// Whether a message on `subject` is one the reader of `filters` wants.
-pub(crate) fn wanted(filters: &[String], subject: &str) -> bool {
-    filters.len() <= 1 || filters.iter().any(|f| crate::broker::covers(f, subject))
 }
 
 /// Longest pull of an ordered consumer; its idle heartbeat is half of it, so a consumer that
@@ -402,97 +391,6 @@ impl Loop {
             }
         }
     }
-
-    /// Submits `batch` to the committer in pieces of at most `saga.max_batch_bytes`, each
-    /// only after the answer for the one before, reading ahead on `reader` while each
-    /// commits. Inputs a commit deferred go again, first. A failed commit gives the
-    /// consumer up (after a backoff): what it held is re-read from the checkpoint.
-    async fn submit(
-        &mut self,
-        reader: &mut Reader,
-        batch: Vec<(u64, RawInput)>,
-        lag: Option<u64>,
-    ) -> Result<(), Next> {
-        let mut pieces: VecDeque<_> = split_by_bytes(batch, self.max_batch_bytes).into();
-        while let Some(batch) = pieces.pop_front() {
-            let replay_until = self.input.scope.replay_until;
-            let replayed_in = |batch: &[(u64, RawInput)]| {
-                batch.iter().filter(|(seq, _)| *seq <= replay_until).count()
-            };
-            let (n, replayed) = (batch.len(), replayed_in(&batch));
-            // The next batch is read while this one commits (see `ReadAhead`).
-            let commit =
-                self.committer
-                    .submit(&self.input.checkpoint, batch, self.input.scope.clone());
-            match reader.during(commit).await {
-                Ok(Applied {
-                    checkpoint: cp,
-                    tally,
-                    deferred,
-                }) => {
-                    // What the transaction had no room for goes again, first.
-                    let (n, replayed) = (n - deferred.len(), replayed - replayed_in(&deferred));
-                    if !deferred.is_empty() {
-                        pieces.push_front(deferred);
-                    }
-                    self.committed(n, replayed, cp, lag, tally);
-                }
-                Err(e) => {
-                    tracing::error!(message = "Batch commit failed; re-reading from the checkpoint.", stream = %self.input.stream, error = %e);
-                    self.backoff.sleep(&self.cancel).await;
-                    return Err(Next::Reopen);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// After a commit that applied `n` inputs (`replayed` of them a replay) up to checkpoint
-    /// `cp`: the metrics, then the relay told what was written and woken.
-    fn committed(&mut self, n: usize, replayed: usize, cp: u64, lag: Option<u64>, tally: Tally) {
-        let metrics = &self.state.metrics;
-        let input = &self.input;
-        metrics.partition_replayed.inc_by(replayed as u64);
-        metrics
-            .saga_inputs
-            .with_label_values(&[&input.stream])
-            .inc_by(n as u64);
-        checkpoint_gauge(metrics, input, cp);
-        if let Some(l) = lag {
-            metrics
-                .partition_lag
-                .with_label_values(&[&input.scope.partition.to_string()])
-                .set(l as i64);
-        }
-        tally.record(metrics);
-        if tally.outbox > 0 {
-            self.relay.note_written(tally.last_outbox, tally.outbox);
-            self.relay.wake();
-        }
-        self.backoff.reset();
-    }
-}
-
-/// Splits `batch` into consecutive batches of at most `cap` body bytes each (a message
-/// larger than `cap` is a batch of its own), in order, so large events cannot make one
-/// transaction hold hundreds of MiB.
-fn split_by_bytes(batch: Vec<(u64, RawInput)>, cap: usize) -> Vec<Vec<(u64, RawInput)>> {
-    let mut out: Vec<Vec<(u64, RawInput)>> = Vec::new();
-    let mut bytes = 0usize;
-    for item in batch {
-        let size = item.1.body.len();
-        match out.last_mut() {
-            Some(last) if bytes.saturating_add(size) <= cap => {
-                bytes += size;
-                last.push(item);
-            }
-            _ => {
-                bytes = size;
-                out.push(vec![item]);
-            }
-        }
-    }
-    out
 }
 
 /// Sets the checkpoint gauge of `input`'s partition (every partition reads the same inbox
@@ -517,161 +415,5 @@ async fn wait_for_relay(state: &AppState, relay: &RelayHandle, cancel: &Cancella
         }
         relay.wake();
         tokio::time::sleep(BACKPRESSURE_POLL).await;
-    }
-}
-
-/// One chunk of the stream, ready to submit.
-struct Chunk<E> {
-    /// The messages read before any error, as (stream sequence, input).
-    batch: Vec<(u64, RawInput)>,
-    /// The error that ended the chunk early, if any.
-    failure: Option<E>,
-    /// Messages still pending in the stream after the last one read.
-    lag: Option<u64>,
-}
-
-/// Payloads from this size on are kept as the client received them; smaller ones are copied.
-const SHARE_FROM: usize = 16 * 1024;
-
-/// An input's body. A large payload is shared with the message, so a batch never holds its
-/// bytes twice. A small one is copied: sharing would keep the client's whole read buffer
-/// (tens of KiB, holding other traffic) alive for as long as the input waits.
-fn body_of(payload: &bytes::Bytes) -> bytes::Bytes {
-    if payload.len() >= SHARE_FROM {
-        payload.clone()
-    } else {
-        bytes::Bytes::copy_from_slice(payload)
-    }
-}
-
-/// Turns a chunk of consumer items into inputs, stopping at the first error.
-fn read_chunk<E>(
-    stream: &str,
-    filters: &[String],
-    chunk: Vec<Result<async_nats::jetstream::Message, E>>,
-    wait: &prometheus::Histogram,
-) -> Chunk<E> {
-    let mut out = Chunk {
-        batch: Vec::with_capacity(chunk.len()),
-        failure: None,
-        lag: None,
-    };
-    let now = headers::now_nanos();
-    for item in chunk {
-        match item {
-            Ok(msg) => {
-                let Ok(info) = msg.info() else { continue };
-                let seq = info.stream_sequence;
-                out.lag = Some(info.pending);
-                if !wanted(filters, msg.subject.as_str()) {
-                    continue; // the server sent it unfiltered (see `server_filters`)
-                }
-                wait.observe(headers::stored_age(&info, now));
-                let traceparent = headers::traceparent(msg.headers.as_ref());
-                // A routed input names where it came from (the inbox is written only by
-                // routers, the timer loop and effect executors, under Runner's subjects).
-                let routed = |name: &str| {
-                    msg.headers
-                        .as_ref()
-                        .and_then(|h| h.get(name))
-                        .map(|v| v.as_str().to_string())
-                };
-                out.batch.push((
-                    seq,
-                    RawInput {
-                        subject: routed(headers::ROUTED_SUBJECT)
-                            .unwrap_or_else(|| msg.subject.to_string()),
-                        body: body_of(&msg.payload),
-                        traceparent,
-                        // A routed copy's headers are the router's; it counted the original's.
-                        header_bytes: 0,
-                        refused: routed(headers::ROUTED_REFUSAL),
-                        source: routed(headers::ROUTED_SOURCE)
-                            .unwrap_or_else(|| format!("{stream}:{seq}")),
-                        // The broker's time of the input (a routed copy: of its source),
-                        // which bounds the producer's `timestamp_ms` (admission.rs).
-                        stored_ms: Some(headers::routed_stored_ms(
-                            routed(headers::ROUTED_SOURCE_TIME).as_deref(),
-                            headers::stored_ms(&info),
-                        )),
-                    },
-                ));
-            }
-            Err(e) => {
-                out.failure = Some(e);
-                break;
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn input(seq: u64, bytes: usize) -> (u64, RawInput) {
-        (
-            seq,
-            RawInput {
-                subject: "s".into(),
-                body: vec![b'x'; bytes].into(),
-                traceparent: None,
-                header_bytes: 0,
-                refused: None,
-                source: format!("s:{seq}"),
-                stored_ms: None,
-            },
-        )
-    }
-
-    #[test]
-    fn several_filters_are_applied_here_and_one_is_left_to_the_server() {
-        let one = vec!["runner.inbox.3.>".to_string()];
-        assert_eq!(server_filters(&one), one);
-        assert!(wanted(&one, "anything: the server filtered"));
-        let two = vec![
-            "tenant.*.effect_result.>".to_string(),
-            "tenant.*.workflow_event.>".to_string(),
-        ];
-        assert!(server_filters(&two).is_empty());
-        assert!(wanted(&two, "tenant.a.effect_result.charge.c1"));
-        assert!(wanted(&two, "tenant.a.workflow_event.order.o1"));
-        assert!(!wanted(&two, "runner.fence.WORKFLOW_EVENTS.7"));
-        assert!(!wanted(&two, "tenant.a.other.x.y"));
-    }
-
-    #[test]
-    fn large_bodies_share_the_message_bytes_and_small_ones_are_copied() {
-        // A read buffer holding a small payload and a large one.
-        let buffer = bytes::Bytes::from(vec![7u8; 100 + SHARE_FROM]);
-        let small = buffer.slice(0..100);
-        let large = buffer.slice(100..);
-        assert_eq!(
-            body_of(&large).as_ptr(),
-            large.as_ptr(),
-            "shared, not copied"
-        );
-        let copied = body_of(&small);
-        assert_eq!(copied, small);
-        assert_ne!(copied.as_ptr(), small.as_ptr(), "copied out of the buffer");
-    }
-
-    #[test]
-    fn batches_are_split_by_bytes_in_order() {
-        let batch = vec![
-            input(1, 40),
-            input(2, 40),
-            input(3, 40),
-            input(4, 200),
-            input(5, 10),
-        ];
-        let parts = split_by_bytes(batch, 100);
-        let seqs: Vec<Vec<u64>> = parts
-            .iter()
-            .map(|p| p.iter().map(|(s, _)| *s).collect())
-            .collect();
-        assert_eq!(seqs, vec![vec![1, 2], vec![3], vec![4], vec![5]]);
-        assert!(split_by_bytes(Vec::new(), 100).is_empty());
     }
 }
