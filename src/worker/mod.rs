@@ -6,10 +6,10 @@
 //!  WORKFLOW_EVENTS  ─► ownership/router ─┤
 //!  effect results (executor) ────────────┤ (straight into the waiting partition's inbox)
 //!  due timers (owned) ─► timers.rs ──────┴──► SAGA_INBOX runner.inbox.<p>.…
-//!                                        │ one consume.rs loop per owned partition
+//!                                        │ one consume/ loop per owned partition
 //!                                        ▼
 //!                 commit.rs ── one write transaction per group of batches
-//!                              (admission.rs, process.rs)
+//!                              (admission.rs, process/)
 //!                                        ▼
 //!                libmdbx: state, outbox, checkpoints, timers, dedupe markers
 //!                                        ▼
@@ -23,7 +23,7 @@
 //!
 //! | file | owns |
 //! |---|---|
-//! | `consume.rs` | one consuming loop per owned partition, backpressure, reconnects |
+//! | `consume/` | one consuming loop per owned partition, backpressure, reconnects |
 //! | `commit.rs` | the group commit: the `Committer` and its write transaction |
 //! | [`admission`] | the envelope checks that decide poison before routing |
 //! | [`process`] | routing and applying inputs and timers to the tables of one transaction |
