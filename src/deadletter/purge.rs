@@ -1,0 +1,60 @@
+//! Purging dead letters: removing the ones a filter selects, in one write transaction,
+//! without ever leaving a key parked behind a letter that is gone (unless forced, which
+//! unparks it).
+
+use super::{DeadLetter, DeadLetterError, DeadLetterStatus};
+use crate::storage::Store;
+
+/// Which dead letters a purge removes.
+#[derive(Debug, Clone, Default)]
+pub struct Purge {
+    /// Only this tenant's.
+    pub tenant: Option<String>,
+    /// Only those recorded before this time (ms since the epoch).
+    pub before_ms: Option<u64>,
+    /// Only this kind.
+    pub kind: Option<String>,
+    /// Also remove pending entries that park their key (the key is unparked; inputs held
+    /// behind it stay as pending entries of their own).
+    pub force: bool,
+    /// Report what would go, remove nothing.
+    pub dry_run: bool,
+}
+
+/// Removes the dead letters `p` selects, in one write transaction, and returns them. A
+/// pending entry its key is parked behind is kept unless `force`: removing it would leave
+/// the key parked with nothing to redrive. The retention sweep uses this too, with
+/// `saga.dead_letter_retention`.
+pub fn purge(store: &Store, p: &Purge) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    let p = p.clone();
+    Ok(store.write_blocking(move |t| {
+        let mut removed = Vec::new();
+        for d in t.dead_letters()? {
+            let selected = p.tenant.as_ref().is_none_or(|x| *x == d.tenant)
+                && p.before_ms.is_none_or(|b| d.at_ms < b)
+                && p.kind.as_ref().is_none_or(|k| *k == d.kind);
+            if !selected {
+                continue;
+            }
+            let parks = t.parks_its_key(&d)?;
+            // A pending input held behind its key's first letter (parked, or held while its
+            // tenant is paused) is as needed as the first: it is applied when that is.
+            let held = d.status == DeadLetterStatus::Pending
+                && match (&d.saga, &d.correlation_id) {
+                    (Some(saga), Some(corr)) => t.parked_by(&d.tenant, saga, corr)?.is_some(),
+                    _ => false,
+                };
+            if (parks || held) && !p.force {
+                continue;
+            }
+            if !p.dry_run {
+                if parks && let (Some(saga), Some(corr)) = (&d.saga, &d.correlation_id) {
+                    t.unpark(&d.tenant, saga, corr)?;
+                }
+                t.delete_dead_letter(&d.tenant, d.id)?;
+            }
+            removed.push(d);
+        }
+        Ok(removed)
+    })?)
+}
