@@ -15,7 +15,7 @@
 //!
 //! | guarantee | home |
 //! |---|---|
-//! | inputs applied once, in stream order; the checkpoint is the position of truth | [`worker`] (`consume.rs` resumes at it, `commit.rs` skips what it covers, [`worker::process`] dedupes by event id) |
+//! | inputs applied once, in stream order; the checkpoint is the position of truth | [`worker`] (`consume/` resumes at it, `commit.rs` skips what it covers, [`worker::process`] dedupes by event id) |
 //! | state, outbox, timers, dedupe, dead letters and checkpoint commit in one durable transaction | `worker/commit.rs`, [`storage`] |
 //! | poison decided before routing | `worker/admission.rs` |
 //! | pure, deterministic transitions; deterministic output ids | [`saga`], [`saga::ids`] |

@@ -56,7 +56,7 @@ pub fn shown_tenant(t: &str) -> String {
 pub struct RawInput {
     /// Full subject, `tenant.<t>.…`.
     pub subject: String,
-    /// Body bytes; a large body is shared with the message it came in (see `consume.rs`).
+    /// Body bytes; a large body is shared with the message it came in (see `consume/chunk.rs`).
     pub body: bytes::Bytes,
     /// `traceparent` header, if it had a valid one (`broker::headers::traceparent`).
     pub traceparent: Option<String>,

@@ -21,7 +21,7 @@
 //!   previous one, so batches of one stream never overtake each other.
 //! - **Bounded outputs.** A transaction stops taking inputs once the outbox records it
 //!   wrote reach `saga.max_batch_bytes` (one input's outputs alone never pass it: such an
-//!   input is dead-lettered, `process.rs`); the inputs it did not take are answered back
+//!   input is dead-lettered, `process/apply.rs`); the inputs it did not take are answered back
 //!   as [`Applied::deferred`] and submitted again, in order, before anything newer.
 //! - The commit thread ends when every [`Committer`] handle is dropped (every consumer loop
 //!   has returned), after answering what it holds.

@@ -208,29 +208,7 @@ pub(crate) async fn run(a: Args) -> Result<()> {
             tps / fenced
         );
     }
-    if let (Some((1, one)), Some((n, most))) = (runner_tps.first(), runner_tps.last())
-        && *n > 1
-    {
-        let cap = a.cpu.map_or("uncapped".to_string(), |c| format!("each capped at {c} of a core"));
-        println!(
-            "scaling: {n} replicas {most:.0} transitions/s, 1 replica {one:.0}/s: {:.2}x, efficiency {:.2} ({cap})",
-            most / one,
-            most / one / *n as f64
-        );
-        if a.cpu.is_some() {
-            println!(
-                "{}",
-                crate::goals::line(
-                    &format!("cluster, {n} capped replicas over one"),
-                    most / one,
-                    "x",
-                    crate::goals::Bound::AtLeast,
-                    // 0.8 × 3 printed as 2.4, not 2.4000000000000004.
-                    (crate::goals::CAPPED_SCALING * *n as f64 * 100.0).round() / 100.0,
-                )
-            );
-        }
-    }
+    scaling(&runner_tps, a.cpu);
     if let Some((n, tps)) = runner_tps.iter().find(|(n, _)| *n == 3) {
         println!(
             "{}",
@@ -262,6 +240,37 @@ pub(crate) async fn run(a: Args) -> Result<()> {
 }
 
 /// Starts partitioned replica `name` against every node of the cluster.
+/// The `scaling:` line, the most replicas over one, and with a CPU cap its goal line.
+fn scaling(runner_tps: &[(usize, f64)], cpu: Option<f64>) {
+    let (Some((1, one)), Some((n, most))) = (runner_tps.first(), runner_tps.last()) else {
+        return;
+    };
+    if *n < 2 {
+        return;
+    }
+    let cap = cpu.map_or("uncapped".to_string(), |c| {
+        format!("each capped at {c} of a core")
+    });
+    println!(
+        "scaling: {n} replicas {most:.0} transitions/s, 1 replica {one:.0}/s: {:.2}x, efficiency {:.2} ({cap})",
+        most / one,
+        most / one / *n as f64
+    );
+    if cpu.is_some() {
+        println!(
+            "{}",
+            crate::goals::line(
+                &format!("cluster, {n} capped replicas over one"),
+                most / one,
+                "x",
+                crate::goals::Bound::AtLeast,
+                // 0.8 × 3 printed as 2.4, not 2.4000000000000004.
+                (crate::goals::CAPPED_SCALING * *n as f64 * 100.0).round() / 100.0,
+            )
+        );
+    }
+}
+
 /// Capped at `a.cpu` cores when set; its cap joins `caps`.
 async fn start_replica(
     a: &Args,

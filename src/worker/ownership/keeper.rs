@@ -269,7 +269,12 @@ impl Drop for Episode {
         f.leases = f.leases.saturating_sub(1);
         if f.leases == 0 {
             let seconds = f.since.take().map_or(0, |s| s.elapsed().as_secs());
-            tracing::info!(message = "No lease renewal failing any more.", leases = f.seen, failed_attempts = f.attempts, seconds);
+            tracing::info!(
+                message = "No lease renewal failing any more.",
+                leases = f.seen,
+                failed_attempts = f.attempts,
+                seconds
+            );
             f.seen = 0;
             f.attempts = 0;
         }

@@ -46,7 +46,7 @@ impl View {
                 self.members.remove(&e.key);
             }
         } else if let Some(p) = e.key.strip_prefix("p.").and_then(|p| p.parse().ok()) {
-            // A handed-over lease is free (`worker/lease.rs`).
+            // A handed-over lease is free (`ownership/lease.rs`).
             let owner = serde_json::from_slice::<serde_json::Value>(&e.value)
                 .ok()
                 .filter(|v| v.get("handoff").is_none())

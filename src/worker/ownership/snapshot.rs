@@ -1,5 +1,5 @@
 //! Partition snapshots in a JetStream Object Store: upload, keep the newest few, download,
-//! restore (DESIGN §8.6). The owner of a partition (`worker/ownership.rs`) calls [`snapshot`]
+//! restore (DESIGN §8.6). The owner of a partition (`worker/ownership/`) calls [`snapshot`]
 //! every `partitions.snapshot_interval` and on hand-over; a new owner calls [`restore`] and
 //! then replays SAGA_INBOX from the checkpoint it returns + 1, after checking
 //! [`retention_gap`].
