@@ -10,28 +10,31 @@
 //! ([`Partitioning`]): instances and their history rings (`saga` table, and the `history`
 //! table older stores wrote), timers (`schedule`), parked keys (`parked`) and dead letters
 //! that name their instance (`deadletter`); the outbox records stored under partition `p`
-//! (`outbox`); and, in the header, the checkpoint of `p` (the last applied SAGA_INBOX
-//! sequence, under [`partition_checkpoint_key`]). Values are copied byte for byte.
+//! (`outbox`); the dedupe markers of events applied to its instances (`dedupe`, those whose
+//! value records partition `p` of the same partition count,
+//! [`MarkerPlace`](super::tables::dedupe::MarkerPlace)); and, in the header, the checkpoint
+//! of `p` (the last applied SAGA_INBOX sequence, under [`partition_checkpoint_key`]). Values
+//! are copied byte for byte.
+//!
+//! Carrying the markers is what keeps an event published twice, under two stream sequences
+//! on either side of the snapshot's checkpoint, applied once by a new owner: the second copy
+//! finds the first one's marker. Only the partition's own markers travel, and an import
+//! replaces the store's markers of `p` with them, so a store never holds a marker for an
+//! input further along `p`'s log than its copy of `p`.
 //!
 //! **Not carried, and why.**
-//! - *Dedupe markers.* Their key (`t 0 saga 0 event_id`) names no instance, so their
-//!   partition cannot be told. Carrying every marker of the store in every snapshot is not
-//!   harmless: a marker copied from another store can stand for an input further along
-//!   another partition's log than this store's copy of that partition; when this store later
-//!   replays that partition from its older checkpoint it would skip that very input. Leaving
-//!   them out costs less: after a restore, an event published twice under two stream
-//!   sequences, the first copy at or before the checkpoint and the second after it, is
-//!   applied twice (duplicates inside the replayed range are still caught, since the replay
-//!   marks what it applies). Carrying them safely needs markers keyed by instance or
-//!   partition; a later format can then add them.
+//! - *Dedupe markers written before markers recorded their partition* (8- or 16-byte
+//!   values): their partition cannot be told from them. They stay with the store that wrote
+//!   them and expire there (`saga.dedupe_retention`).
 //! - *Dead letters that name no instance* (an undecodable input, say) belong to no
 //!   partition; they stay in the store that recorded them.
 //!
-//! **Format 1.** A [`codec`](super::codec) record: format byte `1`, the string
+//! **Format 2.** A [`codec`](super::codec) record: format byte `2`, the string
 //! [`MAGIC`], then partition, partition count and checkpoint (`u64` each), then rows until
 //! the end, each a table name, a key and a value (byte strings); after it, the SHA-256 of
 //! everything before. A reader refuses another format byte ([`SnapshotError::Format`]) and
-//! anything that does not check out ([`SnapshotError::Corrupt`]).
+//! anything that does not check out ([`SnapshotError::Corrupt`]). Format 1, written before
+//! markers were carried, is the same record without `dedupe` rows, and is still read.
 //!
 //! **Guarantees.**
 //! - An export reads one read transaction: the rows and the checkpoint are one committed
@@ -55,6 +58,7 @@ use sha2::{Digest, Sha256};
 use super::Store;
 use super::codec::{Reader, Writer};
 use super::error::StorageError;
+use super::tables::dedupe::MarkerPlace;
 use super::tables::keys::{DEADLETTER_ID, OUTBOX_SEQ, u64_of};
 use super::tables::{DeadLetter, Tables};
 
@@ -62,17 +66,20 @@ use super::tables::{DeadLetter, Tables};
 pub type PartitionOf = fn(&str, &str, &str, u32) -> u32;
 
 /// The snapshot format this version writes.
-pub const FORMAT: u8 = 1;
+pub const FORMAT: u8 = 2;
+/// The earlier format, read still: format 2 without dedupe markers.
+const FORMAT_1: u8 = 1;
 /// The string after the format byte, so another program's record is not taken for a snapshot.
 pub const MAGIC: &str = "runner-partition-snapshot";
 /// The tables rows are taken from, in the order a snapshot lists them.
-const SNAPSHOT_TABLES: [&str; 6] = [
+const SNAPSHOT_TABLES: [&str; 7] = [
     "saga",
     "history",
     "schedule",
     "outbox",
     "parked",
     "deadletter",
+    "dedupe",
 ];
 /// Length of the SHA-256 trailer.
 const DIGEST_LEN: usize = 32;
@@ -141,6 +148,9 @@ impl Partitioning {
             "outbox" => key
                 .get(..2)
                 .map(|b| u32::from(u16::from_be_bytes([b[0], b[1]]))),
+            "dedupe" => MarkerPlace::of_marker(value)
+                .filter(|m| m.partitions == self.partitions)
+                .map(|m| m.partition),
             "deadletter" => {
                 let dl = dead_letter(value)?;
                 match (&dl.saga, &dl.correlation_id) {
@@ -184,7 +194,7 @@ pub enum SnapshotError {
     #[error("corrupt snapshot: {0}")]
     Corrupt(String),
     /// The snapshot was written in a format this version does not read.
-    #[error("snapshot format {0} is not readable by this version (reads format {FORMAT})")]
+    #[error("snapshot format {0} is not readable by this version (reads formats 1 and {FORMAT})")]
     Format(u8),
     /// The snapshot comes from a deployment with another partition count.
     #[error("snapshot was taken with {snapshot} partitions, this deployment has {local}")]
@@ -463,8 +473,11 @@ fn decode(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Row<'_>>), SnapshotError>
     if Sha256::digest(body).as_slice() != digest {
         return Err(corrupt("SHA-256 digest does not match".into()));
     }
-    let Some(mut r) = Reader::open(body, FORMAT, "snapshot") else {
-        return Err(SnapshotError::Format(body[0]));
+    let format = body[0];
+    let Some(mut r) =
+        Reader::open(body, FORMAT, "snapshot").or_else(|| Reader::open(body, FORMAT_1, "snapshot"))
+    else {
+        return Err(SnapshotError::Format(format));
     };
     let from_codec = |e: StorageError| match e {
         StorageError::Corrupt(why) => SnapshotError::Corrupt(why),
@@ -475,7 +488,7 @@ fn decode(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Row<'_>>), SnapshotError>
     }
     let small = |n: u64| u32::try_from(n).map_err(|_| corrupt(format!("{n} is not a partition")));
     let header = SnapshotHeader {
-        format: FORMAT,
+        format,
         partition: small(r.u64().map_err(from_codec)?)?,
         partitions: small(r.u64().map_err(from_codec)?)?,
         checkpoint: r.u64().map_err(from_codec)?,
@@ -488,6 +501,11 @@ fn decode(bytes: &[u8]) -> Result<(SnapshotHeader, Vec<Row<'_>>), SnapshotError>
         let value = r.bytes().map_err(from_codec)?;
         if table == "outbox" && key.len() != 10 {
             return Err(corrupt("outbox key is not 10 bytes".into()));
+        }
+        if table == "dedupe" && format == FORMAT_1 {
+            return Err(corrupt(
+                "a format 1 snapshot holds no dedupe markers".into(),
+            ));
         }
         rows.push(Row { table, key, value });
     }

@@ -51,7 +51,8 @@ fn letter(corr: Option<&str>, kind: &str) -> DeadLetter {
 }
 
 /// Writes instance `corr` in state `state` with three history entries, a timer, an outbox
-/// record in its partition and a dedupe marker; `dead` also dead-letters and parks it.
+/// record in its partition, a dedupe marker that records its partition (`<corr>-e1`) and one
+/// as older versions wrote them (`<corr>-old`); `dead` also dead-letters and parks it.
 fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
     let p = by_last_digit("acme", "order", corr, 4) as u16;
     store
@@ -107,7 +108,12 @@ fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
                     cause: (7, 1),
                 },
             )?;
-            t.mark_applied("acme", "order", &format!("{corr}-e1"), 10)?;
+            let place = crate::storage::tables::dedupe::MarkerPlace {
+                partition: u32::from(p),
+                partitions: 4,
+            };
+            t.mark_applied_to("acme", "order", &format!("{corr}-e1"), corr, 10, place)?;
+            t.mark_applied("acme", "order", &format!("{corr}-old"), 10)?;
             if dead {
                 let dl = t.push_dead_letter(letter(Some(corr), "expression"))?;
                 t.park("acme", "order", corr, dl.id)?;
@@ -183,8 +189,16 @@ fn export_then_import_reproduces_the_partition() {
         assert_eq!(dls.len(), 1, "only the dead letter of an instance in p1");
         assert_eq!(dls[0].correlation_id.as_deref(), Some("o-1"));
         assert_eq!(t.parked_by("acme", "order", "o-1")?, Some(dls[0].id));
-        // Dedupe markers name no instance and are not carried (see the module doc).
-        assert!(!t.is_applied("acme", "order", "o-1-e1")?);
+        // The partition's dedupe markers travel with it: an event applied before the
+        // checkpoint and published again after it is still seen as applied.
+        assert!(t.is_applied("acme", "order", "o-1-e1")?);
+        assert!(t.is_applied("acme", "order", "o-5-e1")?);
+        assert!(
+            !t.is_applied("acme", "order", "o-2-e1")?,
+            "p2's markers stay"
+        );
+        // Markers that do not record their partition stay where they were written.
+        assert!(!t.is_applied("acme", "order", "o-1-old")?);
         Ok(())
     })
     .expect("read");
@@ -251,8 +265,13 @@ fn import_replaces_a_stale_copy_and_leaves_other_partitions_alone() {
         assert_eq!(list(Some("paid"))?, ["o-1", "o-5"]);
         assert_eq!(list(Some("other"))?, ["o-2", "o-3"]);
         assert_eq!(list(None)?.len(), 4);
-        // Markers stay where they were: this store's own, not the snapshot's.
-        assert!(t.is_applied("acme", "order", "o-9-e1")?);
+        // p1's markers are the snapshot's: the stale copy's are gone with its state (o-9's
+        // event would otherwise count as applied to an instance this store no longer has).
+        assert!(!t.is_applied("acme", "order", "o-9-e1")?);
+        assert!(t.is_applied("acme", "order", "o-5-e1")?);
+        // Markers of other partitions, and markers that record no partition, stay.
+        assert!(t.is_applied("acme", "order", "o-2-e1")?);
+        assert!(t.is_applied("acme", "order", "o-9-old")?);
         Ok(())
     })
     .expect("read");
@@ -355,7 +374,7 @@ fn foreign_or_damaged_snapshots_are_refused_and_change_nothing() {
     later.extend_from_slice(&digest);
     assert!(matches!(
         refused(1, &how(4), &later),
-        SnapshotError::Format(2)
+        SnapshotError::Format(f) if f == FORMAT + 1
     ));
     // Rows placed by another partition function do not belong to partition 1 here.
     let reversed = |t: &str, s: &str, c: &str, n: u32| n - 1 - by_last_digit(t, s, c, n);
@@ -387,4 +406,34 @@ fn rows_are_placed_by_their_instance_key() {
         partition_checkpoint_key("saga", "SAGA_INBOX", 17),
         "saga:SAGA_INBOX:17"
     );
+}
+
+#[test]
+fn a_format_1_snapshot_is_still_read_and_may_not_hold_markers() {
+    let body = |rows: &[(&str, &[u8], &[u8])]| {
+        let mut w = Writer::new(FORMAT_1, 256);
+        w.str(MAGIC).u64(1).u64(4).u64(9);
+        for (table, key, value) in rows {
+            w.str(table).bytes(key).bytes(value);
+        }
+        let mut bytes = w.finish();
+        let digest = Sha256::digest(&bytes);
+        bytes.extend_from_slice(&digest);
+        bytes
+    };
+    let (_dir, s) = store();
+    let header = s
+        .import_partition(&how(4), 1, &body(&[]))
+        .expect("format 1 reads");
+    assert_eq!((header.format, header.checkpoint), (1, 9));
+    assert_eq!(s.partition_checkpoint(&how(4), 1).expect("cp"), 9);
+    // A marker row in a format 1 snapshot is not something that version wrote.
+    let mut marker = [0u8; 24];
+    marker[16..20].copy_from_slice(&1u32.to_be_bytes());
+    marker[20..].copy_from_slice(&4u32.to_be_bytes());
+    let forged = body(&[("dedupe", b"acme\0order\0e1", &marker)]);
+    assert!(matches!(
+        s.import_partition(&how(4), 1, &forged),
+        Err(SnapshotError::Corrupt(_))
+    ));
 }

@@ -23,7 +23,7 @@ use super::{Limits, Processor, RawInput};
 use crate::broker::headers;
 use crate::deadletter::kind;
 use crate::saga::{self, Input, Instance, Route, StepError};
-use crate::storage::tables::dedupe::{Applied, instance_fingerprint};
+use crate::storage::tables::dedupe::{Applied, MarkerPlace, instance_fingerprint};
 use crate::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
 use crate::telemetry::otel;
@@ -261,7 +261,11 @@ impl Processor<'_> {
         self.push_outputs(tx, tenant, traceparent, outputs)?;
         write_timers(tx, tenant, route, &applied)?;
         if !event_id.is_empty() {
-            tx.mark_applied_to(tenant, saga, &event_id, corr, self.now_ms)?;
+            let place = MarkerPlace {
+                partition: self.scope.partition,
+                partitions: self.scope.count,
+            };
+            tx.mark_applied_to(tenant, saga, &event_id, corr, self.now_ms, place)?;
         }
         let entry = HistoryEntry {
             n: applied.instance.applied,
