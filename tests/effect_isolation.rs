@@ -186,6 +186,9 @@ async fn a_slow_upstream_holds_back_only_its_own_effect() {
         };
         assert_eq!(c.config.filter_subject, filter, "{}", c.name);
         assert_eq!(c.config.headers_only, c.name == EFFECT_CONSUMER);
+        // By default a dead executor's commands come back 5 s after their claims lapse
+        // (effect.lease_ttl 15 s), not after 30 s as before.
+        assert_eq!(c.config.ack_wait, Duration::from_secs(20), "{}", c.name);
     }
 }
 
