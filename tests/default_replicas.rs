@@ -201,3 +201,96 @@ async fn a_replica_of_the_single_active_release_keeps_new_ones_out() {
     )
     .await;
 }
+
+/// A replica that joins while the owner's relay cannot publish still takes its partitions
+/// with nothing replayed: the owner hands each over after one lease TTL without a flush,
+/// and the snapshot it names carries the records its relay had left. Each order is then
+/// charged once, by the heir's relay or the owner's, never twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_the_relay_cannot_flush_carries_the_outbox_and_replays_nothing() {
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    let env = [
+        ("RUNNER__PARTITIONS__COUNT", "4"),
+        ("RUNNER__PARTITIONS__LEASE_TTL", "3s"),
+    ];
+    let with = |id: &'static str| {
+        let mut e = env.to_vec();
+        e.push(("RUNNER__NODE__ID", id));
+        e
+    };
+    let mut first = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "manifests",
+        &with("first"),
+    );
+    refuse_new_commands(&js, &first.admin, 4).await;
+    orders(&js, 0..40).await;
+    wait_until("every order applied", Duration::from_secs(60), || async {
+        inputs_applied(&first.admin).await >= 40
+    })
+    .await;
+    let depth = get_json(&format!("{}/info", first.admin)).await["saga_progress"]["outbox_depth"]
+        .as_u64()
+        .unwrap();
+    assert!(depth >= 40, "the commands wait in the outbox: {depth}");
+
+    let second = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "manifests",
+        &with("second"),
+    );
+    // The owner gives up two partitions although their outboxes cannot be flushed.
+    wait_until(
+        "two partitions handed over",
+        Duration::from_secs(90),
+        || async { owned(&first.admin).await == 2 },
+    )
+    .await;
+    assert!(
+        first.logged("Hand-over before the outbox was flushed"),
+        "the hand-over said it did not wait for the flush"
+    );
+    uncap_stream(&js, "WORKFLOW_COMMANDS").await;
+    wait_until(
+        "the heir holds its two",
+        Duration::from_secs(90),
+        || async { owned(&second.admin).await == 2 },
+    )
+    .await;
+
+    wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        "tenant.acme.effect.charge_card.*",
+        40,
+        Duration::from_secs(90),
+    )
+    .await;
+    // A moment for anything published twice to show.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let charges = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.effect.charge_card.*").await;
+    let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &charges {
+        *per_order
+            .entry(c.subject.rsplit('.').next().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    assert_eq!(per_order.len(), 40, "every order charged");
+    assert!(per_order.values().all(|n| *n == 1), "{per_order:?}");
+    // The heir started both partitions from the snapshots handed to it and replayed nothing.
+    assert_eq!(
+        metrics::metric(
+            &second.admin,
+            "runner_partition_restores_total{source=\"snapshot\"}"
+        )
+        .await,
+        2.0
+    );
+    assert_eq!(
+        metrics::metric(&second.admin, "runner_partition_replayed_inputs_total").await,
+        0.0
+    );
+}

@@ -3,9 +3,14 @@
 //!
 //! Guarantees kept here: reading stops first and the batch in hand is committed; the relay
 //! then flushes the outbox, bounded by the lease's deadline and one TTL so a relay that
-//! cannot publish never holds the ownership task; only a completed flush uploads a
-//! snapshot and names it in the lease, so the heir that waits for that snapshot replays
-//! nothing; a lease that cannot be released is left to expire on its own.
+//! cannot publish never holds the ownership task. While the lease is still held a snapshot
+//! is uploaded and named in the lease, flushed or not, so the heir that waits for it
+//! replays nothing: the snapshot is taken after the last commit and holds the records the
+//! relay had not published yet, which the heir's relay publishes (what the old relay
+//! published meanwhile is suppressed by the fence's watermark or the duplicate window, as
+//! after any take-over). A lease already past its deadline, or a partition fenced off by
+//! a newer owner, gets no snapshot; a lease that cannot be released is left to expire on
+//! its own.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -15,8 +20,9 @@ use crate::runtime::AppState;
 
 /// Hands partition `p` over: stops reading (the batch in hand is committed), flushes its
 /// outbox, snapshots, releases the lease. The lease is renewed meanwhile by its keeper;
-/// the flush is given up once the lease's deadline passes (renewals failing) or after one
-/// TTL, so a relay that cannot publish never holds the ownership task.
+/// the flush is given up once the lease's deadline passes (renewals failing: no snapshot)
+/// or after one TTL (the relay is stopped and the snapshot carries what it had left), so a
+/// relay that cannot publish never holds the ownership task.
 pub(super) async fn hand_over(
     state: &AppState,
     snap: &Snap,
@@ -33,8 +39,8 @@ pub(super) async fn hand_over(
     r.relay_stop.cancel();
     let flushed = tokio::select! {
         done = &mut r.relay => Ok(done),
-        () = r.lease.expired() => Err(()),
-        () = tokio::time::sleep(r.lease.ttl()) => Err(()),
+        () = r.lease.expired() => Err(true),
+        () = tokio::time::sleep(r.lease.ttl()) => Err(false),
     };
     match flushed {
         // Flushed: the snapshot holds everything applied, so the heir replays nothing.
@@ -45,12 +51,23 @@ pub(super) async fn hand_over(
                 partition = p
             )
         }
-        Err(()) => {
+        Err(expired) => {
             r.relay.abort();
-            tracing::warn!(
-                message = "Hand-over without a full flush: the lease deadline or the flush limit came first.",
-                partition = p
-            );
+            let _ = (&mut r.relay).await;
+            if expired {
+                tracing::warn!(
+                    message = "Hand-over without a snapshot: the lease's deadline passed before the outbox was flushed; the heir replays from an earlier snapshot.",
+                    partition = p
+                );
+            } else {
+                // Still held: the snapshot carries the records the relay had left.
+                handed = snap.upload(state, p).await;
+                tracing::warn!(
+                    message = "Hand-over before the outbox was flushed (one lease TTL); the snapshot carries the records left.",
+                    partition = p,
+                    snapshot = ?handed
+                );
+            }
         }
     }
     state
