@@ -363,13 +363,14 @@ pub(crate) fn config_keys() -> String {
 /// `(name, kind, labels, help)` of every metric defined in the source.
 pub(crate) fn metrics() -> Vec<(String, String, Vec<String>, String)> {
     let mut out = Vec::new();
-    // (where the names are defined, where the collectors are made)
+    // (where the names are defined, where the collectors are made: a file, or every file
+    // of a folder, one family of metrics each)
     for (file, made_in) in [
-        ("src/telemetry/names.rs", "src/telemetry/mod.rs"),
+        ("src/telemetry/names.rs", "src/telemetry/families"),
         ("src/broker/liveness.rs", "src/broker/liveness.rs"),
     ] {
         let text = std::fs::read_to_string(root().join(file)).expect("source");
-        let made = std::fs::read_to_string(root().join(made_in)).expect("source");
+        let made = source_text(&root().join(made_in));
         let mut doc: Vec<String> = Vec::new();
         for line in text.lines() {
             let t = line.trim();
@@ -398,6 +399,24 @@ pub(crate) fn metrics() -> Vec<(String, String, Vec<String>, String)> {
     out
 }
 
+/// The text of a source file, or of every `.rs` file of a folder in name order.
+fn source_text(path: &std::path::Path) -> String {
+    if !path.is_dir() {
+        return std::fs::read_to_string(path).expect("source");
+    }
+    let mut files: Vec<_> = std::fs::read_dir(path)
+        .expect("folder")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).expect("source"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// The collector kind and labels of the metric whose name constant is `cname`, from the
 /// statement that creates it.
 fn shape(text: &str, cname: &str) -> (String, Vec<String>, String) {
@@ -410,7 +429,16 @@ fn shape(text: &str, cname: &str) -> (String, Vec<String>, String) {
     {
         from = from.max(n);
     }
-    let Some(at) = text[from..].find(cname).map(|a| a + from) else {
+    // The first use in code, not in a comment that names it.
+    let in_comment = |at: usize| {
+        let line = text[..at].rfind('\n').map_or(0, |n| n + 1);
+        text[line..at].trim_start().starts_with("//")
+    };
+    let Some(at) = text[from..]
+        .match_indices(cname)
+        .map(|(a, _)| a + from)
+        .find(|a| !in_comment(*a))
+    else {
         return ("?".into(), Vec::new(), String::new());
     };
     let start = text[..at].rfind("let ").unwrap_or(0);
