@@ -52,6 +52,9 @@ pub enum StartError {
         /// Why.
         source: std::io::Error,
     },
+    /// The admin TLS certificate or key cannot be used.
+    #[error("{0}")]
+    AdminTls(String),
     /// Metrics registry set-up failed.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -148,6 +151,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let catalog = load_manifests(&config, &store).await?;
     let metrics = start_metrics(mode, &catalog, &store).await?;
     let (listener, admin_addr) = bind_admin(config.admin.addr).await?;
+    let admin_tls = admin_tls(&config.admin)?;
 
     let drain_timeout = config.runner.drain_timeout.get();
     let state = Arc::new(AppState::new(
@@ -179,6 +183,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(crate::admin::serve(
         listener,
+        admin_tls,
         state.clone(),
         admin_stop.clone(),
     ));
@@ -333,6 +338,19 @@ async fn bind_admin(addr: SocketAddr) -> Result<(TcpListener, SocketAddr), Start
         .local_addr()
         .map_err(|source| StartError::AdminBind { addr, source })?;
     Ok((listener, bound))
+}
+
+/// The admin listener's TLS acceptor when `admin.tls_cert_file` and `admin.tls_key_file`
+/// are set; a file that cannot be used stops the start, named.
+fn admin_tls(
+    admin: &crate::config::AdminConfig,
+) -> Result<Option<tokio_rustls::TlsAcceptor>, StartError> {
+    match (&admin.tls_cert_file, &admin.tls_key_file) {
+        (Some(cert), Some(key)) => crate::admin::tls::acceptor(cert, key)
+            .map(Some)
+            .map_err(StartError::AdminTls),
+        _ => Ok(None),
+    }
 }
 
 /// The paused tenants and a watch on them, when this node runs sagas (retried until

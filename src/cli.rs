@@ -164,6 +164,10 @@ pub struct StoreArgs {
     /// File holding the admin token (for `--admin`).
     #[arg(long, global = true)]
     pub admin_token_file: Option<PathBuf>,
+    /// PEM certificate of a private CA to trust, besides the public roots, for an
+    /// `--admin https://…` node whose `admin.tls_cert_file` it signed.
+    #[arg(long, global = true, env = "RUNNER_ADMIN_CA_FILE")]
+    pub admin_ca_file: Option<PathBuf>,
 }
 
 /// `runner instances` actions.

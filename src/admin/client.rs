@@ -1,6 +1,7 @@
 //! The admin API as the CLI's operator commands use it against a running node
 //! (`--admin URL`): one blocking call per command, the bearer token from
-//! `--admin-token-file` or `RUNNER_ADMIN_TOKEN`.
+//! `--admin-token-file` or `RUNNER_ADMIN_TOKEN`; an `https://` node is checked against the
+//! public roots and, with `--admin-ca-file` / `RUNNER_ADMIN_CA_FILE`, a private CA.
 //!
 //! Guarantee: an answer other than 2xx is an error carrying the status and the node's own
 //! `error` text; the token never appears in an error.
@@ -12,6 +13,8 @@ use serde_json::Value as Json;
 pub struct AdminClient {
     base: String,
     token: Option<String>,
+    /// A private CA's certificate to trust (PEM).
+    ca: Option<reqwest::Certificate>,
 }
 
 /// Why a call failed.
@@ -41,7 +44,14 @@ impl AdminClient {
         Self {
             base: base.trim_end_matches('/').to_string(),
             token,
+            ca: None,
         }
+    }
+
+    /// The same client, also trusting the CA certificate `pem` for an `https://` node.
+    pub fn trusting(mut self, pem: &[u8]) -> Result<Self, String> {
+        self.ca = Some(reqwest::Certificate::from_pem(pem).map_err(|e| e.to_string())?);
+        Ok(self)
     }
 
     /// `GET path` (with its query); the JSON answer.
@@ -73,7 +83,12 @@ impl AdminClient {
             .build()
             .map_err(|e| unreachable(e.to_string()))?;
         rt.block_on(async {
-            let mut req = reqwest::Client::new()
+            let mut client = reqwest::Client::builder();
+            if let Some(ca) = &self.ca {
+                client = client.add_root_certificate(ca.clone());
+            }
+            let client = client.build().map_err(|e| unreachable(e.to_string()))?;
+            let mut req = client
                 .request(method, format!("{}{path}", self.base))
                 .timeout(std::time::Duration::from_secs(60));
             if let Some(t) = &self.token {

@@ -38,7 +38,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use prometheus::{IntCounter, IntGauge};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
@@ -75,6 +75,8 @@ pub(super) struct Counters {
 /// A listener that enforces [`Limits`].
 pub(super) struct Guarded {
     inner: TcpListener,
+    /// TLS for every connection, when `admin.tls_cert_file` is set ([`super::tls`]).
+    tls: Option<tokio_rustls::TlsAcceptor>,
     permits: Arc<Semaphore>,
     limits: Limits,
     counters: Counters,
@@ -84,9 +86,15 @@ pub(super) struct Guarded {
 
 impl Guarded {
     /// Wraps `inner`; `counters` are the metrics it keeps.
-    pub(super) fn new(inner: TcpListener, limits: Limits, counters: Counters) -> Self {
+    pub(super) fn new(
+        inner: TcpListener,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+        limits: Limits,
+        counters: Counters,
+    ) -> Self {
         Self {
             inner,
+            tls,
             permits: Arc::new(Semaphore::new(limits.max_connections)),
             limits,
             counters,
@@ -149,7 +157,7 @@ impl axum::serve::Listener for Guarded {
             let now = Instant::now();
             return (
                 Stream {
-                    tcp,
+                    io: super::tls::Transport::new(tcp, self.tls.as_ref()),
                     idle: Box::pin(tokio::time::sleep(self.limits.idle)),
                     idle_for: self.limits.idle,
                     deadline: Box::pin(tokio::time::sleep_until(now + self.limits.lifetime)),
@@ -299,7 +307,7 @@ impl Drop for Permit {
 /// One admitted connection: fails with `TimedOut` once idle, too old or evicted, which
 /// ends it.
 pub(super) struct Stream {
-    tcp: TcpStream,
+    io: super::tls::Transport,
     idle: Pin<Box<Sleep>>,
     idle_for: Duration,
     deadline: Pin<Box<Sleep>>,
@@ -341,7 +349,7 @@ impl AsyncRead for Stream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        match Pin::new(&mut this.tcp).poll_read(cx, buf) {
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
                     this.progressed();
@@ -363,7 +371,7 @@ impl AsyncWrite for Stream {
         data: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.tcp).poll_write(cx, data) {
+        match Pin::new(&mut this.io).poll_write(cx, data) {
             Poll::Ready(Ok(n)) => {
                 this.progressed();
                 Poll::Ready(Ok(n))
@@ -377,10 +385,10 @@ impl AsyncWrite for Stream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_flush(cx)
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().tcp).poll_shutdown(cx)
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
 }

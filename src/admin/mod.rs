@@ -59,6 +59,7 @@ mod migrate;
 mod operate;
 mod partitions;
 mod tenants;
+pub(crate) mod tls;
 
 use crate::broker::stream_specs;
 use crate::config::redact_url;
@@ -120,7 +121,15 @@ fn authorized(token: &Option<String>, headers: &HeaderMap) -> bool {
 }
 
 /// Serves the admin router on `listener` until `stop` is cancelled.
-pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: CancellationToken) {
+///
+/// With `tls` (made at start by [`tls::acceptor`] from `admin.tls_cert_file` and
+/// `admin.tls_key_file`) every connection is TLS; without it, plain HTTP.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<AppState>,
+    stop: CancellationToken,
+) {
     let token = match admin_token(&state) {
         Ok(t) => t,
         Err(e) => {
@@ -135,6 +144,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AppState>, stop: Cancellati
     let a = &state.config.admin;
     let listener = guard::Guarded::new(
         listener,
+        tls,
         guard::Limits {
             max_connections: a.max_connections,
             idle: a.idle_timeout.get(),

@@ -550,6 +550,11 @@ pub struct AdminConfig {
     /// The longest one connection may stay open, however busy (bounds a slowly dripped
     /// request; scrapers simply reconnect).
     pub connection_timeout: HumanDuration,
+    /// PEM certificate chain (server certificate first): with `tls_key_file`, the admin
+    /// API, probes and `/metrics` are served over TLS only.
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<PathBuf>,
 }
 
 impl Default for AdminConfig {
@@ -561,6 +566,8 @@ impl Default for AdminConfig {
             max_connections: 64,
             idle_timeout: HumanDuration::secs(10),
             connection_timeout: HumanDuration::secs(60),
+            tls_cert_file: None,
+            tls_key_file: None,
         }
     }
 }

@@ -443,6 +443,12 @@ impl Config {
                 ),
             );
         }
+        if admin.tls_cert_file.is_some() != admin.tls_key_file.is_some() {
+            return invalid(
+                "admin.tls_cert_file",
+                "set both `tls_cert_file` and `tls_key_file`, or neither".into(),
+            );
+        }
         range("admin.max_connections", admin.max_connections, 1, 10_000)?;
         range(
             "admin.idle_timeout",

@@ -51,5 +51,19 @@ pub(super) fn remote(
         ),
         None => std::env::var("RUNNER_ADMIN_TOKEN").ok(),
     };
-    Ok(Some(crate::admin::client::AdminClient::new(base, token)))
+    let ca = match &args.admin_ca_file {
+        Some(p) => Some(
+            std::fs::read(p)
+                .with_context(|| format!("reading the admin CA file {}", p.display()))?,
+        ),
+        None => None,
+    };
+    let client = crate::admin::client::AdminClient::new(base, token);
+    Ok(Some(match ca {
+        Some(pem) => client.trusting(&pem).map_err(|e| {
+            let file = args.admin_ca_file.as_ref().map(|p| p.display().to_string());
+            anyhow::anyhow!("admin CA file {}: {e}", file.unwrap_or_default())
+        })?,
+        None => client,
+    }))
 }
