@@ -309,9 +309,18 @@ async fn the_shared_consumer_of_earlier_versions_becomes_the_catch_all() {
     let done = bed
         .publish(&(0..3).map(|n| command("fast", n)).collect::<Vec<_>>())
         .await;
-    let mut taken = old.fetch().max_messages(3).messages().await.unwrap();
+    // A pull that waits for them (a no-wait fetch can come back empty on a busy machine).
+    let mut taken = old
+        .batch()
+        .max_messages(3)
+        .expires(Duration::from_secs(10))
+        .messages()
+        .await
+        .unwrap();
     let mut acked = 0;
-    while let Some(m) = taken.next().await {
+    while acked < 3
+        && let Some(m) = taken.next().await
+    {
         m.unwrap().double_ack().await.unwrap();
         acked += 1;
     }
