@@ -37,6 +37,18 @@ async fn orders(js: &async_nats::jetstream::Context, ids: std::ops::Range<u32>) 
     }
 }
 
+/// Charge commands stored per order id.
+async fn charges_per_order(js: &async_nats::jetstream::Context) -> BTreeMap<String, usize> {
+    let charges = read_stream(js, "WORKFLOW_COMMANDS", "tenant.acme.effect.charge_card.*").await;
+    let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
+    for c in &charges {
+        *per_order
+            .entry(c.subject.rsplit('.').next().unwrap().to_string())
+            .or_insert(0) += 1;
+    }
+    per_order
+}
+
 /// Partitions owned by the replica at `admin`.
 async fn owned(admin: &str) -> u64 {
     get_json(&format!("{admin}/info")).await["saga_progress"]["partitions_owned"]
@@ -84,13 +96,7 @@ async fn two_default_replicas_divide_the_partitions_and_apply_every_order_once()
     .await;
     // A moment for anything applied twice to show.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let charges = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.effect.charge_card.*").await;
-    let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
-    for c in &charges {
-        *per_order
-            .entry(c.subject.rsplit('.').next().unwrap().to_string())
-            .or_insert(0) += 1;
-    }
+    let per_order = charges_per_order(&js).await;
     assert_eq!(per_order.len(), 300, "every order charged");
     assert!(
         per_order.values().all(|n| *n == 1),
@@ -271,13 +277,7 @@ async fn a_hand_over_the_relay_cannot_flush_carries_the_outbox_and_replays_nothi
     .await;
     // A moment for anything published twice to show.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let charges = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.acme.effect.charge_card.*").await;
-    let mut per_order: BTreeMap<String, usize> = BTreeMap::new();
-    for c in &charges {
-        *per_order
-            .entry(c.subject.rsplit('.').next().unwrap().to_string())
-            .or_insert(0) += 1;
-    }
+    let per_order = charges_per_order(&js).await;
     assert_eq!(per_order.len(), 40, "every order charged");
     assert!(per_order.values().all(|n| *n == 1), "{per_order:?}");
     // The heir started both partitions from the snapshots handed to it and replayed nothing.
