@@ -406,6 +406,14 @@ impl RunnerProc {
             Some(0),
             "runner did not drain cleanly"
         );
+        // Shown only when the test fails: what went wrong or was cut short on the way.
+        for l in self
+            .log
+            .iter()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        {
+            eprintln!("{l}");
+        }
         let dir = tempfile::tempdir().unwrap();
         std::mem::replace(&mut self.data_dir, dir)
     }
