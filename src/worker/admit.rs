@@ -121,6 +121,14 @@ impl Admission {
 /// Pending plus unacknowledged commands over the catch-all and every effect's consumer, and
 /// the effect commands stored so far (delivered or pending: it only grows, redeliveries
 /// aside); zeros when the stream cannot be read.
+///
+/// Each command is stored once but seen by two consumers (the catch-all sees every command,
+/// its effect's consumer sees it too), so "stored" is the catch-all's count alone; only
+/// when the catch-all cannot be read is it summed over the effect consumers, which do not
+/// overlap. (Summing both counted each command twice: the credit of triggers let in at the
+/// bound was used up by half their commands, and twice the bound could start.) The queued
+/// count needs no such care: the catch-all acknowledges a covered command at once, so a
+/// command pending or unacknowledged is so on one consumer.
 async fn effect_backlog(state: &AppState) -> (u64, u64) {
     let c = &state.config;
     let Ok(stream) = state
@@ -134,20 +142,23 @@ async fn effect_backlog(state: &AppState) -> (u64, u64) {
 
     let base = &c.consumers.effect;
     let catalog = state.catalog();
-    let mut names = vec![base.clone()];
-    names.extend(
-        catalog
-            .effect_names()
-            .filter(|e| has_own_consumer(base, e))
-            .map(|e| consumer_name(base, e)),
-    );
-    let (mut total, mut stored) = (0u64, 0u64);
-    for name in names {
+    let own = catalog
+        .effect_names()
+        .filter(|e| has_own_consumer(base, e))
+        .map(|e| consumer_name(base, e));
+    let (mut total, mut by_effect) = (0u64, 0u64);
+    let mut by_catch_all = None;
+    for name in std::iter::once(base.clone()).chain(own) {
         if let Ok(info) = stream.consumer_info(&name).await {
             total += info.num_pending + info.num_ack_pending as u64;
-            // Every effect command stored so far: delivered, or waiting to be.
-            stored += info.delivered.consumer_sequence + info.num_pending;
+            // Every command this consumer sees so far: delivered, or waiting to be.
+            let seen = info.delivered.consumer_sequence + info.num_pending;
+            if &name == base {
+                by_catch_all = Some(seen);
+            } else {
+                by_effect += seen;
+            }
         }
     }
-    (total, stored)
+    (total, by_catch_all.unwrap_or(by_effect))
 }
