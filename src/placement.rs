@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 
 use serde::Serialize;
 use tokio::sync::watch;
@@ -85,6 +85,8 @@ pub struct Placement {
     changed: watch::Sender<NodeMode>,
     owned: Mutex<BTreeMap<u32, OwnedPartition>>,
     routing: Mutex<BTreeMap<String, u64>>,
+    /// Replicas owning partitions, as the ownership task last saw them (0 before it looked).
+    members: AtomicUsize,
 }
 
 impl Default for Placement {
@@ -94,6 +96,7 @@ impl Default for Placement {
             changed: watch::channel(NodeMode::Full).0,
             owned: Mutex::new(BTreeMap::new()),
             routing: Mutex::new(BTreeMap::new()),
+            members: AtomicUsize::new(0),
         }
     }
 }
@@ -135,12 +138,28 @@ impl Placement {
         lock(&self.owned).remove(&p);
     }
 
-    /// Router sources held now, with their epochs.
+    /// How many replicas own partitions, this one counted whether it does or not (at least
+    /// 1): what the routers divide their shares by.
+    pub fn members(&self) -> usize {
+        let seen = self.members.load(Ordering::SeqCst);
+        if self.mode().owns_partitions() {
+            seen.max(1)
+        } else {
+            seen + 1
+        }
+    }
+
+    /// Records how many replicas the ownership task sees owning partitions.
+    pub fn set_members(&self, n: usize) {
+        self.members.store(n, Ordering::SeqCst);
+    }
+
+    /// Router shares held now (`<source>:<share>`), with their epochs.
     pub fn routing(&self) -> BTreeMap<String, u64> {
         lock(&self.routing).clone()
     }
 
-    /// Records whether this replica routes `source` (`Some(epoch)`) or not.
+    /// Records whether this replica routes the share named `source` (`Some(epoch)`) or not.
     pub fn set_routing(&self, source: &str, epoch: Option<u64>) {
         let mut g = lock(&self.routing);
         match epoch {

@@ -1,9 +1,9 @@
 //! A consumer that goes back, against the real binary and a real nats-server: async-nats
 //! recreates an ordered consumer that lost its way before delivering anything from the
-//! stream's start, not from the sequence it was opened at. A source's router whose consumer
-//! was opened past its position and then deleted before any new input must notice the
-//! rewind, reopen at its position (counted as `reason="rewound"`), copy nothing twice, and
-//! go on with new inputs.
+//! stream's start, not from the sequence it was opened at. A source's routers (one per
+//! share) whose consumers were opened past their position and then deleted before any new
+//! input must notice the rewind, reopen at their position (counted as `reason="rewound"`),
+//! copy nothing twice, and go on with new inputs.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -17,6 +17,19 @@ use futures::TryStreamExt;
 async fn deposit(js: &jetstream::Context, i: u64) {
     let (subject, ev) = common::ledger_deposit(i, 1);
     common::publish_json(js, &subject, &ev).await;
+}
+
+/// Rewinds noticed by the routers of the aggregate stream's shares.
+async fn rewinds(admin: &str) -> f64 {
+    common::get_text(&format!("{admin}/metrics"))
+        .await
+        .lines()
+        .filter(|l| {
+            l.starts_with("runner_consumer_recreated_total{consumer=\"router:AGGREGATE_EVENTS/")
+                && l.contains("reason=\"rewound\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The sum of the samples of `name` in `admin`'s metrics; 0 when it has none yet.
@@ -49,12 +62,13 @@ async fn a_consumer_rewound_to_the_stream_start_is_reopened_at_the_checkpoint() 
     // Copies routed into the saga inbox (an input copied again would count here).
     let applied = "runner_router_copies_total";
     let before = metric(&runner.admin, applied).await;
-    // The first process's ephemeral consumer may outlive it a while, and the new one may
-    // not be open yet: wait for a consumer the first process did not have.
+    // The first process's ephemeral consumers may outlive it a while, and the new ones may
+    // not be open yet: wait for one consumer per share the first process did not have.
+    let shares = runner::worker::ownership::router::share::SHARES as usize;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let names = loop {
         let names: Vec<String> = stream.consumer_names().try_collect().await.unwrap();
-        if names.iter().any(|n| !first.contains(n)) {
+        if names.iter().filter(|n| !first.contains(n)).count() >= shares {
             break names;
         }
         assert!(
@@ -66,12 +80,14 @@ async fn a_consumer_rewound_to_the_stream_start_is_reopened_at_the_checkpoint() 
     for name in &names {
         let _ = stream.delete_consumer(name).await;
     }
-    let rewound =
-        "runner_consumer_recreated_total{consumer=\"router:AGGREGATE_EVENTS\",reason=\"rewound\"}";
-    common::wait_until("the rewind noticed", Duration::from_secs(60), || {
-        let admin = runner.admin.clone();
-        async move { metric(&admin, rewound).await >= 1.0 }
-    })
+    common::wait_until(
+        "every share's rewind noticed",
+        Duration::from_secs(60),
+        || {
+            let admin = runner.admin.clone();
+            async move { rewinds(&admin).await >= shares as f64 }
+        },
+    )
     .await;
     // Nothing was applied again, and new inputs still flow.
     assert_eq!(metric(&runner.admin, applied).await, before);

@@ -6,7 +6,7 @@
 //! | `GET /ready` | 200 when started and not draining, else 503 |
 //! | `GET /metrics` | Prometheus text |
 //! | `GET /admin/ui` | the admin page (static, embedded; it holds no data and asks the API below for everything, with the token the operator types in) |
-//! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers, partitions owned with epochs, router sources held |
+//! | `GET /info` | JSON: version, revision, mode, node id, manifests, streams, consumers, partitions owned with epochs, router shares held (`<source>/<share>`), `saga_progress` (`progress.rs`) |
 //! | `POST /admin/drain` | begins the drain (202); the process exits when drained |
 //! | `POST /admin/reload` | re-reads the manifests; 200 when swapped in, 422 with every problem when rejected (the old ones stay) |
 //! | `GET /admin/instances` | one page of a tenant's instances of a saga by state and age (see `instances.rs`) |
@@ -58,6 +58,7 @@ mod instances;
 mod migrate;
 mod operate;
 mod partitions;
+mod progress;
 mod tenants;
 pub(crate) mod tls;
 
@@ -397,7 +398,7 @@ async fn info(
         }))
         .into_response();
     }
-    let progress = saga_progress(&state).await;
+    let progress = progress::saga_progress(&state).await;
     let streams: Vec<_> = stream_specs(&cfg.streams)
         .into_iter()
         .map(|s| json!({"name": s.name, "subjects": s.subjects}))
@@ -431,66 +432,6 @@ async fn info(
         "storage": {"path": state.store.path().display().to_string(), "durability": cfg.storage.durability},
     }))
     .into_response()
-}
-
-/// Where the saga pipeline stands, for `/info`: how far each source stream is routed into
-/// the saga inbox (its router's fence marker, read from the broker), how many partitions
-/// this node owns and how many of them have inbox messages not applied yet, and what waits
-/// in the outbox and the timer table. The routed positions are read before the partitions,
-/// so `partitions_behind = 0` means every input routed by then is applied here, as far as
-/// this node owns its partition.
-async fn saga_progress(state: &Arc<AppState>) -> serde_json::Value {
-    if !state.config.runner.mode.runs_sagas() {
-        return json!(null);
-    }
-    let js = state.broker.jetstream();
-    let inbox = &state.config.streams.saga_inbox;
-    let mut routed = serde_json::Map::new();
-    for s in crate::worker::sources(state) {
-        let at = match crate::broker::fence::Fence::observe(js, inbox, &s.stream).await {
-            Ok(o) => json!(o.through().map_or(0, |t| t.seq)),
-            Err(e) => json!({ "error": e.to_string() }),
-        };
-        routed.insert(s.stream, at);
-    }
-    let owned = state.placement.owned();
-    let mut behind = 0u64;
-    let mut unknown = 0u64;
-    if let Ok(stream) = js.get_stream(inbox).await {
-        for &p in owned.keys() {
-            let key = crate::worker::ownership::partition_checkpoint(state, p);
-            let applied = state.store.read(move |t| t.checkpoint(&key)).await;
-            let last = stream
-                .get_last_raw_message_by_subject(&format!("runner.inbox.{p}.>"))
-                .await;
-            match (applied, last) {
-                (Ok(a), Ok(m)) if m.sequence > a => behind += 1,
-                (Ok(_), Ok(_)) => {}
-                (Ok(_), Err(e))
-                    if e.kind()
-                        == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound => {}
-                _ => unknown += 1,
-            }
-        }
-    } else {
-        unknown = owned.len() as u64;
-    }
-    let local = state
-        .store
-        .read(|t| Ok((t.outbox_depth()?, t.timers_pending()?)))
-        .await;
-    let (outbox, timers) = match local {
-        Ok((o, t)) => (json!(o), json!(t)),
-        Err(e) => (json!({ "error": e.to_string() }), json!(null)),
-    };
-    json!({
-        "routed": routed,
-        "partitions_owned": owned.len(),
-        "partitions_behind": behind,
-        "partitions_unknown": unknown,
-        "outbox_depth": outbox,
-        "timers_pending": timers,
-    })
 }
 
 /// The admin page: one static document compiled into the binary. It carries no data, so it

@@ -27,6 +27,7 @@
 //!   watermark.
 //! - `saga.max_queued_work = 0` turns it off.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::effect::consumers::{consumer_name, has_own_consumer};
@@ -58,8 +59,8 @@ pub(crate) struct Admission {
 }
 
 impl Admission {
-    /// The gate of the aggregate stream's router.
-    pub(crate) fn router() -> Self {
+    /// Nothing read or let in yet.
+    fn router() -> Self {
         Self {
             commands: 0,
             stored: 0,
@@ -72,7 +73,7 @@ impl Admission {
 
     /// How many more triggers may go in under `saga.max_queued_work` now (0: hold, while
     /// the queued work is above it); `None` when the bound is off (0).
-    pub(crate) async fn room(&mut self, state: &AppState) -> Option<u64> {
+    async fn room(&mut self, state: &AppState) -> Option<u64> {
         let limit = state.config.saga.max_queued_work;
         if limit == 0 {
             return None;
@@ -95,7 +96,7 @@ impl Admission {
     /// commands are stored (their outputs, applied and published), or for [`CREDIT_TTL`]
     /// at most (some triggers make no command). Completions do not consume the credit:
     /// the count of commands stored only grows.
-    pub(crate) fn admitted(&mut self, n: u64) {
+    fn admitted(&mut self, n: u64) {
         if self.credited_at.is_none() {
             self.credit_base = self.stored;
             self.credit = 0;
@@ -113,6 +114,42 @@ impl Admission {
             _ => {
                 self.credited_at = None;
                 self.commands
+            }
+        }
+    }
+}
+
+/// The gate of one node's routers of the aggregate stream (its shares): each takes its part
+/// of the room and credits what it lets in, one at a time, so the shares together stay near
+/// the bound.
+#[derive(Clone)]
+pub(crate) struct Gate(Arc<tokio::sync::Mutex<Admission>>);
+
+impl Gate {
+    /// A gate with nothing let in yet.
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(tokio::sync::Mutex::new(Admission::router())))
+    }
+
+    /// How many of `waiting` inputs may go in now (0: hold): every one when the bound is
+    /// off, else a `parts`-th of the room (at least one) and no more than wait. Inputs let
+    /// in while others of the batch wait count as queued until the broker shows their
+    /// commands ([`Admission::admitted`]).
+    pub(crate) async fn take(&self, state: &AppState, waiting: usize, parts: usize) -> usize {
+        let mut a = self.0.lock().await;
+        match a.room(state).await {
+            None => waiting,
+            Some(0) => 0,
+            Some(room) => {
+                let part = usize::try_from(room)
+                    .unwrap_or(usize::MAX)
+                    .div_ceil(parts.max(1))
+                    .max(1);
+                let granted = part.min(waiting);
+                if granted < waiting {
+                    a.admitted(granted as u64);
+                }
+                granted
             }
         }
     }

@@ -116,12 +116,18 @@ pub fn spawn(
 ) {
     let committer = Committer::spawn(tracker, state.clone());
     for source in sources(&state) {
-        tracker.spawn(router::run(
-            state.clone(),
-            leases.clone(),
-            source,
-            cancel.clone(),
-        ));
+        // New triggers wait behind work under way (admit.rs); results are never held. The
+        // node's shares of the aggregate stream share one gate.
+        let gate = (source.stream == state.config.streams.aggregate_events).then(admit::Gate::new);
+        for share in router::share::Share::all(&source) {
+            tracker.spawn(router::run(
+                state.clone(),
+                leases.clone(),
+                share,
+                gate.clone(),
+                cancel.clone(),
+            ));
+        }
     }
     tracker.spawn(ownership::run(
         ownership::Ctx {

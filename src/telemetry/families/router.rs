@@ -26,9 +26,9 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Router>
         IntGaugeVec::new(
             Opts::new(
                 names::CONSUMER_LAG,
-                "Messages in a source stream after the last one its router read.",
+                "Messages in a source stream after the last one a share's router read.",
             ),
-            &["stream"],
+            &["stream", "share"],
         )?,
     )?;
     let consumer_checkpoint = reg(
@@ -36,9 +36,9 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Router>
         IntGaugeVec::new(
             Opts::new(
                 names::CONSUMER_CHECKPOINT,
-                "Last source sequence routed into the saga inbox.",
+                "Last source sequence a share's router covered in the saga inbox.",
             ),
-            &["stream"],
+            &["stream", "share"],
         )?,
     )?;
     let router_copies = reg(

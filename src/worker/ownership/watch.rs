@@ -91,6 +91,7 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
                 }
             }
         }
+        state.placement.set_members(view.members.len());
         let member = state.placement.mode().owns_partitions();
         // Replicas started together first see each other for a moment before taking
         // anything, so they do not all take everything and then hand most of it back.

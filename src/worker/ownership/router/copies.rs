@@ -17,6 +17,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use async_nats::HeaderMap;
 
+use super::share::Share;
 use super::stage;
 use crate::broker::batch::BatchMessage;
 use crate::broker::fence::{Fence, Position};
@@ -26,7 +27,7 @@ use crate::manifest::Catalog;
 use crate::runtime::AppState;
 use crate::telemetry::otel;
 use crate::worker::admission::{self, Limits, RawInput};
-use crate::worker::consume::{Source, wanted};
+use crate::worker::consume::wanted;
 use crate::worker::partition::partition;
 
 /// Most copies in one batch (the server's atomic batch limit is 1000).
@@ -64,13 +65,17 @@ pub(super) enum Stop {
     Retry,
 }
 
-/// Copies `inputs` into the inbox as fenced batches; advances the fence.
+/// Copies `inputs` (messages of `share`) into the inbox as fenced batches; advances the
+/// fence, the last marker covering source sequence `covers` when that is further (the
+/// other shares' messages read after the last of these).
 pub(super) async fn send(
     state: &AppState,
-    source: &Source,
+    share: &Share,
     fence: &mut Fence,
     inputs: Vec<async_nats::jetstream::Message>,
+    covers: Option<u64>,
 ) -> Result<(), Stop> {
+    let source = &share.source;
     let count = state.config.partitions.count;
     let catalog = state.catalog();
     let limits = Limits::from_config(&state.config).with_max_payload(state.broker.max_payload());
@@ -160,14 +165,7 @@ pub(super) async fn send(
             && (copies.len() + to.len() > COPIES_PER_BATCH
                 || bytes.saturating_add(adding) > max_bytes)
         {
-            flush(
-                state,
-                &source.stream,
-                fence,
-                std::mem::take(&mut copies),
-                prev,
-            )
-            .await?;
+            flush(state, share, fence, std::mem::take(&mut copies), prev).await?;
             bytes = 0;
         }
         for p in to {
@@ -188,15 +186,25 @@ pub(super) async fn send(
         state
             .metrics
             .consumer_lag
-            .with_label_values(&[&source.stream])
+            .with_label_values(&[&source.stream, &share.index.to_string()])
             .set(l as i64);
     }
-    match last {
+    match last.max(covers) {
         Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
-            flush(state, &source.stream, fence, copies, seq).await
+            flush(state, share, fence, copies, seq).await
         }
         _ => Ok(()),
     }
+}
+
+/// Stores a marker alone covering source sequence `through` (other shares' messages read).
+pub(super) async fn mark(
+    state: &AppState,
+    share: &Share,
+    fence: &mut Fence,
+    through: u64,
+) -> Result<(), Stop> {
+    flush(state, share, fence, Vec::new(), through).await
 }
 
 /// What a refused input's copy carries of its body: the part a dead letter keeps
@@ -226,7 +234,7 @@ fn copy_refusal(headers: &HeaderMap, body_len: usize, max_payload: usize) -> Opt
 /// Publishes `copies` plus a marker covering source sequence `through` as one fenced batch.
 async fn flush(
     state: &AppState,
-    source: &str,
+    share: &Share,
     fence: &mut Fence,
     copies: Vec<BatchMessage>,
     through: u64,
@@ -247,15 +255,15 @@ async fn flush(
             state
                 .metrics
                 .consumer_checkpoint
-                .with_label_values(&[source])
+                .with_label_values(&[share.stream(), &share.index.to_string()])
                 .set(through as i64);
-            state.metrics.stalls.progressed(&stage(source));
+            state.metrics.stalls.progressed(&stage(share));
             Ok(())
         }
         fenced_batch::Outcome::Fenced => Err(Stop::Fenced),
         fenced_batch::Outcome::Retry(why) => {
             crate::relay::election::publish_failed("router batch", &why);
-            state.metrics.stalls.failed(&stage(source), &why);
+            state.metrics.stalls.failed(&stage(share), &why);
             Err(Stop::Retry)
         }
     }

@@ -1,5 +1,6 @@
-//! The router of one source stream (partitioned mode, DESIGN §8.2): copies each input of
-//! the source into the saga inbox partition of every saga instance it reaches.
+//! The router of one share of a source stream (DESIGN §8.2; the shares are `share.rs`):
+//! copies each of the share's inputs into the saga inbox partition of every saga instance it
+//! reaches.
 //!
 //! A routed copy goes to `runner.inbox.<p>.<source>` with headers `Runner-Subject` (where
 //! it was published), `Runner-Source` (`<source>:<seq>`), `Runner-Source-Time` (when the
@@ -11,28 +12,33 @@
 //! saga wants is not copied (`runner_saga_unrouted_total` counts it).
 //!
 //! **Guarantees.**
-//! - **One router per source.** It runs only while holding the lease `r.<source>` in the
-//!   leases bucket, renewed by a task of its own ([`super::keeper`]) so a slow batch never
-//!   lets it lapse; past its monotonic deadline it stops before the next batch.
+//! - **One router per share.** It runs only while holding the share's lease
+//!   `r.<source>/<share>` in the leases bucket, renewed by a task of its own
+//!   ([`super::keeper`]) so a slow batch never lets it lapse; past its monotonic deadline it
+//!   stops before the next batch. A replica takes shares up to its quota and gives back the
+//!   surplus (`share.rs`), so routing is spread over the replicas.
 //! - **Fenced, atomic, exact progress.** Copies go out as atomic batches into the inbox,
-//!   fenced on `runner.fence.<inbox>.<source>`, each ending with a marker that records the
-//!   last source sequence it covers. So a batch and its progress are stored together or not
-//!   at all; a router that was paused and replaced cannot store anything (the new router
-//!   raised the fence); and a new router resumes exactly after the last marker. No input
-//!   is copied twice or skipped, whatever the de-duplication window.
-//! - **Per-source order.** One batch in flight; the next starts after the answer, so the
-//!   inbox holds every partition's inputs in source order. (The next chunk of the source
-//!   is read while a batch is in flight, [`ReadAhead`], but sent only after the answer.)
+//!   fenced on `runner.fence.<inbox>.<source>/<share>`, each ending with a marker that
+//!   records the last source sequence it covers (other shares' messages read before it
+//!   included). So a batch and its progress are stored together or not at all; a router
+//!   that was paused and replaced cannot store anything (the new router raised the fence);
+//!   and a new router resumes exactly after the last marker. No input is copied twice or
+//!   skipped, whatever the de-duplication window.
+//! - **Per-subject order.** One batch in flight per share; the next starts after the
+//!   answer, so the inbox holds each share's inputs — every input of one subject — in
+//!   source order. (The next chunk of the source is read while a batch is in flight,
+//!   [`ReadAhead`], but sent only after the answer.)
 //! - **Bounded bytes.** A pull of the source asks for as many messages as fit in
 //!   `saga.max_pull_bytes` at the sizes seen ([`crate::worker::pull`]), and a batch of copies is cut
 //!   before it would pass `saga.max_batch_bytes` (one input's copies stay together, so only
 //!   an input whose copies alone pass it makes a larger batch). Copies share the source
 //!   message's body rather than each holding its own.
 //!
-//! - **Work under way first.** The aggregate stream's router copies only as many inputs as
-//!   fit under `saga.max_queued_work` and holds the rest while effect commands are queued
-//!   at the bound (`admit.rs`); the results router never waits, so inbox partitions do not
-//!   fill with new triggers ahead of them.
+//! - **Work under way first.** The aggregate stream's routers copy only as many inputs as
+//!   fit under `saga.max_queued_work` (each share its part, through the node's one gate)
+//!   and hold the rest while effect commands are queued at the bound (`admit.rs`); the
+//!   results routers never wait, so inbox partitions do not fill with new triggers ahead of
+//!   them.
 //!
 //! **What each failure costs.** A refused or unanswered batch is checked against the fence
 //! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
@@ -49,6 +55,8 @@
 //! carry them are `copies.rs`.
 
 mod copies;
+mod hold;
+pub mod share;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -61,95 +69,135 @@ use futures::stream::ReadyChunks;
 use tokio_util::sync::CancellationToken;
 
 use super::keeper::Kept;
-use super::lease::Lease;
+use super::lease::{self, Lease};
 use crate::backoff::Backoff;
 use crate::broker::fence::Fence;
 use crate::broker::liveness::{Liveness, Probe};
 use crate::runtime::AppState;
-use crate::worker::admit::{Admission, POLL};
+use crate::worker::admit::Gate;
 use crate::worker::consume::{ORDERED_PULL_EXPIRY, Source, server_filters};
 use crate::worker::pull::{PullSize, ReadAhead};
-use copies::{Stop, send};
+use copies::{Stop, mark, send};
+use hold::{Unheld, hold};
+use share::{SKIPPED_MARK_EVERY, Share};
 
 pub use copies::destinations;
 
 /// Most source inputs in one batch (each may add a few copies; the batch limit is 1000).
 const INPUTS_PER_BATCH: usize = 200;
 
-/// The lease key of a source's router.
+/// How long reading pauses before other shares' messages read past the marker are marked.
+const IDLE_MARK: Duration = Duration::from_millis(100);
+
+/// The lease key of a source's single router in earlier releases (one router per source,
+/// before [`share`]s); the in-place upgrade still writes that router's marker.
 pub fn router_key(source: &str) -> String {
     format!("r.{source}")
 }
 
-/// Routes `source` while this replica holds its lease, contending again after losing it,
-/// until `cancel` fires.
+/// Routes `share` while this replica holds its lease, contending again after losing it (and
+/// only while it routes fewer shares than its quota), until `cancel` fires.
 pub(crate) async fn run(
     state: Arc<AppState>,
     leases: kv::Store,
-    source: Source,
+    share: Share,
+    admission: Option<Gate>,
     cancel: CancellationToken,
 ) {
     let ttl = state.config.partitions.lease_ttl.get();
-    let key = router_key(&source.stream);
+    let key = share.lease_key();
+    let sources = crate::worker::sources(&state).len();
     let mut backoff = Backoff::new(Duration::from_millis(200), ttl / 3).with_jitter();
+    let mut wait = Duration::ZERO;
     while !cancel.is_cancelled() {
-        if !state.placement.mode().routes() {
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(ttl / 10) => continue,
-            }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = ttl / 3;
+        if !state.placement.mode().routes() || !share::may_take(&state.placement, sources) {
+            wait = ttl / 10;
+            continue;
+        }
+        if let Some(owner) = legacy_router(&state, &leases, &share).await {
+            tracing::warn!(message = "A replica of an earlier release routes this source with a single router; its shares wait until it stops.", source = %share.stream(), owner = %owner);
+            continue;
         }
         let store = Some(state.store_id.as_str());
         let lease = match Lease::reclaim_or_acquire(&leases, &key, &state.node_id, store, ttl).await
         {
             Ok(Some(l)) => l,
-            Ok(None) => {
-                // Someone routes it; look again in a while (it may die).
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(ttl / 3) => continue,
-                }
-            }
+            // Someone routes it; look again in a while (it may die).
+            Ok(None) => continue,
             Err(e) => {
-                tracing::warn!(message = "Cannot contend for the router lease.", source = %source.stream, error = %e);
+                tracing::warn!(message = "Cannot contend for the router lease.", share = %share, error = %e);
                 backoff.sleep(&cancel).await;
+                wait = Duration::ZERO;
                 continue;
             }
         };
-        tracing::info!(message = "Routing.", source = %source.stream, epoch = lease.epoch());
-        state
-            .placement
-            .set_routing(&source.stream, Some(lease.epoch()));
+        tracing::info!(message = "Routing.", share = %share, epoch = lease.epoch());
+        let name = share.to_string();
+        state.placement.set_routing(&name, Some(lease.epoch()));
         // Renewed by its own task: a slow batch never lets it lapse.
         let lease = Kept::keep(lease, None);
-        let why = route_while_held(&state, &source, lease, &cancel).await;
-        state.metrics.stalls.gone(&stage(&source.stream));
-        state.placement.set_routing(&source.stream, None);
-        tracing::info!(message = "Stopped routing.", source = %source.stream, reason = %why);
+        let why = route_while_held(&state, &share, admission.clone(), lease, &cancel).await;
+        state.metrics.stalls.gone(&stage(&share));
+        state.placement.set_routing(&name, None);
+        tracing::info!(message = "Stopped routing.", share = %share, reason = %why);
         backoff.sleep(&cancel).await;
+        wait = Duration::ZERO;
+    }
+}
+
+/// The owner of the source's single-router lease of an earlier release, when another
+/// replica holds it.
+async fn legacy_router(state: &AppState, leases: &kv::Store, share: &Share) -> Option<String> {
+    match lease::holder(leases, &router_key(share.stream())).await {
+        Ok(Some(h)) if h.owner != state.node_id => Some(h.owner),
+        _ => None,
     }
 }
 
 /// Routes until the lease or the fence is lost, or `cancel` fires; returns why it stopped.
 async fn route_while_held(
     state: &AppState,
-    source: &Source,
+    share: &Share,
+    admission: Option<Gate>,
     lease: Kept,
     cancel: &CancellationToken,
 ) -> String {
-    let js = state.broker.jetstream();
-    let inbox = &state.config.streams.saga_inbox;
-    let fence = match Fence::raise(js, inbox, &source.stream, lease.epoch(), &state.node_id).await {
+    let fence = match raise(state, share, lease.epoch()).await {
         Ok(f) => f,
         Err(e) => return format!("cannot raise the fence: {e}"),
     };
-    let stopped = Routing::new(state, source, &lease, fence, cancel)
+    let stopped = Routing::new(state, share, admission, &lease, fence, cancel)
         .route()
         .await;
     if stopped.release {
         let _ = lease.release().await;
     }
     stopped.why
+}
+
+/// Raises the share's fence; a share with no marker of its own yet carries the marker of
+/// the source's former single router forward, so it starts where that router stopped.
+async fn raise(state: &AppState, share: &Share, epoch: u64) -> Result<Fence, String> {
+    let js = state.broker.jetstream();
+    let inbox = &state.config.streams.saga_inbox;
+    let mut fence = Fence::raise(js, inbox, share, epoch, &state.node_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    if fence.through().is_none() {
+        let before = Fence::observe(js, inbox, share.stream())
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some(at) = before.through() {
+            fence.publish_marker(js, at).await?;
+            tracing::info!(message = "Share starts where the source's single router stopped.", share = %share, seq = at.seq);
+        }
+    }
+    Ok(fence)
 }
 
 /// The read-ahead reader of one opened consumer of the source, in chunks of at most
@@ -197,9 +245,10 @@ impl Stopped {
     }
 }
 
-/// One router's hold on its source: from the fence it raised until it stops routing.
+/// One router's hold on its share: from the fence it raised until it stops routing.
 struct Routing<'a> {
     state: &'a AppState,
+    share: &'a Share,
     source: &'a Source,
     lease: &'a Kept,
     cancel: &'a CancellationToken,
@@ -214,20 +263,28 @@ struct Routing<'a> {
     pull: PullSize,
     max_pull_bytes: u64,
     /// New triggers wait behind work under way (admit.rs); results are never held.
-    admission: Option<Admission>,
+    admission: Option<Gate>,
+    /// The last source sequence read (this share's messages and the others'): the fence's
+    /// marker may trail it by other shares' messages, written when idle.
+    read_through: u64,
+    /// Sources routed in shares (what the quota divides).
+    sources: usize,
 }
 
 impl<'a> Routing<'a> {
     fn new(
         state: &'a AppState,
-        source: &'a Source,
+        share: &'a Share,
+        admission: Option<Gate>,
         lease: &'a Kept,
         fence: Fence,
         cancel: &'a CancellationToken,
     ) -> Self {
         let max_pull_bytes = state.config.saga.max_pull_bytes.get();
+        let source = &share.source;
         Self {
             state,
+            share,
             source,
             lease,
             cancel,
@@ -239,11 +296,12 @@ impl<'a> Routing<'a> {
                 state.config.consumers.stall_check.get(),
                 state.config.consumers.reopen_timeout.get(),
             ),
-            label: format!("router:{}", source.stream),
+            label: format!("router:{share}"),
             pull: PullSize::new(max_pull_bytes),
             max_pull_bytes,
-            admission: (source.stream == state.config.streams.aggregate_events)
-                .then(Admission::router),
+            admission,
+            read_through: 0,
+            sources: crate::worker::sources(state).len(),
         }
     }
 
@@ -316,14 +374,32 @@ impl<'a> Routing<'a> {
             if self.rewound(&inputs) {
                 return Ended::Reopen;
             }
-            if !inputs.is_empty() {
+            let read = inputs
+                .last()
+                .and_then(|m| m.info().ok())
+                .map(|i| i.stream_sequence);
+            if let Some(read) = read {
                 self.pull.observe(inputs.iter().map(|m| m.payload.len()));
-                if let Err(ended) = self.route_inputs(&mut reader, inputs).await {
+                let mine: Vec<_> = inputs
+                    .into_iter()
+                    .filter(|m| self.share.holds(m.subject.as_str()))
+                    .collect();
+                let routed = if mine.is_empty() {
+                    // Only other shares' messages: marked when idle or far behind.
+                    self.read_through = self.read_through.max(read);
+                    self.mark_if(SKIPPED_MARK_EVERY).await
+                } else {
+                    let routed = self.route_inputs(&mut reader, mine, read).await;
+                    self.read_through = self.read_through.max(read);
+                    routed
+                };
+                if let Err(ended) = routed {
                     return ended;
                 }
                 if self.pull.should_reopen() {
                     // Everything read is routed and covered by the fence's watermark,
-                    // where the consumer reopens: nothing is lost.
+                    // where the consumer reopens: nothing is lost (other shares' messages
+                    // past it are read again and skipped again).
                     return Ended::Reopen;
                 }
             }
@@ -348,8 +424,16 @@ impl<'a> Routing<'a> {
             if !self.state.placement.mode().routes() {
                 return Err(Ended::Stop(Stopped::not_routing()));
             }
+            if share::give_back(&self.state.placement, self.sources, self.share) {
+                return Err(Ended::Stop(Stopped::released("above this replica's quota")));
+            }
+            // Other shares' messages read past the marker are marked once reading pauses.
+            let unmarked = self.read_through > self.marked();
             tokio::select! {
                 _ = self.cancel.cancelled() => return Err(Ended::Stop(Stopped::drain())),
+                _ = tokio::time::sleep(IDLE_MARK), if unmarked => {
+                    self.mark_if(1).await?;
+                }
                 _ = tokio::time::sleep(self.lease.ttl() / 6) => {
                     if idle_since.elapsed() >= self.liveness.stall_check() {
                         *idle_since = Instant::now();
@@ -366,7 +450,7 @@ impl<'a> Routing<'a> {
     /// Whether the source holds a message for this router past the fence's watermark that
     /// the consumer has not delivered (logged as a stall to recreate it).
     async fn stalled(&self) -> bool {
-        let after = self.fence.through().map_or(0, |p| p.seq);
+        let after = self.marked().max(self.read_through);
         let probe = self
             .liveness
             .probe(&self.source.stream, &self.source.filters, after)
@@ -415,27 +499,46 @@ impl<'a> Routing<'a> {
         false
     }
 
-    /// Copies `inputs` into the inbox in order, as many at a time as admission lets in,
-    /// reading the next chunk meanwhile.
+    /// The source sequence the fence's marker covers (0: none yet).
+    fn marked(&self) -> u64 {
+        self.fence.through().map_or(0, |p| p.seq)
+    }
+
+    /// Stores a marker covering what was read, when it is at least `gap` sequences past the
+    /// fence's marker (only other shares' messages lie between).
+    async fn mark_if(&mut self, gap: u64) -> Result<(), Ended> {
+        if self.read_through < self.marked().saturating_add(gap) {
+            return Ok(());
+        }
+        match mark(self.state, self.share, &mut self.fence, self.read_through).await {
+            Ok(()) => Ok(()),
+            Err(Stop::Fenced) => Err(Ended::Stop(Stopped::kept("fenced off by a newer router"))),
+            Err(Stop::Retry) => {
+                self.backoff.sleep(self.cancel).await;
+                Err(Ended::Reopen)
+            }
+        }
+    }
+
+    /// Copies `inputs` (this share's messages of a chunk read through source sequence
+    /// `read`) into the inbox in order, as many at a time as admission lets in, reading the
+    /// next chunk meanwhile; the last batch's marker covers the whole chunk.
     async fn route_inputs(
         &mut self,
         reader: &mut Reader,
         inputs: Vec<async_nats::jetstream::Message>,
+        read: u64,
     ) -> Result<(), Ended> {
         let mut rest = inputs;
         while !rest.is_empty() {
             // New triggers only as far as the bound has room (`admit.rs`).
             let room = self.room(rest.len()).await.map_err(Ended::Stop)?;
-            let split = room < rest.len();
             let later = rest.split_off(room.clamp(1, rest.len()));
             let batch = std::mem::replace(&mut rest, later);
-            // At the bound, what goes in counts until the broker shows it.
-            if let Some(a) = self.admission.as_mut().filter(|_| split) {
-                a.admitted(batch.len() as u64);
-            }
             // The next chunk is read while this one is routed (see `ReadAhead`).
+            let covers = rest.is_empty().then_some(read);
             let sent = reader
-                .during(send(self.state, self.source, &mut self.fence, batch))
+                .during(send(self.state, self.share, &mut self.fence, batch, covers))
                 .await;
             match sent {
                 Ok(()) => self.backoff.reset(),
@@ -452,12 +555,12 @@ impl<'a> Routing<'a> {
     }
 
     /// How many of the `waiting` inputs may go in now: all of them for a router without
-    /// admission, else as many as the bound has room for, once it has any.
+    /// admission, else this share's part of the room under the bound, once it has any.
     async fn room(&mut self, waiting: usize) -> Result<usize, Stopped> {
-        let Some(a) = self.admission.as_mut() else {
+        let Some(gate) = self.admission.as_ref() else {
             return Ok(waiting);
         };
-        match hold(self.state, a, self.lease, self.cancel).await {
+        match hold(self.state, gate, waiting, self.lease, self.cancel).await {
             Ok((held, room)) => {
                 if !held.is_zero() {
                     self.state
@@ -474,51 +577,7 @@ impl<'a> Routing<'a> {
     }
 }
 
-/// Why holding new triggers ended before the queue drained.
-enum Unheld {
-    /// The lease lapsed: another router may hold the source by now.
-    Lost,
-    /// The node's mode no longer routes.
-    NotRouting,
-    /// The replica drains.
-    Drain,
-}
-
-/// Holds the next batch of new triggers while the work under way is queued at or above
-/// `saga.max_queued_work` (see `admit.rs`); returns how long it held and how many inputs
-/// fit now (every one when the bound is off). Nothing is read or written meanwhile: the batch waits in hand, read but not yet copied, and a router that
-/// stops here drops it and leaves it to the next one, which resumes at the fence's
-/// watermark.
-async fn hold(
-    state: &AppState,
-    admission: &mut Admission,
-    lease: &Kept,
-    cancel: &CancellationToken,
-) -> Result<(Duration, usize), Unheld> {
-    let started = Instant::now();
-    loop {
-        let room = match admission.room(state).await {
-            None => usize::MAX,
-            Some(0) => 0,
-            Some(r) => usize::try_from(r).unwrap_or(usize::MAX),
-        };
-        if room > 0 {
-            return Ok((started.elapsed(), room));
-        }
-        if !lease.is_valid() {
-            return Err(Unheld::Lost);
-        }
-        if !state.placement.mode().routes() {
-            return Err(Unheld::NotRouting);
-        }
-        tokio::select! {
-            _ = cancel.cancelled() => return Err(Unheld::Drain),
-            _ = tokio::time::sleep(POLL) => {}
-        }
-    }
-}
-
-/// The router of `source`'s name among the stalled stages ([`crate::telemetry::stall`]).
-fn stage(source: &str) -> String {
-    format!("router.{source}")
+/// A share's name among the stalled stages ([`crate::telemetry::stall`]).
+fn stage(share: &Share) -> String {
+    format!("router.{share}")
 }

@@ -1,0 +1,213 @@
+//! Routing is shared: each source stream is routed as shares, each under a lease of its own,
+//! spread over the replicas. Three saga replicas on one nats-server (the `ledger` saga, whose
+//! acknowledgements carry each deposit's number): every replica routes some shares and
+//! together they route all of them; SIGKILL of one replica stalls only the inputs of its
+//! shares (and partitions) while every other account's next deposit is applied; the killed
+//! shares are taken over after about one lease TTL, and every account ends with each
+//! deposit acknowledged once, in order.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{NatsServer, RunnerProc, get_json, jetstream, publish_json, read_stream};
+use runner::worker::ownership::router::share::{SHARES, share_of};
+use runner::worker::partition::partition;
+
+const P: u32 = 12;
+const ACCOUNTS: usize = 48;
+
+fn replica(url: &str, node: &str) -> RunnerProc {
+    let p = P.to_string();
+    RunnerProc::start_in(
+        tempfile::tempdir().unwrap(),
+        &[
+            "--mode",
+            "saga",
+            "--nats-url",
+            url,
+            "--manifest",
+            "tests/manifests/ledger.yaml",
+        ],
+        &[
+            ("RUNNER__PARTITIONS__COUNT", p.as_str()),
+            ("RUNNER__PARTITIONS__LEASE_TTL", "5s"),
+            ("RUNNER__NODE__ID", node),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+        ],
+    )
+}
+
+/// The shares and partitions a replica reports holding.
+async fn holds(r: &RunnerProc) -> (BTreeSet<String>, BTreeSet<u32>) {
+    let info = get_json(&format!("{}/info", r.admin)).await;
+    let shares = info["partitions"]["routing"]
+        .as_object()
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default();
+    let owned = info["partitions"]["owned"]
+        .as_object()
+        .map(|m| m.keys().map(|k| k.parse().unwrap()).collect())
+        .unwrap_or_default();
+    (shares, owned)
+}
+
+/// The acknowledged deposit numbers per account, in stream order.
+async fn acknowledged(js: &async_nats::jetstream::Context) -> BTreeMap<String, Vec<u64>> {
+    let mut per: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for m in read_stream(js, "WORKFLOW_COMMANDS", "tenant.bank.command.Account.*").await {
+        let n = &m.body["payload"]["n"];
+        let n = n
+            .as_u64()
+            .or_else(|| n.as_str().and_then(|v| v.parse().ok()))
+            .unwrap();
+        let account = m.subject.rsplit('.').next().unwrap().to_string();
+        per.entry(account).or_default().push(n);
+    }
+    per
+}
+
+async fn deposit_all(js: &async_nats::jetstream::Context, n: u64) {
+    for a in 0..ACCOUNTS {
+        let (subject, ev) = common::ledger_deposit(a, n);
+        publish_json(js, &subject, &ev).await;
+    }
+}
+
+/// How many of `accounts` have `n` deposits acknowledged.
+fn reached(acks: &BTreeMap<String, Vec<u64>>, accounts: &[String], n: usize) -> usize {
+    accounts
+        .iter()
+        .filter(|a| acks.get(*a).is_some_and(|v| v.len() >= n))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_spread_over_the_replicas_and_a_killed_router_stalls_only_its_share() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    let mut replicas: Vec<RunnerProc> = ["r1", "r2", "r3"]
+        .iter()
+        .map(|n| replica(&url, n))
+        .collect();
+
+    // Routing is shared: each replica routes some shares, together all of them (two
+    // sources), and the partitions are divided too.
+    let total = 2 * SHARES as usize;
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let held = loop {
+        let mut held = Vec::new();
+        for r in &replicas {
+            held.push(holds(r).await);
+        }
+        let shares: BTreeSet<&String> = held.iter().flat_map(|(s, _)| s).collect();
+        let counts: Vec<usize> = held.iter().map(|(s, _)| s.len()).collect();
+        let owned: usize = held.iter().map(|(_, o)| o.len()).sum();
+        if shares.len() == total
+            && counts.iter().sum::<usize>() == total
+            && counts.iter().all(|c| *c >= 2)
+            && owned == P as usize
+        {
+            println!("shares routed per replica: {counts:?}");
+            break held;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "routing not spread after 90 s: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // Everyone's first deposit goes through.
+    deposit_all(&js, 1).await;
+    let names: Vec<String> = (0..ACCOUNTS).map(|a| format!("a-{a}")).collect();
+    common::wait_until(
+        "first deposits acknowledged",
+        Duration::from_secs(60),
+        || {
+            let (js, names) = (js.clone(), names.clone());
+            async move { reached(&acknowledged(&js).await, &names, 1) == ACCOUNTS }
+        },
+    )
+    .await;
+
+    // The victim: a replica routing a share of the aggregate stream. Its accounts are those
+    // in its shares or its partitions; every other account must not wait for it.
+    let victim = held
+        .iter()
+        .position(|(s, _)| s.iter().any(|s| s.starts_with("AGGREGATE_EVENTS/")))
+        .unwrap();
+    let (shares, owned) = &held[victim];
+    let (mut stalled, mut free) = (Vec::new(), Vec::new());
+    for a in 0..ACCOUNTS {
+        let (subject, _) = common::ledger_deposit(a, 1);
+        let name = format!("a-{a}");
+        let share = format!("AGGREGATE_EVENTS/{}", share_of(&subject));
+        let p = partition("bank", "ledger", &name, P);
+        if shares.contains(&share) {
+            stalled.push(name);
+        } else if !owned.contains(&p) {
+            free.push(name);
+        }
+    }
+    assert!(
+        !stalled.is_empty() && !free.is_empty(),
+        "{} accounts in the victim's shares, {} clear of it",
+        stalled.len(),
+        free.len()
+    );
+    let _ = replicas.remove(victim).kill();
+    let killed = Instant::now();
+    deposit_all(&js, 2).await;
+
+    // Every account clear of the victim gets its second deposit applied while the victim's
+    // shares wait for their leases to expire.
+    common::wait_until(
+        "deposits clear of the victim",
+        Duration::from_secs(60),
+        || {
+            let (js, free) = (js.clone(), free.clone());
+            async move { reached(&acknowledged(&js).await, &free, 2) == free.len() }
+        },
+    )
+    .await;
+    let free_after = killed.elapsed();
+    let acks = acknowledged(&js).await;
+    let waiting = stalled.len() - reached(&acks, &stalled, 2);
+    println!(
+        "{} accounts clear of the victim applied {free_after:?} after the kill; {waiting} of {} in its shares still waiting",
+        free.len(),
+        stalled.len()
+    );
+    assert!(
+        waiting > 0,
+        "the victim's shares were routed before its leases could expire"
+    );
+
+    // Its shares are taken over after about a TTL; every deposit is acknowledged once, in
+    // order.
+    common::wait_until(
+        "every deposit acknowledged",
+        Duration::from_secs(120),
+        || {
+            let (js, names) = (js.clone(), names.clone());
+            async move { reached(&acknowledged(&js).await, &names, 2) == ACCOUNTS }
+        },
+    )
+    .await;
+    println!(
+        "every account applied {:?} after the kill",
+        killed.elapsed()
+    );
+    let acks = acknowledged(&js).await;
+    assert_eq!(acks.len(), ACCOUNTS);
+    for (account, ns) in &acks {
+        assert_eq!(ns, &vec![1, 2], "{account}: applied once each, in order");
+    }
+    for r in replicas {
+        r.stop();
+    }
+}
