@@ -4,7 +4,8 @@
 //! together they route all of them; SIGKILL of one replica stalls only the inputs of its
 //! shares (and partitions) while every other account's next deposit is applied; the killed
 //! shares are taken over after about one lease TTL, and every account ends with each
-//! deposit acknowledged once, in order.
+//! deposit acknowledged once, in order. And while a replica of an earlier release holds a
+//! source's single-router lease, no share of that source routes beside it.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -210,4 +211,100 @@ async fn shares_spread_over_the_replicas_and_a_killed_router_stalls_only_its_sha
     for r in replicas {
         r.stop();
     }
+}
+
+/// A replica of an earlier release routes each source with one router under the lease
+/// `r.<source>`. While another process holds that lease, no share of the source is routed
+/// here (two routers would copy the same inputs); once it is gone, the shares start where
+/// the single router's marker says and route what waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_share_routes_while_an_earlier_release_s_single_router_holds_its_lease() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    // A first start creates the buckets and streams; then the "old release" takes the
+    // aggregate stream's single-router lease.
+    let first = replica(&url, "new");
+    let admin = first.admin.clone();
+    common::wait_until("the shares are routed", Duration::from_secs(30), || {
+        let admin = admin.clone();
+        async move {
+            let info = get_json(&format!("{admin}/info")).await;
+            info["partitions"]["routing"]
+                .as_object()
+                .map_or(0, |m| m.len())
+                == 2 * SHARES as usize
+        }
+    })
+    .await;
+    let data = first.stop();
+    let leases = js.get_key_value("RUNNER_LEASES").await.unwrap();
+    let old = serde_json::json!({"owner": "old-release", "nonce": "n-1"});
+    leases
+        .put(
+            "r.AGGREGATE_EVENTS",
+            serde_json::to_vec(&old).unwrap().into(),
+        )
+        .await
+        .unwrap();
+
+    let p = P.to_string();
+    let mut runner = RunnerProc::start_in(
+        data,
+        &[
+            "--mode",
+            "saga",
+            "--nats-url",
+            &url,
+            "--manifest",
+            "tests/manifests/ledger.yaml",
+        ],
+        &[
+            ("RUNNER__PARTITIONS__COUNT", p.as_str()),
+            ("RUNNER__PARTITIONS__LEASE_TTL", "5s"),
+            ("RUNNER__NODE__ID", "new"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+        ],
+    );
+    deposit_all(&js, 1).await;
+    common::wait_until("the wait is logged", Duration::from_secs(30), || {
+        let logged = runner.logged("A replica of an earlier release routes this source");
+        async move { logged }
+    })
+    .await;
+    // Keep the old router's lease alive a while: nothing of the aggregate stream is routed.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        leases
+            .put(
+                "r.AGGREGATE_EVENTS",
+                serde_json::to_vec(&old).unwrap().into(),
+            )
+            .await
+            .unwrap();
+    }
+    let info = get_json(&format!("{}/info", runner.admin)).await;
+    let routing = info["partitions"]["routing"].as_object().unwrap().clone();
+    assert!(
+        routing.keys().all(|k| !k.starts_with("AGGREGATE_EVENTS/")),
+        "a share of the aggregate stream routed beside the old router: {routing:?}"
+    );
+    assert!(acknowledged(&js).await.is_empty(), "a deposit was routed");
+
+    // The old router is gone: the shares take over and route what waited, once each.
+    leases.delete("r.AGGREGATE_EVENTS").await.unwrap();
+    let names: Vec<String> = (0..ACCOUNTS).map(|a| format!("a-{a}")).collect();
+    common::wait_until(
+        "every deposit acknowledged",
+        Duration::from_secs(60),
+        || {
+            let (js, names) = (js.clone(), names.clone());
+            async move { reached(&acknowledged(&js).await, &names, 1) == ACCOUNTS }
+        },
+    )
+    .await;
+    for (account, ns) in acknowledged(&js).await {
+        assert_eq!(ns, vec![1], "{account}");
+    }
+    runner.stop();
 }

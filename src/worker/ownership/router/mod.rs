@@ -109,6 +109,8 @@ pub(crate) async fn run(
     let sources = crate::worker::sources(&state).len();
     let mut backoff = Backoff::new(Duration::from_millis(200), ttl / 3).with_jitter();
     let mut wait = Duration::ZERO;
+    // Whether the wait for an earlier release's router was logged (once per wait).
+    let mut waiting_for_legacy = false;
     while !cancel.is_cancelled() {
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -120,9 +122,13 @@ pub(crate) async fn run(
             continue;
         }
         if let Some(owner) = legacy_router(&state, &leases, &share).await {
-            tracing::warn!(message = "A replica of an earlier release routes this source with a single router; its shares wait until it stops.", source = %share.stream(), owner = %owner);
+            if !waiting_for_legacy {
+                tracing::warn!(message = "A replica of an earlier release routes this source with a single router; this share waits until it stops.", share = %share, owner = %owner);
+            }
+            waiting_for_legacy = true;
             continue;
         }
+        waiting_for_legacy = false;
         let store = Some(state.store_id.as_str());
         let lease = match Lease::reclaim_or_acquire(&leases, &key, &state.node_id, store, ttl).await
         {
