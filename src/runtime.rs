@@ -140,6 +140,7 @@ impl AppState {
         lifecycle: Arc<Lifecycle>,
         catalog: Catalog,
     ) -> Self {
+        declare(&metrics, &config, &catalog);
         Self {
             config,
             node_id,
@@ -207,6 +208,7 @@ impl AppState {
                 }
             }
             Some(c) => {
+                declare(&self.metrics, &self.config, &c);
                 let c = Arc::new(c);
                 match self.catalog.write() {
                     Ok(mut g) => *g = c.clone(),
@@ -261,4 +263,15 @@ pub async fn stranded_in(store: &Store, catalog: &Catalog) -> Vec<Diagnostic> {
             message: format!("cannot read running instances: {e}"),
         }],
     }
+}
+
+/// The series of `catalog`'s sagas and effects this node's mode runs, created at zero
+/// ([`Metrics::declare`]).
+fn declare(metrics: &Metrics, config: &Config, catalog: &Catalog) {
+    let mode = config.runner.mode;
+    metrics.declare(
+        mode.runs_sagas()
+            .then(|| (catalog.saga_names(), config.streams.saga_inbox.as_str())),
+        mode.runs_effects().then(|| catalog.effect_names()),
+    );
 }

@@ -4,7 +4,8 @@
 //! alerts name, run against a real Prometheus scraping a live `runner` (combined mode,
 //! partitioned, with a saga that runs an effect, fires a timer and dead-letters a poison
 //! input) — each must return at least one series, so no panel or alert names a metric
-//! Runner does not export.
+//! Runner does not export. And a node that has seen no traffic already has a series (at
+//! zero) for each of those metrics but the snapshot age.
 //!
 //! Prometheus and promtool come from Debian's `prometheus` package (`scripts/setup-deps
 //! --test` installs it); their absence fails the test.
@@ -307,4 +308,76 @@ async fn every_dashboard_query_and_alert_metric_has_series_from_a_live_runner() 
         missing.join("\n")
     );
     drop((tuned, default));
+}
+
+/// The metric names a PromQL expression reads (`runner_…`, without a histogram suffix).
+fn names_in(expr: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (i, _) in expr.match_indices("runner_") {
+        let name: String = expr[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let name = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .map_or(name.clone(), str::to_string);
+        out.insert(name);
+    }
+    out
+}
+
+/// A node that has seen no traffic yet already exports every metric a dashboard panel or an
+/// alert reads (at zero), so panels show 0 rather than "No data" — except the age of the
+/// newest snapshot, which exists once a partition has one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_node_exports_every_metric_the_dashboard_and_alerts_read() {
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("watch.yaml"), MANIFEST).unwrap();
+    let mdir = manifests.path().to_str().unwrap().to_string();
+    let nats = NatsServer::start();
+    let runner = RunnerProc::start(
+        &[
+            "--mode",
+            "combined",
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            &mdir,
+        ],
+        &[
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+            ("RUNNER__PARTITIONS__COUNT", "4"),
+        ],
+    );
+    let mut wanted: BTreeSet<String> = alert_metrics();
+    for (_, expr) in dashboard_exprs() {
+        wanted.extend(names_in(&expr));
+    }
+    wanted.remove("runner_snapshot_last_timestamp_seconds");
+    assert!(wanted.len() >= 20, "{wanted:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let missing = loop {
+        let text = common::get_text(&format!("{}/metrics", runner.admin)).await;
+        let missing = wanted
+            .iter()
+            .filter(|m| {
+                !text.lines().any(|l| {
+                    l.strip_prefix(m.as_str()).is_some_and(|rest| {
+                        rest.starts_with(['{', ' '])
+                            || ["_bucket", "_count", "_sum"]
+                                .iter()
+                                .any(|s| rest.starts_with(s))
+                    })
+                })
+            })
+            .cloned()
+            .collect::<Vec<_>>();
+        if missing.is_empty() || std::time::Instant::now() > deadline {
+            break missing;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(missing.is_empty(), "no series at start for {missing:?}");
+    runner.stop();
 }

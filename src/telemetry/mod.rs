@@ -25,6 +25,7 @@ mod logging;
 pub use logging::{DEFAULT_FILTER, Every, escape_controls, init_logging};
 
 pub mod names;
+use names::{EFFECT_ATTEMPT_OUTCOMES, EFFECT_RESULT_TYPES, TRANSITION_OUTCOMES};
 pub mod otel;
 pub mod stall;
 
@@ -227,6 +228,38 @@ impl Metrics {
             effect_in_flight: effect.effect_in_flight,
             effect_deadletters_local: effect.effect_deadletters_local,
         })
+    }
+
+    /// Creates, at zero, the series a dashboard or alert reads for every saga and effect a
+    /// node runs, so a freshly started node shows 0 rather than no data: each saga's
+    /// transitions by outcome and the inputs read from `inbox` (when it runs sagas); each
+    /// effect's attempts by outcome, results by type, call time and circuit state (when it
+    /// runs effects). Called at start and after each manifest reload; series that exist are
+    /// left as they are.
+    pub fn declare<'a>(
+        &self,
+        sagas: Option<(impl Iterator<Item = &'a str>, &str)>,
+        effects: Option<impl Iterator<Item = &'a str>>,
+    ) {
+        if let Some((sagas, inbox)) = sagas {
+            self.saga_inputs.with_label_values(&[inbox]);
+            for saga in sagas {
+                for outcome in TRANSITION_OUTCOMES {
+                    self.saga_transitions.with_label_values(&[saga, outcome]);
+                }
+            }
+        }
+        for effect in effects.into_iter().flatten() {
+            for outcome in EFFECT_ATTEMPT_OUTCOMES {
+                self.effect_attempts.with_label_values(&[effect, outcome]);
+            }
+            for result_type in EFFECT_RESULT_TYPES {
+                self.effect_results
+                    .with_label_values(&[effect, result_type]);
+            }
+            self.effect_seconds.with_label_values(&[effect]);
+            self.effect_circuit_state.with_label_values(&[effect]);
+        }
     }
 
     /// Encodes every registered metric in the Prometheus text format.

@@ -135,3 +135,17 @@ pub const EFFECT_IN_FLIGHT: &str = "runner_effect_in_flight";
 /// Refused effect commands kept in the local store because the dead-letter stream did
 /// not take them (`runner dlq list` shows them).
 pub const EFFECT_DEADLETTERS_LOCAL: &str = "runner_effect_deadletters_local_total";
+
+/// The `outcome` values of `runner_saga_transitions_total` (what `worker/tally.rs` is told).
+pub const TRANSITION_OUTCOMES: [&str; 5] =
+    ["applied", "dead_lettered", "duplicate", "held", "ignored"];
+/// The `outcome` values of `runner_effect_attempts_total` (`effect/attempt.rs`).
+pub const EFFECT_ATTEMPT_OUTCOMES: [&str; 5] = [
+    "succeeded",
+    "fatal",
+    "timed_out",
+    "circuit_open",
+    "retryable",
+];
+/// The `result_type` values of `runner_effect_results_total` (as result envelopes name them).
+pub const EFFECT_RESULT_TYPES: [&str; 3] = ["Succeeded", "Failed", "TimedOut"];

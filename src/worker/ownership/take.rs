@@ -229,6 +229,11 @@ fn note_taken(
 ) {
     state.metrics.stalls.progressed(&stage(p));
     state.placement.took(p, lease.epoch(), now_ms());
+    // The partition's lag exists from the take (0 until its loop reports one).
+    state
+        .metrics
+        .partition_lag
+        .with_label_values(&[&p.to_string()]);
     state
         .metrics
         .lease_events
