@@ -127,8 +127,7 @@ fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
     // The last scrape the chapter shows (every outcome's series exists from the start, at 0).
     let ignored = out
         .lines()
-        .filter(|l| l.starts_with("runner_saga_transitions_total{outcome=\"ignored\""))
-        .last()
+        .rfind(|l| l.starts_with("runner_saga_transitions_total{outcome=\"ignored\""))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or(0);
