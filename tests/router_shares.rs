@@ -308,3 +308,134 @@ async fn no_share_routes_while_an_earlier_release_s_single_router_holds_its_leas
     }
     runner.stop();
 }
+
+/// A forged marker on a share's fence (a watermark far past the source) is refused, not
+/// obeyed: the share routes nothing rather than skip every input up
+/// to the forged watermark, the other shares go on, the refusal is logged once and the
+/// share shows as stalled in `/health` and `runner_pipeline_stalled_stages`. An operator
+/// resets the fence (`POST /admin/router-fence`, confirmed, at a sequence the source holds)
+/// and the waiting inputs are applied, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_share_marker_is_refused_and_an_operator_reset_resumes_routing() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    let first = replica(&url, "n1");
+    deposit_all(&js, 1).await;
+    let names: Vec<String> = (0..ACCOUNTS).map(|a| format!("a-{a}")).collect();
+    common::wait_until(
+        "first deposits acknowledged",
+        Duration::from_secs(60),
+        || {
+            let (js, names) = (js.clone(), names.clone());
+            async move { reached(&acknowledged(&js).await, &names, 1) == ACCOUNTS }
+        },
+    )
+    .await;
+    drop(first);
+
+    // The forgery: the share of account a-0 is "routed" far past the source, under an
+    // epoch a lease would beat (so the raise succeeds and only the watermark is wrong).
+    let (subject, _) = common::ledger_deposit(0, 1);
+    let share = format!("AGGREGATE_EVENTS/{}", share_of(&subject));
+    let forged = serde_json::json!({
+        "epoch": 1, "owner": "forger", "through": {"seq": 1_000_000, "ord": 0}
+    });
+    js.publish(
+        format!("runner.fence.SAGA_INBOX.{share}"),
+        serde_json::to_vec(&forged).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+
+    let mut runner = replica(&url, "n2");
+    deposit_all(&js, 2).await;
+    let (mut held, mut free) = (Vec::new(), Vec::new());
+    for a in 0..ACCOUNTS {
+        let (subject, _) = common::ledger_deposit(a, 2);
+        if format!("AGGREGATE_EVENTS/{}", share_of(&subject)) == share {
+            held.push(format!("a-{a}"));
+        } else {
+            free.push(format!("a-{a}"));
+        }
+    }
+    common::wait_until(
+        "the other shares' deposits applied",
+        Duration::from_secs(60),
+        || {
+            let (js, free) = (js.clone(), free.clone());
+            async move { reached(&acknowledged(&js).await, &free, 2) == free.len() }
+        },
+    )
+    .await;
+    common::wait_until("the refusal logged", Duration::from_secs(30), || {
+        let logged = runner.logged("Share not routed: its fence cannot be raised.");
+        async move { logged }
+    })
+    .await;
+    let admin = runner.admin.clone();
+    common::wait_until(
+        "the share stalled in /health",
+        Duration::from_secs(60),
+        || {
+            let admin = admin.clone();
+            async move { get_json(&format!("{admin}/health")).await["status"] == "degraded" }
+        },
+    )
+    .await;
+    assert!(common::metrics::metric(&admin, "runner_pipeline_stalled_stages").await >= 1.0);
+    assert_eq!(
+        reached(&acknowledged(&js).await, &held, 2),
+        0,
+        "an input of the forged share was applied"
+    );
+    let refusals = runner
+        .log
+        .iter()
+        .filter(|l| l.contains("Share not routed"))
+        .count();
+    assert_eq!(refusals, 1, "the refusal is logged once per episode");
+
+    // The operator's reset: refused unconfirmed or past the source; confirmed at the last
+    // sequence the first round reached, the share routes the rest.
+    let url_reset = format!("{admin}/admin/router-fence");
+    let body = |through: u64, confirm: bool| serde_json::json!({"share": share, "through": through, "confirm": confirm});
+    let (code, answer) = common::post_json(&url_reset, &body(ACCOUNTS as u64, false)).await;
+    assert_eq!(code, 400, "{answer}");
+    assert!(
+        answer["error"].as_str().unwrap().contains("not confirmed"),
+        "{answer}"
+    );
+    let (code, answer) = common::post_json(&url_reset, &body(1_000_000, true)).await;
+    assert_eq!(code, 400, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("past the last sequence"),
+        "{answer}"
+    );
+    let (code, answer) = common::post_json(&url_reset, &body(ACCOUNTS as u64, true)).await;
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(answer["replaced"]["through"], 1_000_000, "{answer}");
+    common::wait_until(
+        "every deposit acknowledged",
+        Duration::from_secs(60),
+        || {
+            let (js, names) = (js.clone(), names.clone());
+            async move { reached(&acknowledged(&js).await, &names, 2) == ACCOUNTS }
+        },
+    )
+    .await;
+    for (account, ns) in acknowledged(&js).await {
+        assert_eq!(ns, vec![1, 2], "{account}");
+    }
+    common::wait_until("healthy again", Duration::from_secs(30), || {
+        let admin = admin.clone();
+        async move { get_json(&format!("{admin}/health")).await["status"] == "ok" }
+    })
+    .await;
+    runner.stop();
+}

@@ -14,6 +14,7 @@
 //! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed one bounded page at a time and redriven once (see `operate.rs`) |
 //! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
 //! | `POST /admin/partitions/{p}/replay` | `{"from", "confirm"}`: the owner reads partition `p`'s inbox again from `from` (see `partitions.rs`) |
+//! | `POST /admin/router-fence` | `{"share", "through", "confirm"}`: replaces a router share's fence marker (one whose watermark the share refuses) so the share routes from `through + 1` (see `fences.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
@@ -53,6 +54,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub mod client;
+mod fences;
 mod guard;
 mod instances;
 mod migrate;
@@ -83,6 +85,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
             post(operate::dlq_stream_redrive),
         )
         .route("/admin/partitions/{p}/replay", post(partitions::replay))
+        .route("/admin/router-fence", post(fences::reset))
         .route("/admin/tenants/paused", get(tenants::paused))
         .route("/admin/tenants/{tenant}/pause", post(tenants::pause_tenant))
         .route(

@@ -56,6 +56,7 @@
 
 mod copies;
 mod hold;
+mod raise;
 pub mod share;
 
 use std::sync::Arc;
@@ -69,7 +70,7 @@ use futures::stream::ReadyChunks;
 use tokio_util::sync::CancellationToken;
 
 use super::keeper::Kept;
-use super::lease::{self, Lease};
+use super::lease::Lease;
 use crate::backoff::Backoff;
 use crate::broker::fence::Fence;
 use crate::broker::liveness::{Liveness, Probe};
@@ -79,6 +80,9 @@ use crate::worker::consume::{ORDERED_PULL_EXPIRY, Source, server_filters};
 use crate::worker::pull::{PullSize, ReadAhead};
 use copies::{Stop, mark, send};
 use hold::{Unheld, hold};
+use raise::{legacy_router, raise};
+
+pub(crate) use raise::last_sequence;
 use share::{SKIPPED_MARK_EVERY, Share};
 
 pub use copies::destinations;
@@ -118,6 +122,8 @@ pub(crate) async fn run(
         }
         wait = ttl / 3;
         if !state.placement.mode().routes() || !share::may_take(&state.placement, sources) {
+            // Not this replica's to route now: a failure it saw is no longer its own.
+            state.metrics.stalls.gone(&stage(&share));
             wait = ttl / 10;
             continue;
         }
@@ -134,7 +140,10 @@ pub(crate) async fn run(
         {
             Ok(Some(l)) => l,
             // Someone routes it; look again in a while (it may die).
-            Ok(None) => continue,
+            Ok(None) => {
+                state.metrics.stalls.gone(&stage(&share));
+                continue;
+            }
             Err(e) => {
                 tracing::warn!(message = "Cannot contend for the router lease.", share = %share, error = %e);
                 backoff.sleep(&cancel).await;
@@ -147,35 +156,36 @@ pub(crate) async fn run(
         state.placement.set_routing(&name, Some(lease.epoch()));
         // Renewed by its own task: a slow batch never lets it lapse.
         let lease = Kept::keep(lease, None);
-        let why = route_while_held(&state, &share, admission.clone(), lease, &cancel).await;
-        state.metrics.stalls.gone(&stage(&share));
+        match route_while_held(&state, &share, admission.clone(), lease, &cancel).await {
+            Ok(why) => {
+                state.metrics.stalls.gone(&stage(&share));
+                tracing::info!(message = "Stopped routing.", share = %share, reason = %why);
+            }
+            // Stays a stalled stage (`/health`) until a raise succeeds; logged once.
+            Err(why) => {
+                if state.metrics.stalls.failed(&stage(&share), &why) {
+                    tracing::error!(message = "Share not routed: its fence cannot be raised.", share = %share, reason = %why);
+                }
+            }
+        }
         state.placement.set_routing(&name, None);
-        tracing::info!(message = "Stopped routing.", share = %share, reason = %why);
         backoff.sleep(&cancel).await;
         wait = Duration::ZERO;
     }
 }
 
-/// The owner of the source's single-router lease of an earlier release, when another
-/// replica holds it.
-async fn legacy_router(state: &AppState, leases: &kv::Store, share: &Share) -> Option<String> {
-    match lease::holder(leases, &router_key(share.stream())).await {
-        Ok(Some(h)) if h.owner != state.node_id => Some(h.owner),
-        _ => None,
-    }
-}
-
-/// Routes until the lease or the fence is lost, or `cancel` fires; returns why it stopped.
+/// Routes until the lease or the fence is lost, or `cancel` fires; returns why it stopped,
+/// as an error when the fence could not be raised (nothing was routed).
 async fn route_while_held(
     state: &AppState,
     share: &Share,
     admission: Option<Gate>,
     lease: Kept,
     cancel: &CancellationToken,
-) -> String {
+) -> Result<String, String> {
     let fence = match raise(state, share, lease.epoch()).await {
         Ok(f) => f,
-        Err(e) => return format!("cannot raise the fence: {e}"),
+        Err(e) => return Err(format!("cannot raise the fence: {e}")),
     };
     let stopped = Routing::new(state, share, admission, &lease, fence, cancel)
         .route()
@@ -183,27 +193,7 @@ async fn route_while_held(
     if stopped.release {
         let _ = lease.release().await;
     }
-    stopped.why
-}
-
-/// Raises the share's fence; a share with no marker of its own yet carries the marker of
-/// the source's former single router forward, so it starts where that router stopped.
-async fn raise(state: &AppState, share: &Share, epoch: u64) -> Result<Fence, String> {
-    let js = state.broker.jetstream();
-    let inbox = &state.config.streams.saga_inbox;
-    let mut fence = Fence::raise(js, inbox, share, epoch, &state.node_id)
-        .await
-        .map_err(|e| e.to_string())?;
-    if fence.through().is_none() {
-        let before = Fence::observe(js, inbox, share.stream())
-            .await
-            .map_err(|e| e.to_string())?;
-        if let Some(at) = before.through() {
-            fence.publish_marker(js, at).await?;
-            tracing::info!(message = "Share starts where the source's single router stopped.", share = %share, seq = at.seq);
-        }
-    }
-    Ok(fence)
+    Ok(stopped.why)
 }
 
 /// The read-ahead reader of one opened consumer of the source, in chunks of at most

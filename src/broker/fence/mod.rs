@@ -70,6 +70,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::broker::batch::BatchMessage;
 
+mod error;
+
+pub use error::FenceError;
+
 /// The header naming the subject whose last sequence `Nats-Expected-Last-Subject-Sequence`
 /// refers to (async-nats has no constant for it).
 pub const EXPECTED_LAST_SUBJECT_SEQUENCE_SUBJECT: &str =
@@ -105,62 +109,6 @@ struct Marker {
     /// known). Written in the same atomic batch as the messages it covers, so it is exact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     through: Option<Position>,
-}
-
-/// Fencing errors.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum FenceError {
-    /// A raise lost: another marker was stored after the one this raiser read, or the last
-    /// marker carries a greater epoch. A newer owner exists.
-    #[error("fence {subject}: epoch {epoch} is superseded")]
-    Superseded {
-        /// The fence subject.
-        subject: String,
-        /// The epoch that tried to raise.
-        epoch: u64,
-    },
-    /// The broker refused a fenced publish: the fence subject moved past this fence's
-    /// sequence. Nothing was stored; the partition belongs to someone else.
-    #[error("fence {subject} (sequence {fence_seq}) is fenced off: last sequence is now {now_seq}")]
-    Fenced {
-        /// The fence subject.
-        subject: String,
-        /// This fence's marker sequence.
-        fence_seq: u64,
-        /// The fence subject's last sequence as read after the refusal.
-        now_seq: u64,
-    },
-    /// The broker answered "wrong last sequence" but the fence is still this one: the
-    /// message may already be stored (a retried msg-id) or another fenced publish was in
-    /// flight. The caller checks for its message and retries if it is missing.
-    #[error(
-        "publish to {subject} under fence {fence_seq} was refused while the fence still holds: maybe written"
-    )]
-    MaybeWritten {
-        /// The subject published to.
-        subject: String,
-        /// This fence's marker sequence.
-        fence_seq: u64,
-    },
-    /// The server did not answer or failed for another reason; the outcome is unknown.
-    #[error("fence {subject}: {op} failed: {reason}")]
-    Nats {
-        /// The fence subject.
-        subject: String,
-        /// What was tried.
-        op: &'static str,
-        /// Why.
-        reason: String,
-    },
-    /// The last message on a fence subject is not a marker.
-    #[error("fence {subject} holds an unreadable marker: {reason}")]
-    Corrupt {
-        /// The fence subject.
-        subject: String,
-        /// Why.
-        reason: String,
-    },
 }
 
 /// A raised fence: this owner's marker on one partition's fence subject.
@@ -249,6 +197,44 @@ impl Observed {
             Err(Sent::Other(reason)) => Err(FenceError::Nats {
                 subject,
                 op: "publish marker",
+                reason,
+            }),
+        }
+    }
+}
+
+impl Observed {
+    /// An operator's repair of a fence whose last marker cannot be right (a watermark past
+    /// what the stream holds, say): stores a marker with epoch 0 and watermark `through`,
+    /// only while the marker read is still the last (a compare-and-set on its sequence).
+    /// Its holder's next fenced publish is then refused, and the raise that follows
+    /// succeeds whatever epoch the replaced marker claimed and resumes after `through`.
+    /// (The one place a marker's epoch goes down: on an operator's explicit order.)
+    pub async fn reset(
+        self,
+        js: &jetstream::Context,
+        through: Position,
+        owner: &str,
+    ) -> Result<u64, FenceError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, self.seq.to_string());
+        let marker = Bytes::from(
+            serde_json::to_vec(&Marker {
+                epoch: 0,
+                owner: owner.to_string(),
+                through: Some(through),
+            })
+            .unwrap_or_default(),
+        );
+        match send(js, self.subject.clone(), headers, marker).await {
+            Ok(seq) => Ok(seq),
+            Err(Sent::WrongLastSequence) => Err(FenceError::Superseded {
+                subject: self.subject,
+                epoch: 0,
+            }),
+            Err(Sent::Other(reason)) => Err(FenceError::Nats {
+                subject: self.subject,
+                op: "publish reset marker",
                 reason,
             }),
         }
