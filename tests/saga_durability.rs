@@ -251,16 +251,21 @@ const ONE_PER_BATCH: (&str, &str) = ("RUNNER__SAGA__BATCH_SIZE", "1");
 async fn a_nats_outage_mid_run_loses_and_duplicates_nothing() {
     let mut nats = NatsServer::start();
     let url = nats.url();
-    let runner = RunnerProc::saga(
+    // A first start creates the streams; the first half then waits in the source as a
+    // backlog, so the runner (one input per commit) is still working through it when NATS
+    // stops, however fast it routes.
+    let data = RunnerProc::saga(
         tempfile::tempdir().unwrap(),
         &url,
         "manifests",
         &[ONE_PER_BATCH],
-    );
-    let admin = runner.admin.clone();
+    )
+    .stop();
     let total = 600u64;
     let half = total / 2;
     publish_orders(&jetstream(&url).await, 0..half).await;
+    let runner = RunnerProc::saga(data, &url, "manifests", &[ONE_PER_BATCH]);
+    let admin = runner.admin.clone();
     // Stop NATS once the runner is working through the first half, and check it was: inputs
     // were applied before the fault (`before` > 0), and some were still unapplied after it
     // (`after` < half), so the fault came with work in flight.

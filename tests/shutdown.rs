@@ -90,14 +90,19 @@ async fn runner_with_unpublishable_outputs(
 async fn sigint_drains_work_in_flight_and_exits_zero() {
     let nats = NatsServer::start();
     let js = jetstream(&nats.url()).await;
-    let mut runner = RunnerProc::saga(
+    let one_per_batch = [("RUNNER__SAGA__BATCH_SIZE", "1")];
+    // A first start creates the streams; the deposits then wait as a backlog, so the runner
+    // (one input per commit) is still working through them when the signal comes.
+    let data = RunnerProc::saga(
         tempfile::tempdir().unwrap(),
         &nats.url(),
         LEDGER,
-        &[("RUNNER__SAGA__BATCH_SIZE", "1")],
-    );
+        &one_per_batch,
+    )
+    .stop();
     let total = 300;
     deposit(&js, total).await;
+    let mut runner = RunnerProc::saga(data, &nats.url(), LEDGER, &one_per_batch);
     let admin = runner.admin.clone();
     wait_until(
         "the runner applies inputs",
