@@ -21,9 +21,14 @@ const P: u32 = 12;
 const ACCOUNTS: usize = 48;
 
 fn replica(url: &str, node: &str) -> RunnerProc {
+    replica_in(tempfile::tempdir().unwrap(), url, node)
+}
+
+/// A saga replica named `node` on the data directory `dir`.
+fn replica_in(dir: tempfile::TempDir, url: &str, node: &str) -> RunnerProc {
     let p = P.to_string();
     RunnerProc::start_in(
-        tempfile::tempdir().unwrap(),
+        dir,
         &[
             "--mode",
             "saga",
@@ -68,6 +73,25 @@ async fn acknowledged(js: &async_nats::jetstream::Context) -> BTreeMap<String, V
         per.entry(account).or_default().push(n);
     }
     per
+}
+
+/// The names of the test's accounts.
+fn accounts() -> Vec<String> {
+    (0..ACCOUNTS).map(|a| format!("a-{a}")).collect()
+}
+
+/// Waits until every one of `accounts` has `n` deposits acknowledged.
+async fn wait_reached(
+    js: &async_nats::jetstream::Context,
+    accounts: &[String],
+    n: usize,
+    timeout: Duration,
+) {
+    let what = format!("{} accounts with {n} deposits acknowledged", accounts.len());
+    common::wait_until(&what, timeout, || async {
+        reached(&acknowledged(js).await, accounts, n) == accounts.len()
+    })
+    .await;
 }
 
 async fn deposit_all(js: &async_nats::jetstream::Context, n: u64) {
@@ -124,16 +148,8 @@ async fn shares_spread_over_the_replicas_and_a_killed_router_stalls_only_its_sha
 
     // Everyone's first deposit goes through.
     deposit_all(&js, 1).await;
-    let names: Vec<String> = (0..ACCOUNTS).map(|a| format!("a-{a}")).collect();
-    common::wait_until(
-        "first deposits acknowledged",
-        Duration::from_secs(60),
-        || {
-            let (js, names) = (js.clone(), names.clone());
-            async move { reached(&acknowledged(&js).await, &names, 1) == ACCOUNTS }
-        },
-    )
-    .await;
+    let names = accounts();
+    wait_reached(&js, &names, 1, Duration::from_secs(60)).await;
 
     // The victim: a replica routing a share of the aggregate stream. Its accounts are those
     // in its shares or its partitions; every other account must not wait for it.
@@ -166,15 +182,7 @@ async fn shares_spread_over_the_replicas_and_a_killed_router_stalls_only_its_sha
 
     // Every account clear of the victim gets its second deposit applied while the victim's
     // shares wait for their leases to expire.
-    common::wait_until(
-        "deposits clear of the victim",
-        Duration::from_secs(60),
-        || {
-            let (js, free) = (js.clone(), free.clone());
-            async move { reached(&acknowledged(&js).await, &free, 2) == free.len() }
-        },
-    )
-    .await;
+    wait_reached(&js, &free, 2, Duration::from_secs(60)).await;
     let free_after = killed.elapsed();
     let acks = acknowledged(&js).await;
     let waiting = stalled.len() - reached(&acks, &stalled, 2);
@@ -190,15 +198,7 @@ async fn shares_spread_over_the_replicas_and_a_killed_router_stalls_only_its_sha
 
     // Its shares are taken over after about a TTL; every deposit is acknowledged once, in
     // order.
-    common::wait_until(
-        "every deposit acknowledged",
-        Duration::from_secs(120),
-        || {
-            let (js, names) = (js.clone(), names.clone());
-            async move { reached(&acknowledged(&js).await, &names, 2) == ACCOUNTS }
-        },
-    )
-    .await;
+    wait_reached(&js, &names, 2, Duration::from_secs(120)).await;
     println!(
         "every account applied {:?} after the kill",
         killed.elapsed()
@@ -248,24 +248,7 @@ async fn no_share_routes_while_an_earlier_release_s_single_router_holds_its_leas
         .await
         .unwrap();
 
-    let p = P.to_string();
-    let mut runner = RunnerProc::start_in(
-        data,
-        &[
-            "--mode",
-            "saga",
-            "--nats-url",
-            &url,
-            "--manifest",
-            "tests/manifests/ledger.yaml",
-        ],
-        &[
-            ("RUNNER__PARTITIONS__COUNT", p.as_str()),
-            ("RUNNER__PARTITIONS__LEASE_TTL", "5s"),
-            ("RUNNER__NODE__ID", "new"),
-            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
-        ],
-    );
+    let mut runner = replica_in(data, &url, "new");
     deposit_all(&js, 1).await;
     common::wait_until("the wait is logged", Duration::from_secs(30), || {
         let logged = runner.logged("A replica of an earlier release routes this source");
@@ -293,16 +276,8 @@ async fn no_share_routes_while_an_earlier_release_s_single_router_holds_its_leas
 
     // The old router is gone: the shares take over and route what waited, once each.
     leases.delete("r.AGGREGATE_EVENTS").await.unwrap();
-    let names: Vec<String> = (0..ACCOUNTS).map(|a| format!("a-{a}")).collect();
-    common::wait_until(
-        "every deposit acknowledged",
-        Duration::from_secs(60),
-        || {
-            let (js, names) = (js.clone(), names.clone());
-            async move { reached(&acknowledged(&js).await, &names, 1) == ACCOUNTS }
-        },
-    )
-    .await;
+    let names = accounts();
+    wait_reached(&js, &names, 1, Duration::from_secs(60)).await;
     for (account, ns) in acknowledged(&js).await {
         assert_eq!(ns, vec![1], "{account}");
     }
@@ -322,16 +297,8 @@ async fn a_forged_share_marker_is_refused_and_an_operator_reset_resumes_routing(
     let js = jetstream(&url).await;
     let first = replica(&url, "n1");
     deposit_all(&js, 1).await;
-    let names: Vec<String> = (0..ACCOUNTS).map(|a| format!("a-{a}")).collect();
-    common::wait_until(
-        "first deposits acknowledged",
-        Duration::from_secs(60),
-        || {
-            let (js, names) = (js.clone(), names.clone());
-            async move { reached(&acknowledged(&js).await, &names, 1) == ACCOUNTS }
-        },
-    )
-    .await;
+    let names = accounts();
+    wait_reached(&js, &names, 1, Duration::from_secs(60)).await;
     drop(first);
 
     // The forgery: the share of account a-0 is "routed" far past the source, under an
@@ -361,15 +328,7 @@ async fn a_forged_share_marker_is_refused_and_an_operator_reset_resumes_routing(
             free.push(format!("a-{a}"));
         }
     }
-    common::wait_until(
-        "the other shares' deposits applied",
-        Duration::from_secs(60),
-        || {
-            let (js, free) = (js.clone(), free.clone());
-            async move { reached(&acknowledged(&js).await, &free, 2) == free.len() }
-        },
-    )
-    .await;
+    wait_reached(&js, &free, 2, Duration::from_secs(60)).await;
     common::wait_until("the refusal logged", Duration::from_secs(30), || {
         let logged = runner.logged("Share not routed: its fence cannot be raised.");
         async move { logged }
@@ -420,15 +379,7 @@ async fn a_forged_share_marker_is_refused_and_an_operator_reset_resumes_routing(
     let (code, answer) = common::post_json(&url_reset, &body(ACCOUNTS as u64, true)).await;
     assert_eq!(code, 200, "{answer}");
     assert_eq!(answer["replaced"]["through"], 1_000_000, "{answer}");
-    common::wait_until(
-        "every deposit acknowledged",
-        Duration::from_secs(60),
-        || {
-            let (js, names) = (js.clone(), names.clone());
-            async move { reached(&acknowledged(&js).await, &names, 2) == ACCOUNTS }
-        },
-    )
-    .await;
+    wait_reached(&js, &names, 2, Duration::from_secs(60)).await;
     for (account, ns) in acknowledged(&js).await {
         assert_eq!(ns, vec![1, 2], "{account}");
     }

@@ -395,15 +395,22 @@ pub async fn retention_gap(
     stream: &str,
     from_seq: u64,
 ) -> Result<bool, BrokerError> {
-    let s = js
-        .get_stream(stream)
+    let s = stream_info(js, stream).await?;
+    Ok(s.cached_info().state.first_sequence > from_seq.saturating_add(1))
+}
+
+/// `stream` as the server describes it now.
+async fn stream_info(
+    js: &jetstream::Context,
+    stream: &str,
+) -> Result<jetstream::stream::Stream, BrokerError> {
+    js.get_stream(stream)
         .await
         .map_err(|e| BrokerError::JetStream {
             op: "stream info",
             stream: stream.to_string(),
             reason: e.to_string(),
-        })?;
-    Ok(s.cached_info().state.first_sequence > from_seq.saturating_add(1))
+        })
 }
 
 /// How long `stream` keeps messages (its `max_age`; zero: no age limit).
@@ -411,14 +418,7 @@ pub async fn retention_of(
     js: &jetstream::Context,
     stream: &str,
 ) -> Result<std::time::Duration, BrokerError> {
-    let s = js
-        .get_stream(stream)
-        .await
-        .map_err(|e| BrokerError::JetStream {
-            op: "stream info",
-            stream: stream.to_string(),
-            reason: e.to_string(),
-        })?;
+    let s = stream_info(js, stream).await?;
     Ok(s.cached_info().config.max_age)
 }
 

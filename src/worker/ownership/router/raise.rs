@@ -78,6 +78,7 @@ pub(crate) async fn last_sequence(
     state: &AppState,
     stream: &str,
 ) -> Result<u64, async_nats::Error> {
-    let mut s = state.broker.jetstream().get_stream(stream).await?;
-    Ok(s.info().await?.state.last_sequence)
+    // Looking the stream up reads its info from the server: no second request.
+    let s = state.broker.jetstream().get_stream(stream).await?;
+    Ok(s.cached_info().state.last_sequence)
 }
