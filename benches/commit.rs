@@ -45,6 +45,7 @@ fn commit(c: &mut Criterion) {
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
         max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
+        seal: runner::seal::Seal::none(),
     };
     let mut group = c.benchmark_group("commit");
     group.throughput(Throughput::Elements(BATCH as u64));

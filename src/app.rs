@@ -55,6 +55,9 @@ pub enum StartError {
     /// The admin TLS certificate or key cannot be used.
     #[error("{0}")]
     AdminTls(String),
+    /// The deployment key cannot be used.
+    #[error(transparent)]
+    Seal(#[from] crate::seal::KeyError),
     /// Metrics registry set-up failed.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -126,6 +129,13 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         revision = GIT_REVISION
     );
 
+    let seal = crate::seal::Seal::load(&config.security)?;
+    if !seal.enabled() && mode.runs_sagas() {
+        tracing::warn!(
+            message = "No deployment key: snapshots and control inputs are not sealed, so whoever can write to Runner's buckets and subjects could forge them. Set security.deployment_key_file (see docs/security.md)."
+        );
+    }
+
     // The lock is held until `run` returns: one node per data directory (`storage/lock.rs`).
     let (node_lock, store) = open_store(&config).await?;
     let node_id = node_id(
@@ -163,6 +173,7 @@ pub async fn run(config: Config, lifecycle: Arc<Lifecycle>) -> Result<Exit, Star
         metrics,
         lifecycle,
         catalog,
+        seal,
     ));
 
     // Paused tenants are known before the saga worker reads its first input.

@@ -46,6 +46,7 @@ fn limits() -> Limits {
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
         max_clock_skew_ms: crate::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
+        seal: crate::seal::Seal::none(),
     }
 }
 

@@ -41,6 +41,7 @@
 //! | [`broker`] | NATS connection, stream and bucket set-up, headers |
 //! | [`clock`], [`backoff`] | the wall clock; the one infrastructure retry backoff |
 //! | [`runtime`] | the context every component shares |
+//! | [`seal`] | HMAC seals of snapshots and control inputs with the deployment key |
 //! | [`deadletter`] | dead letters of both sides |
 //! | [`telemetry`] | logs and metrics |
 //! | [`worker`] | saga worker: consuming, admission, group commit, timers, sweep |
@@ -72,6 +73,7 @@ pub mod placement;
 pub mod relay;
 pub mod runtime;
 pub mod saga;
+pub mod seal;
 pub mod shutdown;
 pub mod storage;
 pub mod subject;

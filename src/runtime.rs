@@ -108,6 +108,8 @@ pub struct AppState {
     pub shared_batches: Arc<crate::relay::combine::Combiner>,
     /// Every relay of this node, for the node-wide outbox depth.
     pub relays: Arc<crate::relay::Relays>,
+    /// The deployment key's seals (snapshots, control inputs).
+    pub seal: crate::seal::Seal,
 }
 
 /// Result of a manifest reload.
@@ -139,6 +141,7 @@ impl AppState {
         metrics: Metrics,
         lifecycle: Arc<Lifecycle>,
         catalog: Catalog,
+        seal: crate::seal::Seal,
     ) -> Self {
         declare(&metrics, &config, &catalog);
         Self {
@@ -156,6 +159,7 @@ impl AppState {
             replays: Default::default(),
             shared_batches: Default::default(),
             relays: Default::default(),
+            seal,
         }
     }
 

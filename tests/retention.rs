@@ -95,6 +95,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
         max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
+        seal: runner::seal::Seal::none(),
     };
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());

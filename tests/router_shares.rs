@@ -10,10 +10,11 @@
 
 mod common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use common::{NatsServer, RunnerProc, get_json, jetstream, publish_json, read_stream};
+use common::ledger::{self, acknowledged, reached, wait_reached};
+use common::{NatsServer, RunnerProc, get_json, jetstream};
 use runner::worker::ownership::router::share::{SHARES, share_of};
 use runner::worker::partition::partition;
 
@@ -60,53 +61,12 @@ async fn holds(r: &RunnerProc) -> (BTreeSet<String>, BTreeSet<u32>) {
     (shares, owned)
 }
 
-/// The acknowledged deposit numbers per account, in stream order.
-async fn acknowledged(js: &async_nats::jetstream::Context) -> BTreeMap<String, Vec<u64>> {
-    let mut per: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    for m in read_stream(js, "WORKFLOW_COMMANDS", "tenant.bank.command.Account.*").await {
-        let n = &m.body["payload"]["n"];
-        let n = n
-            .as_u64()
-            .or_else(|| n.as_str().and_then(|v| v.parse().ok()))
-            .unwrap();
-        let account = m.subject.rsplit('.').next().unwrap().to_string();
-        per.entry(account).or_default().push(n);
-    }
-    per
-}
-
-/// The names of the test's accounts.
 fn accounts() -> Vec<String> {
-    (0..ACCOUNTS).map(|a| format!("a-{a}")).collect()
-}
-
-/// Waits until every one of `accounts` has `n` deposits acknowledged.
-async fn wait_reached(
-    js: &async_nats::jetstream::Context,
-    accounts: &[String],
-    n: usize,
-    timeout: Duration,
-) {
-    let what = format!("{} accounts with {n} deposits acknowledged", accounts.len());
-    common::wait_until(&what, timeout, || async {
-        reached(&acknowledged(js).await, accounts, n) == accounts.len()
-    })
-    .await;
+    ledger::accounts(ACCOUNTS)
 }
 
 async fn deposit_all(js: &async_nats::jetstream::Context, n: u64) {
-    for a in 0..ACCOUNTS {
-        let (subject, ev) = common::ledger_deposit(a, n);
-        publish_json(js, &subject, &ev).await;
-    }
-}
-
-/// How many of `accounts` have `n` deposits acknowledged.
-fn reached(acks: &BTreeMap<String, Vec<u64>>, accounts: &[String], n: usize) -> usize {
-    accounts
-        .iter()
-        .filter(|a| acks.get(*a).is_some_and(|v| v.len() >= n))
-        .count()
+    ledger::deposit_all(js, ACCOUNTS, n).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

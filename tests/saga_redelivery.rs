@@ -47,6 +47,7 @@ fn ledger_store() -> (
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
         max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
+        seal: runner::seal::Seal::none(),
     };
     let dir = tempfile::tempdir().unwrap();
     let store = common::open_store(dir.path());

@@ -20,12 +20,13 @@ use async_nats::jetstream::stream;
 use common::{NatsServer, jetstream};
 use runner::config::{Config, StreamsConfig};
 use runner::saga::{Instance, Status};
+use runner::seal::Seal;
 use runner::storage::Store;
 use runner::storage::snapshot::{Partitioning, SnapshotHeader};
 use runner::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 use runner::worker::ownership::snapshot::{
-    Restored, checkpoints, download, ensure_bucket, latest, object_name, partitioning, restore,
-    restore_handed_over, retention_gap, snapshot, upload,
+    Restored, TransferError, Trust, checkpoints, download, ensure_bucket, latest, object_name,
+    partitioning, restore, restore_handed_over, retention_gap, snapshot, upload,
 };
 use runner::worker::partition::partition;
 
@@ -134,18 +135,26 @@ async fn a_restored_store_holds_exactly_the_snapshotted_partition() {
     let p = partition("acme", "order", "o-0", P);
     set_checkpoint(&a, p, 1234);
     set_checkpoint(&a, (p + 1) % P, 99);
-    assert_eq!(snapshot(&a, &bucket, &how(), p, 3).await.unwrap(), 1234);
+    assert_eq!(
+        snapshot(&a, &bucket, &how(), p, 3, &Seal::none())
+            .await
+            .unwrap(),
+        1234
+    );
     let original = a.export_partition(&how(), p).unwrap();
-    let (seq, bytes) = latest(&bucket, p).await.unwrap().unwrap();
+    let (seq, bytes) = latest(&bucket, p, &Seal::none()).await.unwrap().unwrap();
     assert_eq!((seq, &bytes), (1234, &original));
 
     let (_b_dir, b) = store();
-    let restored = restore(&b, &bucket, &how(), p).await.unwrap();
+    let restored = restore(&b, &bucket, &how(), p, &Trust::any())
+        .await
+        .unwrap();
     assert_eq!(
         restored,
         Restored {
             checkpoint: 1234,
-            downloaded: true
+            downloaded: true,
+            refused: 0,
         }
     );
     assert_eq!(b.export_partition(&how(), p).unwrap(), original);
@@ -195,10 +204,13 @@ async fn a_restored_store_holds_exactly_the_snapshotted_partition() {
     );
     // Restoring again finds the local copy current and downloads nothing.
     assert_eq!(
-        restore(&b, &bucket, &how(), p).await.unwrap(),
+        restore(&b, &bucket, &how(), p, &Trust::any())
+            .await
+            .unwrap(),
         Restored {
             checkpoint: 1234,
-            downloaded: false
+            downloaded: false,
+            refused: 0,
         }
     );
 }
@@ -207,9 +219,11 @@ async fn a_restored_store_holds_exactly_the_snapshotted_partition() {
 async fn only_the_newest_snapshots_are_kept_per_partition() {
     let server = NatsServer::start();
     let bucket = bucket(&server).await;
-    upload(&bucket, &snapshot_bytes(5, 7), 3).await.unwrap();
+    upload(&bucket, &snapshot_bytes(5, 7), 3, &Seal::none())
+        .await
+        .unwrap();
     for seq in 1..=5 {
-        let header = upload(&bucket, &snapshot_bytes(2, seq * 10), 3)
+        let header = upload(&bucket, &snapshot_bytes(2, seq * 10), 3, &Seal::none())
             .await
             .unwrap();
         assert_eq!((header.partition, header.checkpoint), (2, seq * 10));
@@ -217,15 +231,19 @@ async fn only_the_newest_snapshots_are_kept_per_partition() {
     assert_eq!(checkpoints(&bucket, 2).await.unwrap(), [30, 40, 50]);
     assert_eq!(checkpoints(&bucket, 5).await.unwrap(), [7]);
     // An upload older than what is kept does not displace the newest.
-    upload(&bucket, &snapshot_bytes(2, 15), 3).await.unwrap();
+    upload(&bucket, &snapshot_bytes(2, 15), 3, &Seal::none())
+        .await
+        .unwrap();
     assert_eq!(checkpoints(&bucket, 2).await.unwrap(), [30, 40, 50]);
     // `keep` 0 still keeps the newest.
-    upload(&bucket, &snapshot_bytes(2, 60), 0).await.unwrap();
+    upload(&bucket, &snapshot_bytes(2, 60), 0, &Seal::none())
+        .await
+        .unwrap();
     assert_eq!(checkpoints(&bucket, 2).await.unwrap(), [60]);
     assert_eq!(checkpoints(&bucket, 5).await.unwrap(), [7]);
-    let bytes = download(&bucket, 2, 60).await.unwrap();
+    let bytes = download(&bucket, 2, 60, &Seal::none()).await.unwrap();
     assert_eq!(SnapshotHeader::read(&bytes).unwrap().checkpoint, 60);
-    assert!(latest(&bucket, 3).await.unwrap().is_none());
+    assert!(latest(&bucket, 3, &Seal::none()).await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,24 +251,31 @@ async fn a_local_copy_at_least_as_new_as_the_snapshot_is_kept() {
     let server = NatsServer::start();
     let bucket = bucket(&server).await;
     let p = partition("acme", "order", "o-0", P);
-    upload(&bucket, &snapshot_bytes(p, 42), 3).await.unwrap();
+    upload(&bucket, &snapshot_bytes(p, 42), 3, &Seal::none())
+        .await
+        .unwrap();
     let (_b_dir, b) = store();
     fill(&b, 40, "local");
     for local in [50, 42] {
         set_checkpoint(&b, p, local);
         let before = b.export_partition(&how(), p).unwrap();
         assert_eq!(
-            restore(&b, &bucket, &how(), p).await.unwrap(),
+            restore(&b, &bucket, &how(), p, &Trust::any())
+                .await
+                .unwrap(),
             Restored {
                 checkpoint: local,
-                downloaded: false
+                downloaded: false,
+                refused: 0,
             }
         );
         assert_eq!(b.export_partition(&how(), p).unwrap(), before);
     }
     // One behind: the snapshot replaces the local copy whole.
     set_checkpoint(&b, p, 41);
-    let restored = restore(&b, &bucket, &how(), p).await.unwrap();
+    let restored = restore(&b, &bucket, &how(), p, &Trust::any())
+        .await
+        .unwrap();
     assert!(restored.downloaded);
     assert_eq!(
         b.export_partition(&how(), p).unwrap(),
@@ -269,43 +294,73 @@ async fn a_handed_over_partition_waits_for_its_snapshot_to_be_listed() {
     let server = NatsServer::start();
     let bucket = bucket(&server).await;
     let p = partition("acme", "order", "o-0", P);
-    upload(&bucket, &snapshot_bytes(p, 10), 3).await.unwrap();
+    upload(&bucket, &snapshot_bytes(p, 10), 3, &Seal::none())
+        .await
+        .unwrap();
     // The hand-over snapshot shows up in the listing only after the heir first looks, as
     // from a bucket replica that lags the write.
     let late = bucket.clone();
     let uploader = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(400)).await;
-        upload(&late, &snapshot_bytes(p, 42), 3).await.unwrap();
+        upload(&late, &snapshot_bytes(p, 42), 3, &Seal::none())
+            .await
+            .unwrap();
     });
     let (_b_dir, b) = store();
-    let restored = restore_handed_over(&b, &bucket, &how(), p, 42, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let restored = restore_handed_over(
+        &b,
+        &bucket,
+        &how(),
+        p,
+        42,
+        Duration::from_secs(30),
+        &Trust::any(),
+    )
+    .await
+    .unwrap();
     uploader.await.unwrap();
     assert_eq!(
         restored,
         Restored {
             checkpoint: 42,
-            downloaded: true
+            downloaded: true,
+            refused: 0,
         },
         "the heir restores the snapshot it was handed, not the older one listed first"
     );
     // A local copy already past the hand-over needs no listing of it.
     set_checkpoint(&b, p, 50);
     assert_eq!(
-        restore_handed_over(&b, &bucket, &how(), p, 45, Duration::from_secs(30))
-            .await
-            .unwrap(),
+        restore_handed_over(
+            &b,
+            &bucket,
+            &how(),
+            p,
+            45,
+            Duration::from_secs(30),
+            &Trust::any()
+        )
+        .await
+        .unwrap(),
         Restored {
             checkpoint: 50,
-            downloaded: false
+            downloaded: false,
+            refused: 0,
         }
     );
     // A hand-over snapshot that never appears: after the wait, the newest listed serves.
     let (_c_dir, c) = store();
-    let restored = restore_handed_over(&c, &bucket, &how(), p, 99, Duration::from_millis(300))
-        .await
-        .unwrap();
+    let restored = restore_handed_over(
+        &c,
+        &bucket,
+        &how(),
+        p,
+        99,
+        Duration::from_millis(300),
+        &Trust::any(),
+    )
+    .await
+    .unwrap();
     assert_eq!(restored.checkpoint, 42);
 }
 
@@ -314,7 +369,9 @@ async fn a_damaged_newest_snapshot_gives_way_to_an_older_one() {
     let server = NatsServer::start();
     let bucket = bucket(&server).await;
     let p = 4;
-    upload(&bucket, &snapshot_bytes(p, 42), 3).await.unwrap();
+    upload(&bucket, &snapshot_bytes(p, 42), 3, &Seal::none())
+        .await
+        .unwrap();
     // Written around the checks: a name that promises checkpoint 90, bytes that are not a
     // snapshot.
     let mut junk: &[u8] = b"not a snapshot at all, and long enough to have a digest";
@@ -323,19 +380,22 @@ async fn a_damaged_newest_snapshot_gives_way_to_an_older_one() {
         .await
         .unwrap();
     let (_b_dir, b) = store();
-    let restored = restore(&b, &bucket, &how(), p).await.unwrap();
+    let restored = restore(&b, &bucket, &how(), p, &Trust::any())
+        .await
+        .unwrap();
     assert_eq!(
         restored,
         Restored {
             checkpoint: 42,
-            downloaded: true
+            downloaded: true,
+            refused: 0,
         }
     );
     assert_eq!(
         b.export_partition(&how(), p).unwrap(),
         snapshot_bytes(p, 42)
     );
-    assert!(download(&bucket, p, 90).await.is_err());
+    assert!(download(&bucket, p, 90, &Seal::none()).await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,4 +427,72 @@ async fn the_retention_check_sees_inputs_that_left_the_stream() {
     assert!(retention_gap(&js, "INBOX", 4).await.unwrap());
     assert!(retention_gap(&js, "INBOX", 0).await.unwrap());
     assert!(retention_gap(&js, "MISSING", 0).await.is_err());
+}
+
+/// With a deployment key a snapshot is imported only when sealed with it, and never when its
+/// checkpoint lies past the inbox's last sequence: a snapshot sealed by another deployment,
+/// an unsealed one and one claiming inputs the inbox never held are each refused and
+/// counted, and the newest genuine one is imported. Without a key the seal is not asked
+/// for, but the checkpoint bound still holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_imported_only_when_sealed_by_the_deployment_and_within_the_inbox() {
+    let server = NatsServer::start();
+    let bucket = bucket(&server).await;
+    let key = Seal::with_keys(&["the-deployment-key-0123"]);
+    let foreign = Seal::with_keys(&["another-deployment-key-0123"]);
+    let p = partition("acme", "order", "o-0", P);
+    let keep = 10;
+    upload(&bucket, &snapshot_bytes(p, 10), keep, &key)
+        .await
+        .unwrap();
+    upload(&bucket, &snapshot_bytes(p, 20), keep, &foreign)
+        .await
+        .unwrap();
+    upload(&bucket, &snapshot_bytes(p, 30), keep, &Seal::none())
+        .await
+        .unwrap();
+    upload(&bucket, &snapshot_bytes(p, 1_000_000), keep, &key)
+        .await
+        .unwrap();
+
+    let sealed = Trust {
+        seal: key.clone(),
+        inbox_last: 500,
+    };
+    let (_b_dir, b) = store();
+    assert_eq!(
+        restore(&b, &bucket, &how(), p, &sealed).await.unwrap(),
+        Restored {
+            checkpoint: 10,
+            downloaded: true,
+            refused: 3,
+        },
+        "only the snapshot sealed with the key and within the inbox is imported"
+    );
+    for (checkpoint, why) in [
+        (20, "not made with this deployment's key"),
+        (30, "carries no seal"),
+    ] {
+        match download(&bucket, p, checkpoint, &key).await {
+            Err(e @ TransferError::Refused { .. }) => {
+                assert!(e.to_string().contains(why), "{e}")
+            }
+            other => panic!("snapshot at {checkpoint}: {other:?}"),
+        }
+    }
+
+    let unsealed = Trust {
+        seal: Seal::none(),
+        inbox_last: 500,
+    };
+    let (_c_dir, c) = store();
+    assert_eq!(
+        restore(&c, &bucket, &how(), p, &unsealed).await.unwrap(),
+        Restored {
+            checkpoint: 30,
+            downloaded: true,
+            refused: 1,
+        },
+        "without a key any intact snapshot serves, but never one past the inbox"
+    );
 }

@@ -146,6 +146,7 @@ fn run(seed: u64, allowed: &[&str]) {
         max_payload: 1 << 20,
         max_output_bytes: usize::MAX,
         max_clock_skew_ms: runner::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
+        seal: runner::seal::Seal::none(),
     };
     let (_dir, store) = store();
     // The model: per (tenant, id), the amount of the first order placed (what the instance

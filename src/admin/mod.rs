@@ -15,6 +15,7 @@
 //! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
 //! | `POST /admin/partitions/{p}/replay` | `{"from", "confirm"}`: the owner reads partition `p`'s inbox again from `from` (see `partitions.rs`) |
 //! | `POST /admin/router-fence` | `{"share", "through", "confirm"}`: replaces a router share's fence marker (one whose watermark the share refuses) so the share routes from `through + 1` (see `fences.rs`) |
+//! | `POST /admin/partition-fence` | `{"partition", "through"?, "confirm"}`: replaces partition `p`'s fence markers (ones whose epoch or watermark the partition refuses) so it can be taken again (see `fences.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
 //! | `POST /admin/node-mode` | `{"mode": "full" \| "router_only" \| "disabled"}`: what this replica takes part in (partitioned mode) |
 //!
@@ -85,7 +86,8 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
             post(operate::dlq_stream_redrive),
         )
         .route("/admin/partitions/{p}/replay", post(partitions::replay))
-        .route("/admin/router-fence", post(fences::reset))
+        .route("/admin/router-fence", post(fences::reset_share))
+        .route("/admin/partition-fence", post(fences::reset_partition))
         .route("/admin/tenants/paused", get(tenants::paused))
         .route("/admin/tenants/{tenant}/pause", post(tenants::pause_tenant))
         .route(
@@ -183,14 +185,7 @@ fn admin_token(state: &AppState) -> std::io::Result<Option<String>> {
     }
 }
 
-/// Compares two byte strings in time that depends only on their lengths.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
-    std::hint::black_box(diff) == 0
-}
+pub use crate::seal::constant_time_eq;
 
 async fn require_token(
     State(token): State<Arc<Option<String>>>,
@@ -420,6 +415,7 @@ async fn info(
         "started_at_ms": started,
         "ready": state.lifecycle.is_ready(),
         "draining": state.lifecycle.is_draining(),
+        "sealed": state.seal.enabled(),
         "manifests": state.catalog().summary(),
         "nats": {"urls": cfg.nats.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(), "connected": state.broker.is_connected()},
         "streams": streams,

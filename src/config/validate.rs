@@ -66,6 +66,7 @@ impl Config {
         self.validate_effect()?;
         self.validate_partitions()?;
         self.validate_admin()?;
+        self.validate_security()?;
         self.validate_consumers()?;
         self.validate_tracing()
     }
@@ -416,6 +417,27 @@ impl Config {
             HumanDuration::secs(1),
             HumanDuration::secs(300),
         )
+    }
+
+    /// `[security]`: the deployment key given one way, and long enough when inline (a key
+    /// file is read, and its keys checked, at start-up: `seal.rs`).
+    fn validate_security(&self) -> Result<(), ConfigError> {
+        let sec = &self.security;
+        if sec.deployment_key.is_some() && sec.deployment_key_file.is_some() {
+            return invalid(
+                "security.deployment_key",
+                "set either `deployment_key` or `deployment_key_file`, not both".into(),
+            );
+        }
+        if let Some(k) = &sec.deployment_key
+            && k.trim().len() < crate::seal::MIN_KEY_BYTES
+        {
+            return invalid(
+                "security.deployment_key",
+                format!("is shorter than {} bytes", crate::seal::MIN_KEY_BYTES),
+            );
+        }
+        Ok(())
     }
 
     /// `[admin]`: a token long enough and given one way, required when the address is

@@ -37,6 +37,11 @@ pub const UNPUBLISHABLE: &str = "unpublishable";
 /// producer reused it): not a redelivery, so not dropped as one. Its key is not parked.
 pub const DUPLICATE_EVENT_ID: &str = "duplicate_event_id";
 
+/// A control input (a resume or a redrive, `worker/control.rs`) whose seal does not check
+/// against the deployment key, or one stored further from when it was issued than
+/// `saga.max_clock_skew` (a sealed one published again). It does nothing and parks no key.
+pub const UNSEALED_CONTROL: &str = "unsealed_control";
+
 /// An input of a paused tenant, held whole until the tenant is resumed
 /// (`worker/pause.rs`). Not a failure: it is neither announced on the dead-letter
 /// stream nor counted as a dead letter.
@@ -44,7 +49,7 @@ pub const TENANT_PAUSED: &str = "tenant_paused";
 
 /// Every kind counted as a dead letter, so their metric series exist (at 0) from the
 /// start.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     UNDECODABLE,
     TENANT_MISMATCH,
     UNKNOWN_TENANT,
@@ -57,4 +62,5 @@ pub const ALL: [&str; 12] = [
     REDELIVERY_LIMIT,
     UNPUBLISHABLE,
     DUPLICATE_EVENT_ID,
+    UNSEALED_CONTROL,
 ];

@@ -124,6 +124,8 @@ pub struct Metrics {
     pub inbox_retention: IntGauge,
     /// See [`names::RETENTION_GAPS_TOTAL`].
     pub retention_gaps: IntCounter,
+    /// See [`names::REFUSED_OBJECTS_TOTAL`].
+    pub refused_objects: IntCounterVec,
     /// See [`names::STORE_PAGES_DIRTIED_TOTAL`]; advanced by [`Metrics::store_pages_dirtied_upto`].
     pub store_pages_dirtied: IntCounter,
     /// The libmdbx count the counter above has reached.
@@ -214,6 +216,7 @@ impl Metrics {
             snapshot_last_timestamp: recovery.snapshot_last_timestamp,
             inbox_retention: recovery.inbox_retention,
             retention_gaps: recovery.retention_gaps,
+            refused_objects: recovery.refused_objects,
             store_pages_dirtied: storage.store_pages_dirtied,
             store_pages_seen: Default::default(),
             storage_write_failing: storage.storage_write_failing,

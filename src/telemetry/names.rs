@@ -102,6 +102,13 @@ pub const INBOX_RETENTION: &str = "runner_inbox_retention_seconds";
 /// Take-overs that found inputs they needed already gone from the inbox (retention
 /// shorter than snapshot age plus outage).
 pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
+/// Snapshots and fence markers refused because they cannot be genuine, by `object`
+/// ([`REFUSED_OBJECTS`]): a snapshot whose seal does not check against the deployment key or
+/// whose checkpoint lies past the inbox's last sequence; a fence marker whose epoch lies past
+/// the leases bucket's last revision or whose watermark lies past the stream it covers.
+pub const REFUSED_OBJECTS_TOTAL: &str = "runner_refused_objects_total";
+/// The `object` labels of [`REFUSED_OBJECTS_TOTAL`].
+pub const REFUSED_OBJECTS: [&str; 2] = ["snapshot", "fence_marker"];
 /// Store pages write transactions added or copied for update (libmdbx's count, read at
 /// scrape time; close to the pages commits write, aborted transactions included). Over
 /// `runner_saga_batch_size_sum`, the store pages written per input applied.

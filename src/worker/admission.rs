@@ -97,6 +97,8 @@ pub struct Limits {
     /// `saga.max_clock_skew` in ms: how far an input's `timestamp_ms` may lie from the time
     /// the broker stored it ([`time_bound`]).
     pub max_clock_skew_ms: u64,
+    /// The deployment key's seals: a control input must carry one (`worker/control.rs`).
+    pub seal: crate::seal::Seal,
 }
 
 /// The bound an input stored by the broker at `stored_ms` is applied within (see
@@ -119,7 +121,14 @@ impl Limits {
             max_output_bytes: usize::try_from(c.saga.max_batch_bytes.get()).unwrap_or(usize::MAX),
             max_clock_skew_ms: u64::try_from(c.saga.max_clock_skew.get().as_millis())
                 .unwrap_or(u64::MAX),
+            seal: crate::seal::Seal::none(),
         }
+    }
+
+    /// These limits with the deployment key's seals (see [`Limits::seal`]).
+    pub fn with_seal(mut self, seal: &crate::seal::Seal) -> Self {
+        self.seal = seal.clone();
+        self
     }
 
     /// These limits with the broker's `max_payload` (see [`Limits::max_payload`]).
@@ -301,6 +310,7 @@ mod tests {
             allowed_tenants: vec!["acme".into()],
             max_message_bytes: 64,
             max_clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
+            seal: crate::seal::Seal::none(),
         };
         let ok = r#"{"tenant_id":"acme"}"#;
         let long_tenant = format!("tenant.{}.aggregate.A.1", "t".repeat(MAX_TENANT_BYTES + 1));
@@ -415,6 +425,7 @@ mod tests {
             max_payload: 0,
             max_output_bytes: usize::MAX,
             max_clock_skew_ms: DEFAULT_MAX_CLOCK_SKEW_MS,
+            seal: crate::seal::Seal::none(),
         };
         let raw = raw("tenant.a\u{1b}[31m.aggregate.A.1", r#"{"tenant_id":"x"}"#);
         let refusal = admit(&raw, &limits).expect_err("refused");

@@ -178,7 +178,8 @@ impl CommitTask {
             .unzip();
         let catalog = self.state.catalog();
         let limits = Limits::from_config(&self.state.config)
-            .with_max_payload(self.state.broker.max_payload());
+            .with_max_payload(self.state.broker.max_payload())
+            .with_seal(&self.state.seal);
         let doomed: Vec<(u16, u64)> = published.iter().map(|(p, _, u)| (*p, *u)).collect();
         let state = &self.state;
         // A panic while applying aborts the transaction (it is dropped while unwinding) and is

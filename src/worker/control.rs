@@ -33,7 +33,9 @@ use super::process::Processor;
 use crate::backoff::Backoff;
 use crate::broker::{BrokerError, headers};
 use crate::deadletter;
+use crate::deadletter::kind;
 use crate::runtime::AppState;
+use crate::seal::Seal;
 use crate::storage::{Result, StorageError, Tables};
 
 /// The subject of a control input in a partition's inbox (never a tenant's subject).
@@ -48,7 +50,7 @@ pub async fn send(
 ) -> std::result::Result<(), BrokerError> {
     let js = state.broker.jetstream();
     let id = uuid::Uuid::now_v7();
-    let body = body.to_string();
+    let issued_ms = crate::clock::now_ms();
     let inbox = &state.config.streams.saga_inbox;
     let err = |e: &dyn std::fmt::Display| BrokerError::JetStream {
         op: "publish",
@@ -56,6 +58,7 @@ pub async fn send(
         reason: e.to_string(),
     };
     for p in partitions {
+        let body = sealed(&state.seal, body, p, issued_ms).to_string();
         let mut h = headers::outgoing(&format!("control:{id}:{p}"), Some(tenant), None);
         h.insert(headers::ROUTED_SUBJECT, CONTROL_SUBJECT);
         h.insert(headers::ROUTED_SOURCE, "control");
@@ -68,6 +71,79 @@ pub async fn send(
     Ok(())
 }
 
+/// `body` with the time it is issued and, with a deployment key, its seal over what decides
+/// what it does in partition `p` ([`decisive`]).
+fn sealed(seal: &Seal, body: &Json, p: u32, issued_ms: u64) -> Json {
+    let mut body = body.clone();
+    if let Some(map) = body.as_object_mut() {
+        map.insert("issued_ms".into(), issued_ms.into());
+    }
+    if let Some(tag) = seal.seal(&decisive(&body, p).as_fields()) {
+        if let Some(map) = body.as_object_mut() {
+            map.insert("seal".into(), tag.into());
+        }
+    }
+    body
+}
+
+/// What decides what a control input does, in a fixed order: the action and its key, the
+/// partition it is for and when it was issued. This is what a seal covers.
+struct Decisive {
+    fields: Vec<String>,
+}
+
+impl Decisive {
+    fn as_fields(&self) -> Vec<&[u8]> {
+        self.fields.iter().map(|f| f.as_bytes()).collect()
+    }
+}
+
+fn decisive(body: &Json, p: u32) -> Decisive {
+    let text = |v: Option<&Json>| v.and_then(Json::as_str).unwrap_or_default().to_string();
+    let mut fields = vec!["runner-control".to_string(), p.to_string()];
+    fields.push(
+        body.get("issued_ms")
+            .and_then(Json::as_u64)
+            .map_or(String::new(), |t| t.to_string()),
+    );
+    if let Some(key) = body.get("redrive") {
+        fields.push("redrive".into());
+        for k in ["tenant", "saga", "correlation_id"] {
+            fields.push(text(key.get(k)));
+        }
+    } else {
+        fields.push("resume".into());
+        fields.push(text(body.get("resume")));
+    }
+    Decisive { fields }
+}
+
+/// Why a control input is refused: its seal does not check, or (with a key) it was stored
+/// further from when it was issued than `saga.max_clock_skew` allows — a sealed input
+/// published again later. `None`: apply it.
+fn refusal(
+    limits: &super::admission::Limits,
+    body: &Json,
+    p: u32,
+    stored_ms: Option<u64>,
+) -> Option<String> {
+    let tag = body.get("seal").and_then(Json::as_str);
+    if let Err(e) = limits.seal.check(&decisive(body, p).as_fields(), tag) {
+        return Some(format!("control input refused: {e}"));
+    }
+    if !limits.seal.enabled() {
+        return None;
+    }
+    let issued = body.get("issued_ms").and_then(Json::as_u64)?;
+    let stored = stored_ms?;
+    (stored.abs_diff(issued) > limits.max_clock_skew_ms).then(|| {
+        format!(
+            "control input refused: issued at {issued} ms but stored at {stored} ms, further \
+             apart than saga.max_clock_skew allows (a sealed control input published again)"
+        )
+    })
+}
+
 impl Processor<'_> {
     /// Applies a control input from a partition's inbox, at this point of its log:
     /// `{"resume": tenant}` releases what this partition holds for the tenant;
@@ -75,6 +151,17 @@ impl Processor<'_> {
     /// (and what is held behind it), in the partition's log order.
     pub fn control(&mut self, tx: &Tables<'_, RW>, raw: &RawInput) -> Result<()> {
         let body: Json = serde_json::from_slice(&raw.body).unwrap_or(Json::Null);
+        if let Some(reason) = refusal(self.limits, &body, self.scope.partition, raw.stored_ms) {
+            let claimed = body
+                .get("resume")
+                .or_else(|| body.get("redrive").and_then(|r| r.get("tenant")))
+                .and_then(Json::as_str)
+                .filter(|t| crate::worker::admission::is_tenant(t))
+                .unwrap_or("_")
+                .to_string();
+            tracing::warn!(message = "Control input refused.", source = %raw.source, reason = %reason);
+            return self.dead_letter_unrouted(tx, raw, &claimed, kind::UNSEALED_CONTROL, reason);
+        }
         if let Some(key) = body.get("redrive") {
             let field = |k: &str| key.get(k).and_then(Json::as_str).unwrap_or_default();
             let (tenant, saga, corr) = (field("tenant"), field("saga"), field("correlation_id"));

@@ -12,6 +12,7 @@ pub mod browser;
 pub mod cluster;
 pub mod effects;
 pub mod grpc;
+pub mod ledger;
 pub mod metrics;
 pub mod otlp;
 pub mod postgres;

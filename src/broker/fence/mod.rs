@@ -143,6 +143,11 @@ impl Observed {
         self.seq
     }
 
+    /// The fence subject.
+    pub fn subject(&self) -> &str {
+        &self.subject
+    }
+
     /// The epoch of the last marker, `None` when there was none.
     pub fn epoch(&self) -> Option<u64> {
         self.epoch
@@ -205,7 +210,8 @@ impl Observed {
 
 impl Observed {
     /// An operator's repair of a fence whose last marker cannot be right (a watermark past
-    /// what the stream holds, say): stores a marker with epoch 0 and watermark `through`,
+    /// what the stream holds, say): stores a marker with epoch 0 and watermark `through`
+    /// (none: nothing is known stored),
     /// only while the marker read is still the last (a compare-and-set on its sequence).
     /// Its holder's next fenced publish is then refused, and the raise that follows
     /// succeeds whatever epoch the replaced marker claimed and resumes after `through`.
@@ -213,7 +219,7 @@ impl Observed {
     pub async fn reset(
         self,
         js: &jetstream::Context,
-        through: Position,
+        through: Option<Position>,
         owner: &str,
     ) -> Result<u64, FenceError> {
         let mut headers = HeaderMap::new();
@@ -222,7 +228,7 @@ impl Observed {
             serde_json::to_vec(&Marker {
                 epoch: 0,
                 owner: owner.to_string(),
-                through: Some(through),
+                through,
             })
             .unwrap_or_default(),
         );

@@ -14,6 +14,7 @@ pub(in crate::telemetry) struct Recovery {
     pub(in crate::telemetry) snapshot_last_timestamp: IntGaugeVec,
     pub(in crate::telemetry) inbox_retention: IntGauge,
     pub(in crate::telemetry) retention_gaps: IntCounter,
+    pub(in crate::telemetry) refused_objects: IntCounterVec,
 }
 
 /// Defines and registers in `r` the collectors of [`Recovery`].
@@ -66,6 +67,19 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Recover
             "Take-overs whose needed inputs were gone from the inbox.",
         )?,
     )?;
+    let refused_objects = reg(
+        r,
+        IntCounterVec::new(
+            Opts::new(
+                names::REFUSED_OBJECTS_TOTAL,
+                "Snapshots and fence markers refused as forged or foreign, by object.",
+            ),
+            &["object"],
+        )?,
+    )?;
+    for o in names::REFUSED_OBJECTS {
+        refused_objects.with_label_values(&[o]);
+    }
     Ok(Recovery {
         partition_restores,
         partition_replayed,
@@ -73,5 +87,6 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Recover
         snapshot_last_timestamp,
         inbox_retention,
         retention_gaps,
+        refused_objects,
     })
 }

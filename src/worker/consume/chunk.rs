@@ -82,11 +82,18 @@ pub(super) fn read_chunk<E>(
                         .and_then(|h| h.get(name))
                         .map(|v| v.as_str().to_string())
                 };
+                let subject =
+                    routed(headers::ROUTED_SUBJECT).unwrap_or_else(|| msg.subject.to_string());
+                // A control input is published into the inbox itself, never copied from a
+                // source: its time is the inbox's own, whatever its headers claim (its seal
+                // check bounds the time it was issued by it: `worker/control.rs`).
+                let source_time = (subject != crate::worker::control::CONTROL_SUBJECT)
+                    .then(|| routed(headers::ROUTED_SOURCE_TIME))
+                    .flatten();
                 out.batch.push((
                     seq,
                     RawInput {
-                        subject: routed(headers::ROUTED_SUBJECT)
-                            .unwrap_or_else(|| msg.subject.to_string()),
+                        subject,
                         body: body_of(&msg.payload),
                         traceparent,
                         // A routed copy's headers are the router's; it counted the original's.
@@ -97,7 +104,7 @@ pub(super) fn read_chunk<E>(
                         // The broker's time of the input (a routed copy: of its source),
                         // which bounds the producer's `timestamp_ms` (admission.rs).
                         stored_ms: Some(headers::routed_stored_ms(
-                            routed(headers::ROUTED_SOURCE_TIME).as_deref(),
+                            source_time.as_deref(),
                             headers::stored_ms(&info),
                         )),
                     },

@@ -16,7 +16,8 @@
 //! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline |
 //! | [`keeper`] | a held lease renewed by its own task, whatever its holder is busy with |
 //! | [`snapshot`] | partition snapshots in an Object Store: upload, prune, restore |
-//! | [`router`] | one router per source stream: leased, fenced, exact progress in its fence marker |
+//! | [`router`] | each source stream routed in shares: leased, fenced, exact progress in each share's fence marker |
+//! | `claims.rs` | fence markers and snapshots whose claims pass what the streams hold are refused, not obeyed |
 //! | [`upgrade`] | taking over what a single-active release left: its lease, outbox and positions |
 //!
 //! **The bucket** (`partitions.leases_bucket`, `max_age` = `partitions.lease_ttl`) holds
@@ -55,6 +56,7 @@
 //!   nothing.
 
 pub mod assign;
+pub(crate) mod claims;
 mod hand;
 pub mod keeper;
 pub mod lease;
@@ -128,7 +130,8 @@ impl Snap {
     /// Uploads a snapshot of partition `p` as it is committed now; failures are logged (the
     /// previous snapshot stays, and the heir replays a little more).
     async fn upload(&self, state: &AppState, p: u32) -> Option<u64> {
-        match snapshot::snapshot(&state.store, &self.bucket, &self.how, p, self.keep).await {
+        let (bucket, how) = (&self.bucket, &self.how);
+        match snapshot::snapshot(&state.store, bucket, how, p, self.keep, &state.seal).await {
             Ok(checkpoint) => {
                 state.metrics.snapshots.inc();
                 let now = std::time::SystemTime::now()

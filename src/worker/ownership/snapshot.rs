@@ -43,6 +43,7 @@ use tokio::io::AsyncReadExt;
 
 use crate::broker::BrokerError;
 use crate::config::{Config, StreamStorage, StreamsConfig};
+use crate::seal::Seal;
 use crate::storage::Store;
 use crate::storage::snapshot::{Partitioning, SnapshotError, SnapshotHeader};
 use crate::worker::partition::partition;
@@ -100,7 +101,44 @@ pub enum TransferError {
     /// The blocking export or import task panicked or was cancelled.
     #[error("snapshot task failed: {0}")]
     Task(String),
+    /// The snapshot cannot be genuine: its seal does not check against the deployment key,
+    /// or its checkpoint lies past the inbox (`claims.rs`).
+    #[error("snapshot {object} refused: {why}")]
+    Refused {
+        /// The object.
+        object: String,
+        /// Why.
+        why: String,
+    },
 }
+
+/// What a snapshot must pass before it is imported: a seal made with the deployment key
+/// (when one is configured) and a checkpoint no further than the inbox's last sequence.
+#[derive(Debug, Clone)]
+pub struct Trust {
+    /// The deployment key's seals.
+    pub seal: Seal,
+    /// The inbox's last sequence: a genuine checkpoint is never past it.
+    pub inbox_last: u64,
+}
+
+impl Trust {
+    /// Every snapshot that reads back intact (no key, no bound): tools and tests.
+    pub fn any() -> Self {
+        Self {
+            seal: Seal::none(),
+            inbox_last: u64::MAX,
+        }
+    }
+}
+
+/// The fields a snapshot's seal covers: its bytes, which name partition and checkpoint.
+fn sealed_fields(bytes: &[u8]) -> [&[u8]; 2] {
+    [b"runner-snapshot", bytes]
+}
+
+/// The object metadata key holding a snapshot's seal.
+const SEAL_KEY: &str = "seal";
 
 impl TransferError {
     /// Whether the snapshot's bytes are bad (an older snapshot may still serve).
@@ -186,27 +224,33 @@ pub async fn checkpoints(bucket: &ObjectStore, p: u32) -> Result<Vec<u64>, Trans
     Ok(out)
 }
 
-/// Stores the snapshot `bytes` under the name its header gives, then deletes all but the
-/// newest `keep` (at least 1) snapshots of its partition. Returns the header.
+/// Stores the snapshot `bytes` under the name its header gives, sealed with `seal` (in its
+/// metadata, when a key is configured), then deletes all but the newest `keep` (at least 1)
+/// snapshots of its partition. Returns the header.
 pub async fn upload(
     bucket: &ObjectStore,
     bytes: &[u8],
     keep: usize,
+    seal: &Seal,
 ) -> Result<SnapshotHeader, TransferError> {
     let header = SnapshotHeader::read(bytes)?;
     let name = object_name(header.partition, header.checkpoint);
+    let mut metadata = HashMap::from([
+        ("partition".to_string(), header.partition.to_string()),
+        ("partitions".to_string(), header.partitions.to_string()),
+        ("checkpoint".to_string(), header.checkpoint.to_string()),
+        ("format".to_string(), header.format.to_string()),
+    ]);
+    if let Some(tag) = seal.seal(&sealed_fields(bytes)) {
+        metadata.insert(SEAL_KEY.to_string(), tag);
+    }
     let meta = ObjectMetadata {
         name: name.clone(),
         description: Some(format!(
             "Runner snapshot of partition {} at checkpoint {}",
             header.partition, header.checkpoint
         )),
-        metadata: HashMap::from([
-            ("partition".to_string(), header.partition.to_string()),
-            ("partitions".to_string(), header.partitions.to_string()),
-            ("checkpoint".to_string(), header.checkpoint.to_string()),
-            ("format".to_string(), header.format.to_string()),
-        ]),
+        metadata,
         ..Default::default()
     };
     let mut reader = bytes;
@@ -234,11 +278,14 @@ pub async fn prune(bucket: &ObjectStore, p: u32, keep: usize) -> Result<usize, T
 }
 
 /// The snapshot of partition `p` at `checkpoint`, read whole and checked: the object
-/// store's digest, the snapshot's own digest, and that its header matches the name.
+/// store's digest, the snapshot's own digest, that its header matches the name, and its
+/// seal under `seal` ([`TransferError::Refused`] when a key is configured and the seal is
+/// missing or wrong).
 pub async fn download(
     bucket: &ObjectStore,
     p: u32,
     checkpoint: u64,
+    seal: &Seal,
 ) -> Result<Vec<u8>, TransferError> {
     let name = object_name(p, checkpoint);
     let mut object = bucket
@@ -262,32 +309,45 @@ pub async fn download(
         ))
         .into());
     }
+    let tag = object.info().metadata.get(SEAL_KEY).map(String::as_str);
+    if let Err(e) = seal.check(&sealed_fields(&bytes), tag) {
+        return Err(TransferError::Refused {
+            object: name,
+            why: e.to_string(),
+        });
+    }
     Ok(bytes)
 }
 
 /// The newest snapshot of partition `p`, as its checkpoint and bytes; `None` when there is
 /// none.
-pub async fn latest(bucket: &ObjectStore, p: u32) -> Result<Option<(u64, Vec<u8>)>, TransferError> {
+pub async fn latest(
+    bucket: &ObjectStore,
+    p: u32,
+    seal: &Seal,
+) -> Result<Option<(u64, Vec<u8>)>, TransferError> {
     let Some(&newest) = checkpoints(bucket, p).await?.last() else {
         return Ok(None);
     };
-    Ok(Some((newest, download(bucket, p, newest).await?)))
+    Ok(Some((newest, download(bucket, p, newest, seal).await?)))
 }
 
 /// Exports partition `p` from `store` (one read transaction, on a blocking thread) and
-/// uploads it, keeping the newest `keep`. Returns the snapshot's checkpoint.
+/// uploads it sealed with `seal`, keeping the newest `keep`. Returns the snapshot's
+/// checkpoint.
 pub async fn snapshot(
     store: &Store,
     bucket: &ObjectStore,
     how: &Partitioning,
     p: u32,
     keep: usize,
+    seal: &Seal,
 ) -> Result<u64, TransferError> {
     let (store, how) = (store.clone(), how.clone());
     let bytes = tokio::task::spawn_blocking(move || store.export_partition(&how, p))
         .await
         .map_err(|e| TransferError::Task(e.to_string()))??;
-    Ok(upload(bucket, &bytes, keep).await?.checkpoint)
+    Ok(upload(bucket, &bytes, keep, seal).await?.checkpoint)
 }
 
 /// What [`restore`] did.
@@ -297,20 +357,25 @@ pub struct Restored {
     pub checkpoint: u64,
     /// Whether a snapshot was downloaded and imported (false: the local copy was kept).
     pub downloaded: bool,
+    /// Snapshots newer than the local copy refused as not genuine ([`Trust`]), each logged.
+    pub refused: u32,
 }
 
 /// Brings partition `p` of `store` up to the newest snapshot when the local copy is older:
 /// keeps the local copy when its checkpoint is at least the newest snapshot's, otherwise
 /// imports the newest snapshot that reads back intact (a damaged one is skipped, with a
 /// warning, for the next older one that is still newer than the local copy; when none is,
-/// the local copy is kept). Bucket failures are returned; nothing is imported then.
+/// the local copy is kept). A snapshot that fails `trust` is refused the same way, with an
+/// error line, and counted in [`Restored::refused`]. Bucket failures are returned; nothing
+/// is imported then.
 pub async fn restore(
     store: &Store,
     bucket: &ObjectStore,
     how: &Partitioning,
     p: u32,
+    trust: &Trust,
 ) -> Result<Restored, TransferError> {
-    restore_handed_over(store, bucket, how, p, 0, Duration::ZERO).await
+    restore_handed_over(store, bucket, how, p, 0, Duration::ZERO, trust).await
 }
 
 /// [`restore`] for a partition handed over with the snapshot at `handed`: when the local
@@ -326,15 +391,17 @@ pub async fn restore_handed_over(
     p: u32,
     handed: u64,
     within: Duration,
+    trust: &Trust,
 ) -> Result<Restored, TransferError> {
     let (s, h) = (store.clone(), how.clone());
     let local = tokio::task::spawn_blocking(move || s.partition_checkpoint(&h, p))
         .await
         .map_err(|e| TransferError::Task(e.to_string()))?
         .map_err(SnapshotError::from)?;
-    let kept = Restored {
+    let mut kept = Restored {
         checkpoint: local,
         downloaded: false,
+        refused: 0,
     };
     let until = Instant::now() + within;
     let mut listed = checkpoints(bucket, p).await?;
@@ -360,7 +427,17 @@ pub async fn restore_handed_over(
         if checkpoint <= local {
             break;
         }
-        let imported = match download(bucket, p, checkpoint).await {
+        if checkpoint > trust.inbox_last {
+            kept.refused += 1;
+            tracing::error!(
+                message = "Snapshot refused: its checkpoint lies past the inbox's last sequence, so it is forged or from another deployment. Trying an older one.",
+                partition = p,
+                checkpoint,
+                inbox_last = trust.inbox_last
+            );
+            continue;
+        }
+        let imported = match download(bucket, p, checkpoint, &trust.seal).await {
             Ok(bytes) => {
                 let (s, h) = (store.clone(), how.clone());
                 tokio::task::spawn_blocking(move || s.import_partition(&h, p, &bytes))
@@ -375,7 +452,12 @@ pub async fn restore_handed_over(
                 return Ok(Restored {
                     checkpoint: header.checkpoint,
                     downloaded: true,
+                    refused: kept.refused,
                 });
+            }
+            Err(e @ TransferError::Refused { .. }) => {
+                kept.refused += 1;
+                tracing::error!(message = "Snapshot refused, trying an older one.", partition = p, checkpoint, error = %e);
             }
             Err(e) if e.is_damage() => {
                 tracing::warn!(message = "Snapshot unreadable, trying an older one.", partition = p, checkpoint, error = %e);

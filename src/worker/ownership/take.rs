@@ -21,6 +21,7 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::claims;
 use super::keeper::Kept;
 use super::snapshot::{self, Restored};
 use super::{Running, Snap, partition_checkpoint};
@@ -89,17 +90,39 @@ pub(super) async fn start(
     })
 }
 
+/// How an operator clears a partition's refused marker.
+const RESET: &str =
+    "the partition is not taken until an operator resets it (POST /admin/partition-fence)";
+
 /// Raises partition `p`'s fence at the lease's epoch in every fenced stream it publishes
-/// to (the inbox it reads is not one of them). `None`, logged once per episode and counted
-/// as a stall, when one cannot be raised: the caller gives the lease back.
+/// to (the inbox it reads is not one of them). A marker whose claims cannot be genuine
+/// (`claims.rs`: an epoch past the leases bucket, a watermark past the inbox) is refused,
+/// not obeyed. `None`, logged once per episode and counted as a stall, when one cannot be
+/// raised: the caller gives the lease back.
 async fn raise_fences(state: &AppState, p: u32, lease: &Kept) -> Option<HashMap<String, Fence>> {
     let js = state.broker.jetstream();
+    let inbox = &state.config.streams.saga_inbox;
     let mut fences = HashMap::new();
     for spec in stream_specs(&state.config.streams) {
         if !spec.fenced || spec.name == state.config.streams.saga_inbox {
             continue;
         }
-        match Fence::raise(js, &spec.name, p, lease.epoch(), &state.node_id).await {
+        let raised = match Fence::observe(js, &spec.name, p).await {
+            Ok(seen) => match claims::marker(state, &seen, inbox, RESET).await {
+                Ok(()) => seen
+                    .raise(js, lease.epoch(), &state.node_id)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(refused) => {
+                    if state.metrics.stalls.failed(&stage(p), &refused) {
+                        tracing::error!(message = "Partition not taken: a fence marker is refused.", partition = p, stream = %spec.name, reason = %refused);
+                    }
+                    return None;
+                }
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        match raised {
             Ok(f) => {
                 fences.insert(spec.name.clone(), f);
             }
@@ -131,16 +154,28 @@ async fn restore(
     lease: &Kept,
     replay_until: u64,
 ) -> Option<Restored> {
-    let restored = match snapshot::restore_handed_over(
-        &state.store,
-        &snap.bucket,
-        &snap.how,
-        p,
-        lease.handed_over_at().unwrap_or(0),
-        lease.ttl() / 2,
-    )
-    .await
-    {
+    let inbox = &state.config.streams.saga_inbox;
+    let restored = match claims::last_sequence(state, inbox).await {
+        Ok(inbox_last) => {
+            let trust = snapshot::Trust {
+                seal: state.seal.clone(),
+                inbox_last,
+            };
+            snapshot::restore_handed_over(
+                &state.store,
+                &snap.bucket,
+                &snap.how,
+                p,
+                lease.handed_over_at().unwrap_or(0),
+                lease.ttl() / 2,
+                &trust,
+            )
+            .await
+            .map_err(|e| e.to_string())
+        }
+        Err(e) => Err(format!("cannot read the inbox {inbox}: {e}")),
+    };
+    let restored = match restored {
         Ok(r) => r,
         Err(e) => {
             if state.metrics.stalls.failed(&stage(p), &e) {
@@ -149,6 +184,13 @@ async fn restore(
             return None;
         }
     };
+    if restored.refused > 0 {
+        state
+            .metrics
+            .refused_objects
+            .with_label_values(&[crate::telemetry::names::REFUSED_OBJECTS[0]])
+            .inc_by(u64::from(restored.refused));
+    }
     state
         .metrics
         .partition_restores
@@ -158,7 +200,6 @@ async fn restore(
             "local"
         }])
         .inc();
-    let inbox = &state.config.streams.saga_inbox;
     if restored.checkpoint < replay_until
         && let Ok(true) =
             snapshot::retention_gap(state.broker.jetstream(), inbox, restored.checkpoint).await

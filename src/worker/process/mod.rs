@@ -135,6 +135,18 @@ impl<'a> Processor<'a> {
         (s.partition as u16, (s.seq, s.ord))
     }
 
+    /// Records a dead letter that names no instance (parks no key) and counts it.
+    pub(crate) fn dead_letter_unrouted(
+        &mut self,
+        tx: &Tables<'_, RW>,
+        raw: &RawInput,
+        tenant: &str,
+        k: &'static str,
+        reason: String,
+    ) -> Result<()> {
+        self.dead_letter(tx, raw, tenant, k, reason, None)
+    }
+
     /// Records a dead letter (see [`deadletter::record`]) and counts it.
     fn dead_letter(
         &mut self,
@@ -217,6 +229,7 @@ mod tests {
                 max_payload: 0,
                 max_output_bytes: usize::MAX,
                 max_clock_skew_ms: crate::saga::DEFAULT_MAX_CLOCK_SKEW_MS,
+                seal: crate::seal::Seal::none(),
             },
         );
         let raw = RawInput {

@@ -82,7 +82,6 @@ use copies::{Stop, mark, send};
 use hold::{Unheld, hold};
 use raise::{legacy_router, raise};
 
-pub(crate) use raise::last_sequence;
 use share::{SKIPPED_MARK_EVERY, Share};
 
 pub use copies::destinations;
