@@ -103,7 +103,7 @@ pub const INBOX_RETENTION: &str = "runner_inbox_retention_seconds";
 /// shorter than snapshot age plus outage).
 pub const RETENTION_GAPS_TOTAL: &str = "runner_inbox_retention_gaps_total";
 /// Snapshots and fence markers refused because they cannot be genuine, by `object`
-/// ([`REFUSED_OBJECTS`]): a snapshot whose seal does not check against the deployment key or
+/// (`snapshot`, `fence_marker`): a snapshot whose seal does not check against the deployment key or
 /// whose checkpoint lies past the inbox's last sequence; a fence marker whose epoch lies past
 /// the leases bucket's last revision or whose watermark lies past the stream it covers.
 pub const REFUSED_OBJECTS_TOTAL: &str = "runner_refused_objects_total";
