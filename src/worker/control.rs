@@ -78,10 +78,10 @@ fn sealed(seal: &Seal, body: &Json, p: u32, issued_ms: u64) -> Json {
     if let Some(map) = body.as_object_mut() {
         map.insert("issued_ms".into(), issued_ms.into());
     }
-    if let Some(tag) = seal.seal(&decisive(&body, p).as_fields()) {
-        if let Some(map) = body.as_object_mut() {
-            map.insert("seal".into(), tag.into());
-        }
+    if let Some(tag) = seal.seal(&decisive(&body, p).as_fields())
+        && let Some(map) = body.as_object_mut()
+    {
+        map.insert("seal".into(), tag.into());
     }
     body
 }

@@ -129,7 +129,7 @@ async fn raise_fences(state: &AppState, p: u32, lease: &Kept) -> Option<HashMap<
             Err(e) => {
                 // Counted as a stall (`/health`), logged once per episode.
                 if state.metrics.stalls.failed(&stage(p), &e) {
-                    if crate::relay::election::is_election(&e.to_string()) {
+                    if crate::relay::election::is_election(&e) {
                         tracing::warn!(message = "Cannot raise a partition fence: the stream is electing a leader (or unreachable); giving the lease back (logged once until it starts).", partition = p, stream = %spec.name, error = %e);
                     } else {
                         tracing::warn!(message = "Cannot raise a partition fence; giving the lease back (logged once until it starts).", partition = p, stream = %spec.name, error = %e);
