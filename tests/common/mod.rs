@@ -851,6 +851,17 @@ pub async fn read_stream_once(
     stream: &str,
     filter: &str,
 ) -> Option<Vec<(String, String, serde_json::Value)>> {
+    let timed = read_stream_timed(url, stream, filter).await?;
+    Some(timed.into_iter().map(|m| (m.0, m.1, m.2)).collect())
+}
+
+/// [`read_stream_once`] with, for each message, when JetStream stored it (ms since the
+/// epoch, the server's clock).
+pub async fn read_stream_timed(
+    url: &str,
+    stream: &str,
+    filter: &str,
+) -> Option<Vec<(String, String, serde_json::Value, u64)>> {
     use async_nats::jetstream::consumer::pull::OrderedConfig;
     use futures::StreamExt;
     let client = async_nats::ConnectOptions::new()
@@ -875,6 +886,7 @@ pub async fn read_stream_once(
         let Ok(Some(Ok(m))) = next else { break };
         let info = m.info().ok()?;
         let (seq, pending) = (info.stream_sequence, info.pending);
+        let stored = runner::broker::headers::stored_ms(&info);
         let id = m
             .headers
             .as_ref()
@@ -885,6 +897,7 @@ pub async fn read_stream_once(
             m.subject.to_string(),
             id,
             serde_json::from_slice(&m.payload).unwrap_or(serde_json::Value::Null),
+            stored,
         ));
         if pending == 0 || seq >= last {
             break;

@@ -1,5 +1,6 @@
 //! A real local HTTP upstream for effect tests: records every request (path, the
-//! `Idempotency-Key` header, when it arrived) and answers what the test's script says — a
+//! `Idempotency-Key` header and the other headers, when it arrived and when its handling
+//! ended) and answers what the test's script says — a
 //! status, a JSON body, an optional delay and `Retry-After`, and optionally only once the
 //! test opens a [`Latch`].
 //!
@@ -103,8 +104,13 @@ pub struct Hit {
     pub traceparent: Option<String>,
     /// Request body.
     pub body: Json,
+    /// Every request header (names in lower case; a repeated header keeps its last value).
+    pub headers: HashMap<String, String>,
     /// Arrival.
     pub at: Instant,
+    /// When the upstream was done with it: answered, or dropped because the client went
+    /// away before the answer (`None` while it is still held or delayed).
+    pub ended: Option<Instant>,
     /// How many requests with this key (this one included).
     pub nth: usize,
 }
@@ -130,6 +136,23 @@ struct InFlight(Arc<AtomicUsize>);
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Stamps the end of one request's handling when it is dropped: after the answer is made,
+/// or when the server drops the handler early.
+struct Ends {
+    hits: Arc<Mutex<Vec<Hit>>>,
+    index: usize,
+}
+
+impl Drop for Ends {
+    fn drop(&mut self) {
+        if let Ok(mut hits) = self.hits.lock()
+            && let Some(h) = hits.get_mut(self.index)
+        {
+            h.ended = Some(Instant::now());
+        }
     }
 }
 
@@ -170,7 +193,7 @@ impl Upstream {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let path = uri.path().to_string();
-        let reply = {
+        let (reply, _ends) = {
             let mut hits = self.hits.lock().unwrap();
             let nth = 1 + hits.iter().filter(|h| h.key == key).count();
             hits.push(Hit {
@@ -181,11 +204,20 @@ impl Upstream {
                     .and_then(|v| v.to_str().ok())
                     .map(str::to_owned),
                 body: serde_json::from_slice(&body).unwrap_or(Json::Null),
+                headers: headers
+                    .iter()
+                    .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+                    .collect(),
                 at: Instant::now(),
+                ended: None,
                 nth,
             });
+            let ends = Ends {
+                hits: self.hits.clone(),
+                index: hits.len() - 1,
+            };
             let script = self.script.lock().unwrap().clone();
-            script(&path, key.as_deref().unwrap_or(""), nth)
+            (script(&path, key.as_deref().unwrap_or(""), nth), ends)
         };
         if let Some(latch) = &reply.hold {
             latch.wait().await;
