@@ -37,6 +37,15 @@ pub enum LogFormat {
     Json,
 }
 
+/// `runner graph --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum GraphFormat {
+    /// Mermaid `stateDiagram-v2`.
+    Mermaid,
+    /// Graphviz DOT.
+    Dot,
+}
+
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -63,6 +72,24 @@ pub enum Command {
         /// Manifest and test files or directories.
         #[arg(required = true)]
         paths: Vec<PathBuf>,
+    },
+    /// Draw sagas as state diagrams: every state, and on each edge the event, the guard
+    /// and what the transition emits (effects, commands, events, timers). Orchestrations are
+    /// drawn with the states their instances move through, compensations included.
+    Graph {
+        /// Manifest files or directories.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+        /// Only this saga (default: every saga found).
+        #[arg(long)]
+        saga: Option<String>,
+        /// Only this version of `--saga` (default: the newest).
+        #[arg(long, requires = "saga")]
+        saga_version: Option<u32>,
+        /// `mermaid` (a `stateDiagram-v2`, which GitHub and many Markdown viewers draw) or
+        /// `dot` (Graphviz: `runner graph … --format dot | dot -Tsvg > saga.svg`).
+        #[arg(long, value_enum, default_value = "mermaid")]
+        format: GraphFormat,
     },
     /// Show one saga instance from the local store: state, status, version, data, pending
     /// timers and recent transitions (JSON). Works while the node runs.

@@ -18,6 +18,12 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { paths, data_dir } => validate(&paths, data_dir.as_deref()),
         Command::Test { paths } => run_tests(&paths),
+        Command::Graph {
+            paths,
+            saga,
+            saga_version,
+            format,
+        } => graph(&paths, saga.as_deref(), saga_version, format),
         Command::Inspect {
             store,
             tenant,
@@ -102,6 +108,56 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `runner graph`: loads the manifests (refusing invalid ones as `validate` would) and
+/// prints the chosen sagas' diagrams, separated by a blank line.
+fn graph(
+    paths: &[std::path::PathBuf],
+    saga: Option<&str>,
+    version: Option<u32>,
+    format: runner::cli::GraphFormat,
+) -> ExitCode {
+    use runner::manifest::graph::{Diagram, Format};
+    let report = runner::manifest::load(paths);
+    for d in &report.diagnostics {
+        eprintln!("{d}");
+    }
+    let Some(catalog) = &report.catalog else {
+        eprintln!("runner: the manifests are invalid; nothing drawn");
+        return ExitCode::FAILURE;
+    };
+    let chosen: Vec<_> = match (saga, version) {
+        (Some(name), Some(v)) => catalog.saga(name, v).into_iter().collect(),
+        (Some(name), None) => catalog.newest(name).into_iter().collect(),
+        (None, _) => catalog
+            .saga_names()
+            .filter_map(|n| catalog.newest(n))
+            .collect(),
+    };
+    if chosen.is_empty() {
+        let known: Vec<String> = catalog
+            .sagas()
+            .map(|s| format!("{} v{}", s.name, s.version))
+            .collect();
+        eprintln!(
+            "runner: no saga {}{} in these manifests; they hold {known:?}",
+            saga.unwrap_or(""),
+            version.map(|v| format!(" v{v}")).unwrap_or_default()
+        );
+        return ExitCode::FAILURE;
+    }
+    let format = match format {
+        runner::cli::GraphFormat::Mermaid => Format::Mermaid,
+        runner::cli::GraphFormat::Dot => Format::Dot,
+    };
+    let text: Vec<String> = chosen
+        .iter()
+        .map(|s| Diagram::of(s).render(format))
+        .collect();
+    // A closed pipe (`| head`) ends the output quietly.
+    let _ = runner::outln!("{}", text.join("\n"));
+    ExitCode::SUCCESS
 }
 
 fn validate(paths: &[std::path::PathBuf], data_dir: Option<&std::path::Path>) -> ExitCode {

@@ -29,6 +29,7 @@ use serde::Serialize;
 
 pub mod catalog;
 mod compile;
+pub mod graph;
 mod loader;
 pub mod model;
 

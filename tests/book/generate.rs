@@ -536,3 +536,27 @@ pub(crate) fn retry_table() -> String {
     }
     out
 }
+
+/// The shipped sagas (`manifests/`) drawn with `runner graph`'s Mermaid output, newest
+/// version of each, in name order.
+pub(crate) fn saga_diagrams() -> String {
+    use runner::manifest::graph::{Diagram, Format};
+    let report = runner::manifest::load(&[root().join("manifests")]);
+    let catalog = report.catalog.expect("the shipped manifests load");
+    let mut out = String::new();
+    for name in catalog.saga_names() {
+        let saga = catalog.newest(name).expect("a loaded saga");
+        let _ = write!(
+            out,
+            "### `{}` (version {}, {})\n\n```mermaid\n{}```\n\n",
+            saga.name,
+            saga.version,
+            match saga.style() {
+                runner::manifest::catalog::Style::StateMachine => "state machine",
+                runner::manifest::catalog::Style::Orchestration => "orchestration",
+            },
+            Diagram::of(saga).render(Format::Mermaid)
+        );
+    }
+    out
+}

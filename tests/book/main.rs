@@ -89,7 +89,7 @@ fn code_blocks_are_marked_and_data_is_included_from_checked_files() {
                     b.lang
                 ));
             }
-        } else if !["text", "promql"].contains(&b.lang.as_str()) {
+        } else if !["text", "promql", "mermaid"].contains(&b.lang.as_str()) {
             problems.push(format!(
                 "{}: unexpected block language `{}`",
                 b.at(),

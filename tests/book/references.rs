@@ -29,6 +29,7 @@ fn generated_pages_are_current() {
         ("config-keys.md", generate::config_keys()),
         ("metrics.md", generate::metrics_table()),
         ("retry-table.md", generate::retry_table()),
+        ("sagas.md", generate::saga_diagrams()),
     ]
     .iter()
     .filter_map(|(n, g)| check_generated(n, g))
