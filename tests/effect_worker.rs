@@ -261,6 +261,43 @@ async fn a_resumed_zombie_is_fenced_out() {
     );
 }
 
+/// An executor cut off from NATS gives its call up when its lease runs out, not when a
+/// renewal nobody answers finally times out (here after 30 s): from the lease's end on,
+/// another executor may take the command, and the two must never run it side by side. The
+/// first call is held by the upstream; NATS is frozen under the executor; it abandons the
+/// call (its log says so) well before its renewal could time out. Thawed, the command is
+/// executed again and answered once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_cut_off_from_nats_abandons_its_call_when_its_lease_runs_out() {
+    let held = Latch::new();
+    let hold = held.clone();
+    let bed = bed(Arc::new(move |_, _, nth| {
+        let r = Reply::ok(json!({ "by": nth }));
+        if nth == 1 { r.until(&hold) } else { r }
+    }))
+    .await;
+    let mut envs = FAST.to_vec();
+    envs.push(("RUNNER__NATS__REQUEST_TIMEOUT", "30s"));
+    let mut cut = bed.runner(&envs);
+    let id = bed.publish_one(command("charge", 7)).await;
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            bed.upstream.count(&id) == 1
+        })
+        .await
+    );
+    bed.nats.signal("STOP");
+    let line = cut.wait_for_log("Lease ran out", Duration::from_secs(20));
+    bed.nats.signal("CONT");
+    assert!(line.contains("abandoning the command"), "{line}");
+    held.release();
+    let seen = bed.settle(1, Duration::from_secs(60)).await;
+    assert_eq!(one_per_command(&seen)[&id]["payload"]["by"], 2, "{seen:?}");
+    wait_quiescent(&bed.js, Duration::from_secs(30)).await;
+    assert_eq!(bed.results().await.len(), 1, "one result");
+    assert_eq!(bed.upstream.count(&id), 2);
+}
+
 /// Times a worker gave a command up because another executor holds it now (a refused
 /// renewal, or a refused record of its outcome).
 async fn fenced_out(admin: &str) -> f64 {

@@ -7,8 +7,9 @@
 //! `effect.ack_wait`.
 //!
 //! Guarantees: a renewal refused by CAS, or a lease that runs out unrenewed, abandons the
-//! call at once ([`Guarded::Lost`]): the executor has lost the right to finish, and another
-//! one may already be running the command. A drain does not wait out a backoff between
+//! call at once ([`Guarded::Lost`]) — at the lease's recorded end, not at the next renewal
+//! tick, so no attempt runs or starts past it: the executor has lost the right to finish,
+//! and another one may already be running the command. A drain does not wait out a backoff between
 //! retries: the command is handed back ([`Guarded::HandBack`]) for another replica. Every
 //! attempt, by every executor, carries the command id as its idempotency key.
 
@@ -53,13 +54,25 @@ pub(super) async fn run_guarded(
     progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     progress.tick().await;
     loop {
+        // The lease's own end, as the claim records it: between two renewal ticks it may
+        // run out (renewals failing while NATS is unreachable), and from then on another
+        // executor may take the command. Nothing of this attempt, and no further attempt,
+        // may go on past it.
+        let left = std::time::Duration::from_millis(lease.expires_ms.saturating_sub(now_ms()));
         tokio::select! {
             out = &mut exec => return match out {
                 Some((rt, payload, attempts)) => Guarded::Done(rt, payload, attempts),
                 None => Guarded::HandBack,
             },
             _ = renew.tick() => {
-                match ctx.claims.renew(lease).await {
+                // A renewal nobody answers (NATS unreachable) must not keep the call going
+                // past the lease's end either.
+                let Ok(renewed) = tokio::time::timeout(left, ctx.claims.renew(lease)).await else {
+                    ctx.claim_event(event::RENEW_FAILED);
+                    tracing::warn!(message = "Lease ran out while its renewal went unanswered; abandoning the command.");
+                    return Guarded::Lost;
+                };
+                match renewed {
                     Ok(()) => ctx.claim_event(event::RENEWED),
                     Err(e @ ClaimError::Fenced { .. }) => {
                         ctx.claim_event(event::RENEW_FAILED);
@@ -78,6 +91,11 @@ pub(super) async fn run_guarded(
             }
             _ = progress.tick() => {
                 let _ = msg.ack_with(AckKind::Progress).await;
+            }
+            () = tokio::time::sleep(left) => {
+                ctx.claim_event(event::RENEW_FAILED);
+                tracing::warn!(message = "Lease ran out before a renewal succeeded; abandoning the command.");
+                return Guarded::Lost;
             }
         }
     }
