@@ -114,6 +114,9 @@ fn getting_started_runs_from_a_clean_state_to_a_drained_node() {
     );
     // What the chapter says happens, happened.
     for needle in [
+        // The demo's closing account.
+        "orders shipped:       20 of 20",
+        "dead letters:         0",
         "ok: 1 file(s), 1 saga version(s), 1 effect(s), 0 warning(s)",
         " passed, 0 failed",
         "published tenant.acme.aggregate.Loan.l-100 to AGGREGATE_EVENTS",
