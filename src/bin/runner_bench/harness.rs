@@ -489,9 +489,15 @@ impl Runner {
                 return Ok(r);
             }
             if let Ok(Some(status)) = r.proc.child.try_wait() {
+                // The scenario's directory goes when it fails: show the log's end here.
+                let path = dir.join(format!("runner-{name}.log"));
+                let log = std::fs::read_to_string(&path).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
                 bail!(
-                    "runner exited with {status} at start; see {}",
-                    dir.join(format!("runner-{name}.log")).display()
+                    "runner exited with {status} at start; the end of {}:\n{}",
+                    path.display(),
+                    tail.join("\n")
                 );
             }
             if Instant::now() > until {
