@@ -159,3 +159,110 @@ tests:
         "{stdout}"
     );
 }
+
+/// What the validator catches that the engine would only meet at run time: a guard that can
+/// never be a boolean (an error), a guard left to the data (a warning), a duration written
+/// as text where milliseconds are wanted (an error giving the number to write), and, in a
+/// test file, a misspelt result kind (an error naming its line) — each with file, line and
+/// column.
+#[test]
+fn guards_durations_and_result_kinds_are_checked_where_they_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let saga = |guard: &str, delay: &str| {
+        format!(
+            r#"format: 1
+sagas:
+  - name: door
+    version: 1
+    triggers:
+      - subject: "aggregate.Door.*"
+        correlation: event.aggregate_id
+        start: true
+    initial_state: open
+    states:
+      open:
+        on:
+          Closed:
+            - when: {guard}
+              timers:
+                - name: lock
+                  delay_ms: {delay}
+              goto: shut
+      shut:
+        on:
+          timer.lock:
+            - goto: locked
+      locked:
+        terminal: true
+"#
+        )
+    };
+    let validate = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = runner().arg("validate").arg(&path).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+
+    let (code, err) = validate("sum.yaml", saga("\"state.count + 1\"", "60000"));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("sum.yaml:14:21: error: guard `state.count + 1` gives arithmetic"),
+        "{err}"
+    );
+
+    let (code, err) = validate("field.yaml", saga("state.ending", "60000"));
+    assert_eq!(code, Some(0), "a warning does not fail validation: {err}");
+    assert!(
+        err.contains("field.yaml:14:21: warning: guard `state.ending` is true or false only if")
+            && err.contains("`state.ending == true`"),
+        "{err}"
+    );
+
+    let (code, err) = validate("fine.yaml", saga("\"has(event.payload.by)\"", "60000"));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("guard"), "{err}");
+
+    let (code, err) = validate("text.yaml", saga("\"true\"", "\"30m\""));
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("text.yaml:17:29: error:") && err.contains("write 1800000 for \"30m\""),
+        "{err}"
+    );
+
+    // A misspelt result kind in a test file stops it, naming the line.
+    std::fs::write(dir.path().join("door.yaml"), saga("\"true\"", "60000")).unwrap();
+    let tests = dir.path().join("door.tests.yaml");
+    std::fs::write(
+        &tests,
+        r#"tests:
+  - name: a misspelt result
+    steps:
+      - event: { subject: "aggregate.Door.d1", event_type: Closed, aggregate_id: d1, aggregate_type: Door, payload: {} }
+      - effect_result: { effect: charge_card, result: Succeded }
+"#,
+    )
+    .unwrap();
+    let out = runner()
+        .arg("test")
+        .arg(&tests)
+        .arg(dir.path().join("door.yaml"))
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("door.tests.yaml:5:")
+            && text.contains(
+                "unknown variant `Succeded`, expected one of Succeeded, Failed, TimedOut"
+            ),
+        "{text}"
+    );
+}

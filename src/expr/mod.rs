@@ -49,12 +49,14 @@ mod error;
 mod needs;
 mod path;
 mod template;
+mod yields;
 
 pub use checker::ROOTS;
 pub use convert::{cel_to_json, json_to_val, type_name};
 pub use error::ExprError;
 pub use needs::Needs;
 pub use template::{Piece, Template};
+pub use yields::Yields;
 
 /// The CEL environment every expression compiles and runs in: the standard library without
 /// the `chrono` feature, so there is no clock, no randomness and no I/O.
@@ -163,6 +165,11 @@ impl Expr {
         }
         let value = self.program.execute(ctx).map_err(eval_error)?;
         cel_to_json(&value)
+    }
+
+    /// What the value can be, as far as the syntax tells (`yields.rs`).
+    pub fn yields(&self) -> Yields {
+        yields::of(self.program.expression())
     }
 
     /// Evaluates a guard: the result must be a boolean.

@@ -31,6 +31,7 @@ pub mod catalog;
 mod compile;
 pub mod graph;
 mod loader;
+mod millis;
 pub mod model;
 
 pub use compile::{DEFAULT_STEP_TIMEOUT_MS, PROVIDERS};

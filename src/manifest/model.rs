@@ -52,6 +52,7 @@ pub struct EffectDecl {
     #[schemars(with = "BTreeMap<String, serde_json::Value>", extend("default" = {}))]
     pub settings: SpannedMap<Sp<TemplateNode>>,
     /// Timeout of one attempt, in milliseconds.
+    #[serde(default, deserialize_with = "super::millis::optional")]
     pub timeout_ms: Option<u64>,
     /// Retries applied by the effect worker.
     pub retry: Option<RetryPolicy>,
@@ -94,10 +95,13 @@ pub struct RetryPolicy {
     /// How many retries after the first attempt (0 = never retry).
     pub retry_limit: u32,
     /// Base backoff in milliseconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::millis::optional")]
     pub base_backoff: Option<u64>,
     /// Upper bound of a backoff in milliseconds (default 5000).
-    #[serde(default = "default_max_backoff")]
+    #[serde(
+        default = "default_max_backoff",
+        deserialize_with = "super::millis::required"
+    )]
     pub max_backoff: u64,
     /// Whether to draw the wait from `[0, backoff]` (default true).
     #[serde(default = "default_true")]
@@ -118,6 +122,7 @@ pub struct CircuitBreaker {
     /// Consecutive failures that open the circuit.
     pub failure_threshold: u32,
     /// How long the circuit stays open, in milliseconds.
+    #[serde(deserialize_with = "super::millis::required")]
     pub open_ms: u64,
 }
 
@@ -299,7 +304,7 @@ pub struct TimerDecl {
     #[schemars(with = "String")]
     pub name: Sp<String>,
     /// Fire this long after the input event's timestamp.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::millis::optional")]
     pub delay_ms: Option<u64>,
     /// CEL expression giving the absolute due time in ms since the epoch.
     #[serde(default)]
@@ -340,7 +345,7 @@ pub struct StepDecl {
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
     /// Command steps: how long to wait for a result before counting a failure (default 30 s).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::millis::optional")]
     pub timeout_ms: Option<u64>,
     /// What undoes this step once it has succeeded.
     #[serde(default)]
@@ -369,7 +374,7 @@ pub struct CompensationDecl {
     #[serde(default)]
     pub retry: Option<RetryPolicy>,
     /// Command compensations: how long to wait for a result.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::millis::optional")]
     pub timeout_ms: Option<u64>,
 }
 

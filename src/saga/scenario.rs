@@ -118,11 +118,64 @@ pub struct ScenarioStep {
 pub struct EffectReply {
     /// Effect name.
     pub effect: String,
-    /// `Succeeded`, `Failed` or `TimedOut`.
-    pub result: String,
+    /// `Succeeded`, `Failed` or `TimedOut` (anything else is refused when the file is read,
+    /// naming its line).
+    pub result: ReplyKind,
     /// Result payload.
     #[serde(default)]
     pub payload: Json,
+}
+
+/// A timer a step expects to be set.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ExpectTimer {
+    /// Only its name.
+    Name(String),
+    /// Its name and when it is due.
+    Due(TimerDue),
+}
+
+/// A timer expected due `after_ms` after the input's time.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimerDue {
+    /// Timer name.
+    pub name: String,
+    /// Milliseconds from the input's time (its `timestamp_ms` as applied) to the due time.
+    pub after_ms: u64,
+}
+
+impl ExpectTimer {
+    /// The timer's name.
+    pub fn name(&self) -> &str {
+        match self {
+            ExpectTimer::Name(n) => n,
+            ExpectTimer::Due(d) => &d.name,
+        }
+    }
+}
+
+/// The kind of an effect result a test step sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum ReplyKind {
+    /// The effect did its work.
+    Succeeded,
+    /// It failed for good.
+    Failed,
+    /// No answer in time.
+    TimedOut,
+}
+
+impl ReplyKind {
+    /// As a result event's `result_type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplyKind::Succeeded => "Succeeded",
+            ReplyKind::Failed => "Failed",
+            ReplyKind::TimedOut => "TimedOut",
+        }
+    }
 }
 
 /// What a step expects; every field is optional.
@@ -147,9 +200,10 @@ pub struct Expect {
     /// Every work item emitted, in order (partial match of each).
     #[serde(default)]
     pub work: Option<Vec<ExpectWork>>,
-    /// Names of timers set.
+    /// Timers set, in order: a name, or `{name, after_ms}` to also check when it is due
+    /// (milliseconds after the input's time).
     #[serde(default)]
-    pub timers_set: Option<Vec<String>>,
+    pub timers_set: Option<Vec<ExpectTimer>>,
     /// Names of timers cancelled.
     #[serde(default)]
     pub timers_cancelled: Option<Vec<String>>,
@@ -356,7 +410,19 @@ fn run_one(catalog: &Catalog, tenant: &str, t: &Scenario) -> Vec<String> {
             &detail,
         );
         let inst = target.as_ref().and_then(|k| instances.get(k));
-        check_expect(&mut failures, &label, &step.expect, inst, res.as_ref().ok());
+        let input_ms = input
+            .body
+            .get("timestamp_ms")
+            .and_then(Json::as_u64)
+            .unwrap_or(now);
+        let input_ms = input.bound.map_or(input_ms, |b| b.clamp(input_ms));
+        check_expect(
+            &mut failures,
+            &label,
+            &step.expect,
+            (inst, res.as_ref().ok()),
+            input_ms,
+        );
     }
     failures
 }
@@ -442,7 +508,7 @@ fn build_input(step: &ScenarioStep, ctx: &InputCtx<'_>, t: &Scenario) -> Result<
                 "tenant_id": tenant,
                 "command_id": command_id,
                 "effect_name": reply.effect,
-                "result_type": reply.result,
+                "result_type": reply.result.as_str(),
                 "payload": reply.payload,
                 "attempts": 1,
                 "timestamp_ms": now,

@@ -6,6 +6,7 @@
 //! What is legal but probably unintended (an unreachable state, an event no trigger
 //! delivers, a timer cancelled but never set, no terminal state) is a warning.
 
+use crate::expr::Yields;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_saphyr::Location;
@@ -192,7 +193,33 @@ impl SagaCompiler<'_, '_> {
         let mut tr = Transition::default();
         if let Some(w) = &t.when {
             match self.expr(w, "guard") {
-                Some(e) => tr.when = Some(e),
+                Some(e) => {
+                    match e.yields() {
+                        Yields::Bool => {}
+                        Yields::NotBool(what) => {
+                            self.d.error(
+                                at(w),
+                                format!(
+                                    "guard `{}` gives {what}, never true or false: a guard is a \
+                                     condition (compare the value, e.g. `… == …`, `… > 0`, `has(…)`)",
+                                    w.value
+                                ),
+                            );
+                            *ok = false;
+                        }
+                        Yields::Unknown => self.d.warn(
+                            at(w),
+                            format!(
+                                "guard `{}` is true or false only if the data makes it so: \
+                                 an input for which it is anything else is dead-lettered \
+                                 (`expression`); say what you mean with a comparison, e.g. \
+                                 `{} == true`",
+                                w.value, w.value
+                            ),
+                        ),
+                    }
+                    tr.when = Some(e);
+                }
                 None => *ok = false,
             }
         }

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde_json::Value as Json;
 
-use super::{Expect, ExpectWork};
+use super::{Expect, ExpectTimer, ExpectWork};
 use crate::saga::types::{Applied, Instance, WorkItem};
 
 pub(super) fn check_outcome(
@@ -35,8 +35,8 @@ pub(super) fn check_expect(
     failures: &mut Vec<String>,
     label: &str,
     e: &Expect,
-    inst: Option<&Instance>,
-    applied: Option<&Applied>,
+    (inst, applied): (Option<&Instance>, Option<&Applied>),
+    input_ms: u64,
 ) {
     if let Some(want) = &e.state {
         let got = inst.map(|i| i.state.as_str()).unwrap_or("<no instance>");
@@ -94,11 +94,26 @@ pub(super) fn check_expect(
     }
     let names = |v: Option<Vec<String>>| v.unwrap_or_default();
     if let Some(want) = &e.timers_set {
-        let got = names(applied.map(|a| a.timers_set.iter().map(|t| t.name.clone()).collect()));
-        if *want != got {
+        let set = applied.map(|a| a.timers_set.as_slice()).unwrap_or_default();
+        let got: Vec<&str> = set.iter().map(|t| t.name.as_str()).collect();
+        let wanted: Vec<&str> = want.iter().map(ExpectTimer::name).collect();
+        if wanted != got {
             failures.push(format!(
-                "{label}: timers_set: expected {want:?}, got {got:?}"
+                "{label}: timers_set: expected {wanted:?}, got {got:?}"
             ));
+        } else {
+            for (w, t) in want.iter().zip(set) {
+                if let ExpectTimer::Due(d) = w {
+                    let after = t.due_ms.saturating_sub(input_ms);
+                    if after != d.after_ms {
+                        failures.push(format!(
+                            "{label}: timers_set: `{}` is due {after} ms after the input, \
+                             expected {}",
+                            d.name, d.after_ms
+                        ));
+                    }
+                }
+            }
         }
     }
     if let Some(want) = &e.timers_cancelled {
