@@ -286,6 +286,23 @@ async fn deadlines_pushback_and_the_breaker() {
     let by_cmd = one_per_command(&seen);
     assert_eq!(by_cmd[&slow]["result_type"], "TimedOut");
     assert_eq!(by_cmd[&dl]["result_type"], "TimedOut");
+    // Each in its own words: our deadline, or the server's answer.
+    let error = |id: &str| {
+        by_cmd[id]["payload"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+    assert!(
+        error(&slow).contains("timed out after 700ms"),
+        "{}",
+        error(&slow)
+    );
+    assert!(
+        error(&dl).contains("upstream answered status DEADLINE_EXCEEDED"),
+        "{}",
+        error(&dl)
+    );
     assert_eq!(by_cmd[&pb]["result_type"], "Succeeded", "{}", by_cmd[&pb]);
     let calls: Vec<_> = up.calls().into_iter().filter(|c| c.key == pb).collect();
     assert_eq!(calls.len(), 2);
@@ -320,6 +337,30 @@ async fn deadlines_pushback_and_the_breaker() {
     )
     .await;
     assert_eq!(opened, 1.0);
+}
+
+/// Nothing listening at the endpoint: the command fails as UNAVAILABLE (retried like it),
+/// and its result says that nothing answered rather than that the upstream answered a status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_nobody_listens_on_is_reported_as_no_answer() {
+    let port = common::cluster::free_ports(1)[0];
+    let effects = effect(
+        "nowhere",
+        &format!("http://127.0.0.1:{port}"),
+        &descriptors(),
+        "timeout_ms: 5000\n    retry: { retry_limit: 1, base_backoff: 1, max_backoff: 2 }",
+    );
+    let bed = bed(effects).await;
+    let _w = bed.runner(FAST);
+    let id = bed.publish_one(charge("nowhere", "ok", 1)).await;
+    let seen = bed.settle(1, Duration::from_secs(60)).await;
+    let result = &one_per_command(&seen)[&id];
+    assert_eq!(result["result_type"], "Failed", "{result}");
+    let error = result["payload"]["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("no answer from upstream (UNAVAILABLE:") && !error.contains("answered"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -190,7 +190,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
         let outcome = match &result {
             Ok(_) => "succeeded",
             Err(EffectError::Fatal { .. }) => "fatal",
-            Err(EffectError::TimedOut(_)) => "timed_out",
+            Err(e) if e.is_timeout() => "timed_out",
             Err(EffectError::CircuitOpen(_)) => "circuit_open",
             Err(_) => "retryable",
         };
@@ -212,7 +212,7 @@ async fn execute(ctx: &Ctx, cmd: &Command) -> Option<(ResultType, Json, u32)> {
         let retries_done = attempts.saturating_sub(1);
         if !err.is_retryable() || retries_done >= policy.retry_limit {
             tracing::info!(message = "Effect failed.", attempts, error = %err);
-            let rt = if matches!(err, EffectError::TimedOut(_)) {
+            let rt = if err.is_timeout() {
                 ResultType::TimedOut
             } else {
                 ResultType::Failed

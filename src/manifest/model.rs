@@ -54,7 +54,8 @@ pub struct EffectDecl {
     /// Timeout of one attempt, in milliseconds.
     #[serde(default, deserialize_with = "super::millis::optional")]
     pub timeout_ms: Option<u64>,
-    /// Retries applied by the effect worker.
+    /// Retries applied by the effect worker. Absent (here and in the saga's call): one
+    /// attempt, no retry.
     pub retry: Option<RetryPolicy>,
     /// Circuit breaker per upstream.
     pub circuit_breaker: Option<CircuitBreaker>,
@@ -171,7 +172,8 @@ pub struct TriggerDecl {
     /// Only events of this type (aggregate and workflow events).
     #[serde(default)]
     pub event_type: Option<String>,
-    /// CEL expression giving the correlation id (the saga instance key).
+    /// CEL expression giving the correlation id (the saga instance key). Required: a trigger
+    /// without one is refused.
     #[serde(default)]
     #[schemars(with = "Option<String>")]
     pub correlation: Option<Sp<String>>,
@@ -329,11 +331,13 @@ pub struct StepDecl {
     /// it after a backoff (through a timer) on failure or timeout.
     #[serde(default)]
     pub command: Option<CommandCall>,
-    /// Event names meaning success (default for an effect: `<effect>.Succeeded`).
+    /// Event names meaning success (default for an effect step: `<effect>.Succeeded`; a
+    /// command step must list its own, as it must `failure`).
     #[serde(default)]
     #[schemars(with = "Vec<String>")]
     pub success: Vec<Sp<String>>,
-    /// Event names meaning failure (default for an effect: `<effect>.Failed`, `.TimedOut`).
+    /// Event names meaning failure (default for an effect step: `<effect>.Failed`,
+    /// `.TimedOut`; a command step must list its own).
     #[serde(default)]
     #[schemars(with = "Vec<String>")]
     pub failure: Vec<Sp<String>>,

@@ -40,6 +40,15 @@ pub enum EffectError {
     /// The attempt outlasted its timeout.
     #[error("timed out after {0:?}")]
     TimedOut(Duration),
+    /// The upstream itself answered that a deadline passed (gRPC `DEADLINE_EXCEEDED`
+    /// before ours): a timeout for the command, in the upstream's words.
+    #[error("timed out upstream: {reason}")]
+    UpstreamTimedOut {
+        /// What the upstream said.
+        reason: String,
+        /// Details for the result payload (status, message).
+        details: Json,
+    },
     /// The circuit breaker of the upstream is open: no call was made.
     #[error("circuit open for {0}")]
     CircuitOpen(String),
@@ -53,18 +62,24 @@ impl EffectError {
 
     /// Whether this failure says something about the upstream's health.
     pub fn counts_for_breaker(&self) -> bool {
+        matches!(self, EffectError::Retryable { .. }) || self.is_timeout()
+    }
+
+    /// Whether the command timed out (ours or the upstream's deadline): a `TimedOut` result
+    /// once retries are spent.
+    pub fn is_timeout(&self) -> bool {
         matches!(
             self,
-            EffectError::Retryable { .. } | EffectError::TimedOut(_)
+            EffectError::TimedOut(_) | EffectError::UpstreamTimedOut { .. }
         )
     }
 
     /// The result payload describing this failure.
     pub fn to_payload(&self) -> Json {
         let mut p = match self {
-            EffectError::Retryable { details, .. } | EffectError::Fatal { details, .. } => {
-                details.clone()
-            }
+            EffectError::Retryable { details, .. }
+            | EffectError::Fatal { details, .. }
+            | EffectError::UpstreamTimedOut { details, .. } => details.clone(),
             _ => json!({}),
         };
         if let Json::Object(m) = &mut p {

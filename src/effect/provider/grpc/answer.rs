@@ -59,7 +59,7 @@ impl GrpcSpec {
         if at_deadline && status.code() == Code::Cancelled {
             EffectError::TimedOut(timeout)
         } else {
-            classify(effect, status, &self.also_retry, timeout)
+            classify(effect, status, &self.also_retry)
         }
     }
 

@@ -5,7 +5,8 @@
 //! ([`status_name`] and back), the failure payload `{code, status, message}`, and the
 //! `retryable_codes` setting that widens the retried statuses.
 //!
-//! Guarantees: `DEADLINE_EXCEEDED` is always a timeout; only `UNAVAILABLE`,
+//! Guarantees: `DEADLINE_EXCEEDED` is always a timeout (in the upstream's words when the
+//! server sent it, not ours); only `UNAVAILABLE`,
 //! `RESOURCE_EXHAUSTED`, `ABORTED` and the statuses listed in `retryable_codes` are retried,
 //! and a negative `grpc-retry-pushback-ms` makes even those fatal; a failure's payload holds
 //! only the status and the server's message.
@@ -47,21 +48,32 @@ const RETRYABLE: [Code; 3] = [Code::Unavailable, Code::ResourceExhausted, Code::
 const PUSHBACK: &str = "grpc-retry-pushback-ms";
 
 /// What a failed call means for the command: a timeout, worth retrying, or fatal.
-pub(crate) fn classify(
-    effect: &str,
-    status: &Status,
-    also_retry: &[Code],
-    timeout: Duration,
-) -> EffectError {
+pub(crate) fn classify(effect: &str, status: &Status, also_retry: &[Code]) -> EffectError {
     let code = status.code();
-    if code == Code::DeadlineExceeded {
-        return EffectError::TimedOut(timeout);
-    }
     let details = status_details(status);
-    let reason = format!(
-        "effect `{effect}`: upstream answered status {}",
-        status_name(code)
-    );
+    if code == Code::DeadlineExceeded {
+        // Sent back by the server (its own deadline, or one further down), not ours: ours
+        // expiring is read before this (`answer.rs`).
+        return EffectError::UpstreamTimedOut {
+            reason: format!(
+                "effect `{effect}`: upstream answered status DEADLINE_EXCEEDED: {}",
+                status.message()
+            ),
+            details,
+        };
+    }
+    // A status the client made up from a transport failure carries that failure as its
+    // source: nothing answered (a refused or dropped connection, a failed TLS handshake).
+    let reason = match std::error::Error::source(status) {
+        None => format!(
+            "effect `{effect}`: upstream answered status {}",
+            status_name(code)
+        ),
+        Some(cause) => format!(
+            "effect `{effect}`: no answer from upstream ({}: {cause})",
+            status_name(code)
+        ),
+    };
     if !(RETRYABLE.contains(&code) || also_retry.contains(&code)) {
         return EffectError::Fatal { reason, details };
     }
@@ -132,14 +144,12 @@ mod tests {
 
     #[test]
     fn statuses_are_classified_as_documented() {
-        let t = Duration::from_secs(1);
-        let class =
-            |code: Code, also: &[Code]| match classify("e", &Status::new(code, "m"), also, t) {
-                EffectError::Retryable { .. } => "retry",
-                EffectError::TimedOut(_) => "timeout",
-                EffectError::Fatal { .. } => "fatal",
-                EffectError::CircuitOpen(_) => "open",
-            };
+        let class = |code: Code, also: &[Code]| match classify("e", &Status::new(code, "m"), also) {
+            EffectError::Retryable { .. } => "retry",
+            EffectError::TimedOut(_) | EffectError::UpstreamTimedOut { .. } => "timeout",
+            EffectError::Fatal { .. } => "fatal",
+            EffectError::CircuitOpen(_) => "open",
+        };
         for c in [Code::Unavailable, Code::ResourceExhausted, Code::Aborted] {
             assert_eq!(class(c, &[]), "retry", "{c:?}");
         }
@@ -169,7 +179,7 @@ mod tests {
             let mut s = Status::new(Code::Unavailable, "busy");
             s.metadata_mut()
                 .insert(PUSHBACK, v.parse().expect("ascii value"));
-            classify("e", &s, &[], Duration::from_secs(1))
+            classify("e", &s, &[])
         };
         match with("250") {
             EffectError::Retryable { retry_after, .. } => {
