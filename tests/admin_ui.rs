@@ -124,6 +124,13 @@ async fn the_admin_page_finds_an_instance_and_redrives_a_dead_letter_in_a_real_b
             t.first().is_some_and(|s| s == "connected")
         })
         .await;
+    // A token kept from before in this browser session connects the page by itself.
+    browser.goto(&format!("{admin}/admin/ui")).await;
+    browser
+        .wait_for("#status", "connected again by itself", |t| {
+            t.first().is_some_and(|s| s == "connected")
+        })
+        .await;
     let node = browser.texts("#node tr").await.join("\n");
     assert!(node.contains("mode") && node.contains("saga"), "{node}");
     assert!(node.contains("outbox depth"), "{node}");
@@ -223,6 +230,99 @@ async fn the_admin_page_finds_an_instance_and_redrives_a_dead_letter_in_a_real_b
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 409);
+}
+
+/// On an open loopback admin the page connects by itself and refreshes on its own: inputs
+/// published after it loaded show in its charts and totals with nothing clicked. Looking an
+/// instance up draws its saga with the path it took highlighted and its state marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_page_connects_by_itself_refreshes_and_draws_the_saga_path() {
+    let nats = NatsServer::start();
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("visit.yaml"), manifest(true)).unwrap();
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &[],
+    );
+    let admin = runner.admin.clone();
+    let js = jetstream(&nats.url()).await;
+    let browser = Browser::start().await;
+    browser.goto(&format!("{admin}/admin/ui")).await;
+    browser
+        .wait_for("#status", "connected with nothing clicked", |t| {
+            t.first().is_some_and(|s| s == "connected")
+        })
+        .await;
+    browser
+        .wait_for("#applied-total", "a first sample", |t| {
+            t.first().is_some_and(|s| s == "0")
+        })
+        .await;
+
+    let now = runner::clock::now_ms();
+    for (ty, at) in [("Opened", now), ("Closed", now + 1)] {
+        let ev = aggregate_event("acme", "Door", "door-7", ty, at, json!({ "n": 1 }));
+        publish_json(&js, "tenant.acme.aggregate.Door.door-7", &ev).await;
+    }
+    browser
+        .wait_for("#applied-total", "the page refreshed by itself", |t| {
+            t.first().is_some_and(|s| s == "2")
+        })
+        .await;
+    let samples = browser
+        .script(
+            "return document.getElementById('chart-inputs').dataset.samples;",
+            json!([]),
+        )
+        .await;
+    assert!(
+        samples.as_str().and_then(|s| s.parse::<u32>().ok()) >= Some(1),
+        "the inputs chart has samples: {samples}"
+    );
+    let points = browser
+        .script(
+            "return document.querySelector('#chart-inputs polyline').getAttribute('points');",
+            json!([]),
+        )
+        .await;
+    assert!(points.as_str().is_some_and(|p| p.contains(',')), "{points}");
+
+    browser.fill("#q-tenant", "acme").await;
+    browser.fill("#q-saga", "visit").await;
+    browser.fill("#q-id", "door-7").await;
+    browser.click("#lookup").await;
+    browser
+        .wait_for("#diagram .state", "the saga is drawn", |t| t.len() == 3)
+        .await;
+    let names = |css: &str| {
+        format!("return Array.from(document.querySelectorAll('{css}')).map(e => e.dataset.name);")
+    };
+    let taken = browser
+        .script(&names("#diagram .state.taken"), json!([]))
+        .await;
+    assert_eq!(
+        taken,
+        json!(["closed", "open", "shut"]),
+        "every state visited"
+    );
+    let current = browser
+        .script(&names("#diagram .state.current"), json!([]))
+        .await;
+    assert_eq!(current, json!(["shut"]));
+    let edges = browser
+        .script(
+            "return Array.from(document.querySelectorAll('#diagram .edge.taken')).map(e => e.dataset.from + '>' + e.dataset.to);",
+            json!([]),
+        )
+        .await;
+    assert_eq!(edges, json!(["closed>open", "open>shut"]));
+    let (status, graph) = get(&format!("{admin}/admin/graph?saga=visit"), None).await;
+    assert_eq!(status, 200, "{graph}");
+    assert_eq!(graph["initial"], "closed");
+    let (status, _) = get(&format!("{admin}/admin/graph?saga=nope"), None).await;
+    assert_eq!(status, 404);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,7 @@
 //! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed one bounded page at a time and redriven once (see `operate.rs`) |
 //! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
 //! | `POST /admin/partitions/{p}/replay` | `{"from", "confirm"}`: the owner reads partition `p`'s inbox again from `from` (see `partitions.rs`) |
+//! | `GET /admin/graph?saga=S[&version=V]` | a loaded saga as states and labelled edges, for the admin page's diagram (see `graph.rs`) |
 //! | `POST /admin/router-fence` | `{"share", "through", "confirm"}`: replaces a router share's fence marker (one whose watermark the share refuses) so the share routes from `through + 1` (see `fences.rs`) |
 //! | `POST /admin/partition-fence` | `{"partition", "through"?, "confirm"}`: replaces partition `p`'s fence markers (ones whose epoch or watermark the partition refuses) so it can be taken again (see `fences.rs`) |
 //! | `POST /admin/migrate` | `{"tenant", "saga", "from", "dry_run"}`: migrates instances to the next version (see `migrate.rs`) |
@@ -56,6 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod client;
 mod fences;
+mod graph;
 mod guard;
 mod instances;
 mod migrate;
@@ -79,6 +81,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route("/admin/instances", get(instances::list))
         .route("/admin/migrate", post(migrate::migrate))
         .route("/admin/instance", get(operate::instance))
+        .route("/admin/graph", get(graph::graph))
         .route("/admin/dlq", get(operate::dlq_list))
         .route("/admin/dlq/stream", get(operate::dlq_stream))
         .route(

@@ -91,6 +91,28 @@ impl Diagram {
         }
     }
 
+    /// The diagram as JSON, for the admin page to draw: `{title, initial, states: [{name,
+    /// kind}], edges: [{from, to, label}]}`, states by name; `kind` is `normal`, `completed`,
+    /// `failed`, `compensated` or `parked`.
+    pub fn to_json(&self) -> serde_json::Value {
+        let name = |i: usize| self.states[i].0.clone();
+        serde_json::json!({
+            "title": self.title,
+            "initial": self.initial.map(name),
+            "states": self.states.iter().map(|(n, k)| serde_json::json!({
+                "name": n,
+                "kind": match k {
+                    Kind::Normal => "normal",
+                    Kind::Ends(o) => outcome_class(*o),
+                    Kind::Parked => "parked",
+                },
+            })).collect::<Vec<_>>(),
+            "edges": self.edges.iter().map(|(f, t, l)| serde_json::json!({
+                "from": name(*f), "to": name(*t), "label": l,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
     fn find(&self, name: &str) -> Option<usize> {
         self.states.iter().position(|(n, _)| n == name)
     }
