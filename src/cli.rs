@@ -91,6 +91,34 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "mermaid")]
         format: GraphFormat,
     },
+    /// Check a manifest change before deploying it: replay the recorded history of the
+    /// instances a store holds through the manifests in force (`--current`) and the new ones
+    /// (`--manifest`), and report, per instance, the first step where the new ones would
+    /// decide differently (another state, command, event or timer). Reads the recorded
+    /// inputs back from JetStream; writes nothing. Exits 1 when any instance would differ.
+    Replay {
+        /// Where the store is (`--data-dir`; `--manifest` names the NEW manifests here).
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The manifests in force now (files or directories).
+        #[arg(long, required = true)]
+        current: Vec<PathBuf>,
+        /// NATS server holding the streams the inputs came from.
+        #[arg(long, default_value = "nats://127.0.0.1:4222", env = "RUNNER_NATS_URL")]
+        nats_url: String,
+        /// Only this tenant.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Only this saga.
+        #[arg(long)]
+        saga: Option<String>,
+        /// At most this many instances (0: all).
+        #[arg(long, default_value_t = 0)]
+        limit: usize,
+        /// Text or JSON.
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        output: OutputFormat,
+    },
     /// Show one saga instance from the local store: state, status, version, data, pending
     /// timers and recent transitions (JSON). Works while the node runs.
     Inspect {

@@ -18,6 +18,40 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Validate { paths, data_dir } => validate(&paths, data_dir.as_deref()),
         Command::Test { paths } => run_tests(&paths),
+        Command::Replay {
+            store,
+            current,
+            nats_url,
+            tenant,
+            saga,
+            limit,
+            output,
+        } => {
+            let new = store.manifests.clone();
+            if new.is_empty() {
+                eprintln!("runner: give the new manifests with --manifest");
+                return ExitCode::FAILURE;
+            }
+            match runner::operator::replay(runner::operator::ReplayArgs {
+                store: &store,
+                current: &current,
+                new: &new,
+                nats_url: &nats_url,
+                pick: runner::ops::replay::Selection {
+                    tenant,
+                    saga,
+                    limit,
+                },
+                output,
+            }) {
+                Ok(false) => ExitCode::SUCCESS,
+                Ok(true) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("runner: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Graph {
             paths,
             saga,

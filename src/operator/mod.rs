@@ -10,7 +10,7 @@
 //!
 //! Inside: this file owns the output ([`out`], [`outln!`](crate::outln)); `store.rs` opens
 //! the data directory or the admin client a command works against; one file per family of
-//! commands: `instances.rs` (`inspect`, `instances list`), `migrate.rs`, `dlq.rs`, and
+//! commands: `instances.rs` (`inspect`, `instances list`), `migrate.rs`, `dlq.rs`, `replay.rs`, and
 //! `node.rs` for what only a running node does (`tenants`, `partitions`).
 
 use std::io::Write;
@@ -20,12 +20,14 @@ mod dlq;
 mod instances;
 mod migrate;
 mod node;
+mod replay;
 mod store;
 
 pub use dlq::dlq;
 pub use instances::{inspect, instances};
 pub use migrate::migrate;
 pub use node::{partitions, tenants};
+pub use replay::{ReplayArgs, replay};
 
 /// Set once stdout's reader has gone away (EPIPE); nothing more is written.
 static STDOUT_GONE: AtomicBool = AtomicBool::new(false);

@@ -8,6 +8,7 @@
 //! processes), so the readers work on a live node.
 
 pub mod migrate;
+pub mod replay;
 
 use serde::Serialize;
 
