@@ -21,7 +21,7 @@ use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 /// Shortest deployment key accepted, in bytes.
-pub const MIN_KEY_BYTES: usize = 16;
+pub use crate::config::MIN_DEPLOYMENT_KEY_BYTES as MIN_KEY_BYTES;
 
 /// The deployment's seal keys: the first seals, all of them check.
 #[derive(Clone, Default)]

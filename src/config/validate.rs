@@ -430,11 +430,11 @@ impl Config {
             );
         }
         if let Some(k) = &sec.deployment_key
-            && k.trim().len() < crate::seal::MIN_KEY_BYTES
+            && k.trim().len() < super::MIN_DEPLOYMENT_KEY_BYTES
         {
             return invalid(
                 "security.deployment_key",
-                format!("is shorter than {} bytes", crate::seal::MIN_KEY_BYTES),
+                format!("is shorter than {} bytes", super::MIN_DEPLOYMENT_KEY_BYTES),
             );
         }
         Ok(())
