@@ -236,8 +236,9 @@ async fn a_resumed_zombie_is_fenced_out() {
         "the upstream answered the zombie's call"
     );
     zombie.signal("CONT");
-    // It learns on its next renewal or when it tries to record its outcome, and either way
-    // gives the command up without publishing: once it has counted that, it has nothing
+    // It learns on its next renewal, from its own lease's end having passed while it was
+    // frozen, or when it tries to record its outcome, and either way gives the command up
+    // without publishing: once it has counted that, it has nothing
     // left that could publish a result.
     let line = zombie.wait_for_log("another executor", Duration::from_secs(30));
     println!("zombie said: {line}");

@@ -69,7 +69,7 @@ pub(super) async fn run_guarded(
                 // past the lease's end either.
                 let Ok(renewed) = tokio::time::timeout(left, ctx.claims.renew(lease)).await else {
                     ctx.claim_event(event::RENEW_FAILED);
-                    tracing::warn!(message = "Lease ran out while its renewal went unanswered; abandoning the command.");
+                    tracing::warn!(message = "Lease ran out while its renewal went unanswered: another executor may hold the command now; abandoning the command.");
                     return Guarded::Lost;
                 };
                 match renewed {
@@ -94,7 +94,7 @@ pub(super) async fn run_guarded(
             }
             () = tokio::time::sleep(left) => {
                 ctx.claim_event(event::RENEW_FAILED);
-                tracing::warn!(message = "Lease ran out before a renewal succeeded; abandoning the command.");
+                tracing::warn!(message = "Lease ran out before a renewal succeeded: another executor may hold the command now; abandoning the command.");
                 return Guarded::Lost;
             }
         }
