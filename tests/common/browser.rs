@@ -2,7 +2,8 @@
 //! protocol through `chromedriver` (Debian's `chromium-driver`), with plain HTTP calls.
 //!
 //! Every wait polls the page until a condition holds or a generous deadline passes; nothing
-//! sleeps a guessed time. The driver process is killed when the [`Browser`] is dropped.
+//! sleeps a guessed time. When the [`Browser`] is dropped its session is ended (Chromium
+//! quits) and the driver process is killed.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -37,6 +38,22 @@ pub struct Browser {
 
 impl Drop for Browser {
     fn drop(&mut self) {
+        // End the session first, so chromedriver quits Chromium: killing the driver alone
+        // leaves Chromium running, its page still polling. A plain request, as Drop cannot
+        // await.
+        if let Some(rest) = self.base.strip_prefix("http://") {
+            use std::io::{Read, Write};
+            if let Some((host, path)) = rest.split_once('/')
+                && let Ok(mut tcp) = std::net::TcpStream::connect(host)
+            {
+                let _ = tcp.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = write!(
+                    tcp,
+                    "DELETE /{path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = tcp.read(&mut [0u8; 512]);
+            }
+        }
         let _ = self.driver.kill();
         let _ = self.driver.wait();
     }
