@@ -422,6 +422,8 @@ pub(crate) struct Runner {
     pub(crate) data_dir: PathBuf,
     pub(crate) proc: Proc,
     http: reqwest::Client,
+    /// Its log (warnings and errors): the scenario's directory goes when it fails.
+    log: PathBuf,
 }
 
 impl Runner {
@@ -451,7 +453,8 @@ impl Runner {
     ) -> Result<Self> {
         let port = free_port()?;
         let data_dir = dir.join(format!("data-{name}"));
-        let log = std::fs::File::create(dir.join(format!("runner-{name}.log")))?;
+        let log_path = dir.join(format!("runner-{name}.log"));
+        let log = std::fs::File::create(&log_path)?;
         let mut cmd = Command::new(bin);
         cmd.args([
             "run",
@@ -480,6 +483,7 @@ impl Runner {
             data_dir,
             proc: Proc { child },
             http: reqwest::Client::new(),
+            log: log_path,
         };
         let until = Instant::now() + Duration::from_secs(60);
         loop {
@@ -489,22 +493,25 @@ impl Runner {
                 return Ok(r);
             }
             if let Ok(Some(status)) = r.proc.child.try_wait() {
-                // The scenario's directory goes when it fails: show the log's end here.
-                let path = dir.join(format!("runner-{name}.log"));
-                let log = std::fs::read_to_string(&path).unwrap_or_default();
-                let tail: Vec<&str> = log.lines().rev().take(15).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                bail!(
-                    "runner exited with {status} at start; the end of {}:\n{}",
-                    path.display(),
-                    tail.join("\n")
-                );
+                bail!("runner exited with {status} at start; {}", r.log_tail(15));
             }
             if Instant::now() > until {
                 bail!("runner did not become ready");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The last `n` lines of its log, for an error message: the scenario's directory, and
+    /// the log with it, goes when the scenario fails.
+    pub(crate) fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        format!(
+            "the end of {}:\n{}",
+            self.log.display(),
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        )
     }
 
     /// `GET /info` as JSON.

@@ -286,7 +286,7 @@ async fn max_and_half(
     println!("{}", commits_line(&before, &after));
     println!("{}", crate::pipeline::where_time_goes(&before, &after));
     if max.outputs as u64 != events || half.outputs as u64 != events {
-        bail!("{label}: outputs missing");
+        bail!("{label}: outputs missing; {}", runner.log_tail(30));
     }
     Ok((max, half, usage.peak.anon as f64 / 1024.0))
 }
