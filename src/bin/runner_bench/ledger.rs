@@ -248,6 +248,19 @@ async fn saga_runner(
     Ok((nats, runner))
 }
 
+/// The ledger's acknowledgements stored on WORKFLOW_COMMANDS (fence markers, stored on
+/// the same stream, not counted).
+async fn stored(js: &jetstream::Context) -> Result<u64> {
+    use futures::StreamExt;
+    let s = js.get_stream("WORKFLOW_COMMANDS").await?;
+    let mut subjects = s.info_with_subjects("tenant.*.command.Account.*").await?;
+    let mut total = 0u64;
+    while let Some(entry) = subjects.next().await {
+        total += entry?.1 as u64;
+    }
+    Ok(total)
+}
+
 /// A max-rate run then a half-rate run; prints both, returns both and the runner's peak
 /// anonymous memory (MiB) during the max-rate run.
 #[allow(clippy::too_many_arguments)]
@@ -263,6 +276,7 @@ async fn max_and_half(
 ) -> Result<(LedgerRun, LedgerRun, f64)> {
     let metrics = runner.client();
     let before = metrics.text().await?;
+    let stored_at_start = stored(js).await?;
     let sampler = Sampler::start(runner.proc.pid());
     let mut max = ledger_drive(js, tenant, counts, events, 0.0, pad, &mut pick).await?;
     let usage = sampler.finish().await;
@@ -286,7 +300,20 @@ async fn max_and_half(
     println!("{}", commits_line(&before, &after));
     println!("{}", crate::pipeline::where_time_goes(&before, &after));
     if max.outputs as u64 != events || half.outputs as u64 != events {
-        bail!("{label}: outputs missing; {}", runner.log_tail(30));
+        // What the runner stored, against what this process saw: a watcher that falls
+        // behind (its pulls of large messages) is not an output the runner failed to make.
+        let stored = stored(js).await?.saturating_sub(stored_at_start);
+        if stored < 2 * events {
+            bail!(
+                "{label}: outputs missing: {stored} of {} stored; {}",
+                2 * events,
+                runner.log_tail(30)
+            );
+        }
+        println!(
+            "  note: the bench saw {} and {} of {events} outputs within its wait, but the runner stored all {stored}: latencies cover those seen",
+            max.outputs, half.outputs
+        );
     }
     Ok((max, half, usage.peak.anon as f64 / 1024.0))
 }
