@@ -158,10 +158,8 @@ impl Seal {
 
 /// HMAC-SHA256 under `key` of `fields`, each prefixed by its length.
 fn tag(key: &[u8], fields: &[&[u8]]) -> [u8; 32] {
-    // HMAC takes a key of any length.
-    let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap_or_else(|_| {
-        <Hmac<Sha256> as KeyInit>::new_from_slice(&[]).expect("an empty HMAC key is valid")
-    });
+    let mut mac =
+        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes a key of any length");
     for f in fields {
         mac.update(&(f.len() as u64).to_be_bytes());
         mac.update(f);

@@ -75,11 +75,7 @@ fn accounts_in(p: u32) -> Vec<String> {
 
 /// Every account's acknowledged deposits are exactly `1..=n`, once each and in order.
 async fn assert_exactly(js: &async_nats::jetstream::Context, n: u64) {
-    let acks = acknowledged(js).await;
-    assert_eq!(acks.len(), ACCOUNTS, "{acks:?}");
-    for (account, ns) in acks {
-        assert_eq!(ns, (1..=n).collect::<Vec<_>>(), "{account}");
-    }
+    common::ledger::assert_exactly(js, ACCOUNTS, n).await
 }
 
 async fn publish_marker(js: &async_nats::jetstream::Context, p: u32, marker: serde_json::Value) {

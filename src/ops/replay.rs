@@ -224,7 +224,7 @@ fn input_of(
             h.at_ms,
         ));
     }
-    let raw = if let Some(id) = h.source.strip_prefix("redrive:") {
+    let (subject, body, stored_ms) = if let Some(id) = h.source.strip_prefix("redrive:") {
         let id: u64 = id
             .parse()
             .map_err(|_| format!("step {}: source {:?}", h.n, h.source))?;
@@ -233,15 +233,7 @@ fn input_of(
             .read_blocking(move |t| t.dead_letter(&tenant, id))
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("step {}: dead letter {id} is gone", h.n))?;
-        RawInput {
-            subject: letter.subject,
-            body: letter.body.into_bytes().into(),
-            traceparent: None,
-            header_bytes: 0,
-            refused: None,
-            source: h.source.clone(),
-            stored_ms: letter.stored_ms,
-        }
+        (letter.subject, letter.body.into_bytes(), letter.stored_ms)
     } else {
         let (stream, seq) = h
             .source
@@ -251,15 +243,16 @@ fn input_of(
         let (subject, body, stored_ms) = inputs
             .message(stream, seq)
             .map_err(|e| format!("step {}: {}: {e}", h.n, h.source))?;
-        RawInput {
-            subject,
-            body: body.into(),
-            traceparent: None,
-            header_bytes: 0,
-            refused: None,
-            source: h.source.clone(),
-            stored_ms: Some(stored_ms),
-        }
+        (subject, body, Some(stored_ms))
+    };
+    let raw = RawInput {
+        subject,
+        body: body.into(),
+        traceparent: None,
+        header_bytes: 0,
+        refused: None,
+        source: h.source.clone(),
+        stored_ms,
     };
     admission::admit(&raw, limits)
         .map(|a| a.input)

@@ -160,7 +160,7 @@ impl Processor<'_> {
                 .unwrap_or("_")
                 .to_string();
             tracing::warn!(message = "Control input refused.", source = %raw.source, reason = %reason);
-            return self.dead_letter_unrouted(tx, raw, &claimed, kind::UNSEALED_CONTROL, reason);
+            return self.dead_letter(tx, raw, &claimed, kind::UNSEALED_CONTROL, reason, None);
         }
         if let Some(key) = body.get("redrive") {
             let field = |k: &str| key.get(k).and_then(Json::as_str).unwrap_or_default();

@@ -54,3 +54,17 @@ pub async fn deposit_all(js: &async_nats::jetstream::Context, count: usize, n: u
         super::publish_json(js, &subject, &ev).await;
     }
 }
+
+/// Every one of `count` accounts has exactly deposits `1..=n` acknowledged, once each and in
+/// order.
+pub async fn assert_exactly(js: &async_nats::jetstream::Context, count: usize, n: u64) {
+    let acks = acknowledged(js).await;
+    assert_eq!(acks.len(), count, "{acks:?}");
+    for (account, ns) in acks {
+        assert_eq!(
+            ns,
+            (1..=n).collect::<Vec<_>>(),
+            "{account}: applied once each, in order"
+        );
+    }
+}

@@ -135,20 +135,8 @@ impl<'a> Processor<'a> {
         (s.partition as u16, (s.seq, s.ord))
     }
 
-    /// Records a dead letter that names no instance (parks no key) and counts it.
-    pub(crate) fn dead_letter_unrouted(
-        &mut self,
-        tx: &Tables<'_, RW>,
-        raw: &RawInput,
-        tenant: &str,
-        k: &'static str,
-        reason: String,
-    ) -> Result<()> {
-        self.dead_letter(tx, raw, tenant, k, reason, None)
-    }
-
     /// Records a dead letter (see [`deadletter::record`]) and counts it.
-    fn dead_letter(
+    pub(crate) fn dead_letter(
         &mut self,
         tx: &Tables<'_, RW>,
         raw: &RawInput,
