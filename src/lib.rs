@@ -65,6 +65,7 @@ pub mod config;
 pub mod deadletter;
 pub mod effect;
 pub mod expr;
+pub mod fair;
 pub mod fuzz;
 pub mod manifest;
 pub mod operator;

@@ -180,6 +180,11 @@ pub struct EffectConfig {
     /// default covers 64 slots of 1 MiB commands, so pulls carry a byte limit only when
     /// the budget is set below `concurrency` × `max_payload`.
     pub max_inflight_bytes: ByteSize,
+    /// Most commands of one effect a process holds read but not yet started, beyond its
+    /// free slots (0..=100000; within `max_inflight_bytes`): they start in tenants' turns
+    /// (`tenancy.weights`), so one tenant's queue of commands does not hold another
+    /// tenant's behind it. 0: read only as many as there are free slots, in stream order.
+    pub read_ahead: usize,
 }
 
 impl Default for EffectConfig {
@@ -194,6 +199,7 @@ impl Default for EffectConfig {
             claim_retention: HumanDuration::secs(7 * 24 * 3600),
             default_timeout: HumanDuration::secs(30),
             max_inflight_bytes: ByteSize::mib(128),
+            read_ahead: 1024,
         }
     }
 }
@@ -471,6 +477,13 @@ pub struct TenancyConfig {
     /// (a list, or one comma-separated string).
     #[serde(deserialize_with = "types::string_or_list")]
     pub allowed: Vec<String>,
+    /// Fair service: when several tenants' new inputs wait to enter the saga inbox, each
+    /// takes turns of its weight in inputs (1 to 1000; a tenant not listed weighs 1).
+    pub weights: std::collections::BTreeMap<String, u32>,
+    /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
+    /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
+    /// tenant's inputs pass another tenant's backlog.
+    pub read_ahead: usize,
 }
 
 impl Default for TenancyConfig {
@@ -478,6 +491,8 @@ impl Default for TenancyConfig {
         Self {
             default_tenant: "_".into(),
             allowed: Vec::new(),
+            weights: std::collections::BTreeMap::new(),
+            read_ahead: 100_000,
         }
     }
 }

@@ -237,7 +237,8 @@ impl Config {
         Ok(())
     }
 
-    /// `[tenancy]`: the default tenant and every allowed one are subject tokens.
+    /// `[tenancy]`: the default tenant, every allowed one and every weighted one are
+    /// subject tokens; weights within 1 to 1000; a read-ahead of at least one input.
     fn validate_tenancy(&self) -> Result<(), ConfigError> {
         use crate::subject::{Rule, check};
         if let Err(e) = check(&self.tenancy.default_tenant, Rule::TENANT) {
@@ -254,6 +255,16 @@ impl Config {
                 );
             }
         }
+        for (t, w) in &self.tenancy.weights {
+            if let Err(e) = check(t, Rule::TENANT) {
+                return invalid(
+                    &format!("tenancy.weights.{t}"),
+                    format!("is not a subject token: {e}"),
+                );
+            }
+            range(&format!("tenancy.weights.{t}"), *w, 1, 1000)?;
+        }
+        range("tenancy.read_ahead", self.tenancy.read_ahead, 1, 10_000_000)?;
         Ok(())
     }
 
@@ -351,6 +362,7 @@ impl Config {
     fn validate_effect(&self) -> Result<(), ConfigError> {
         let effect = &self.effect;
         range("effect.concurrency", effect.concurrency, 1, 10_000)?;
+        range("effect.read_ahead", effect.read_ahead, 0, 100_000)?;
         range(
             "effect.max_inflight_bytes",
             effect.max_inflight_bytes,

@@ -14,6 +14,14 @@
 //! counted: they sit in partitions other replicas may own, whose progress the router does
 //! not see.)
 //!
+//! **Across tenants.** Above the bound, a tenant whose part of the queued work is under its
+//! weighted share of the bound (`tenancy.weights`) still gets its triggers in, up to that
+//! share: so one tenant's backlog holds its own new triggers, not another tenant's. A
+//! tenant's part is estimated by its part of the triggers let in lately (counts that halve
+//! every [`RECENT_HALF_LIFE`]; with none let in lately, nobody passes above the bound); the
+//! queue then stays within about twice the bound. Which
+//! tenant's input goes next is the lanes' turn (`crate::fair`).
+//!
 //! Guarantees:
 //! - New triggers are never starved by work the runner can drain: they are held only while
 //!   the queue is above the bound, and the queue is made of work that completes without
@@ -27,6 +35,7 @@
 //!   watermark.
 //! - `saga.max_queued_work = 0` turns it off.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -43,6 +52,17 @@ const FRESH: Duration = Duration::from_millis(50);
 /// theirs are stored (a safety bound: normally their commands show first).
 const CREDIT_TTL: Duration = Duration::from_secs(5);
 
+/// How fast a tenant's count of triggers let in fades: it halves every this long.
+const RECENT_HALF_LIFE: Duration = Duration::from_secs(1);
+
+/// What the gate lets in now.
+pub(crate) enum Room {
+    /// This many inputs, of any tenants (all of them when the bound is off).
+    Any(usize),
+    /// Above the bound: per tenant under its share, at most this many (others: none).
+    PerTenant(HashMap<String, usize>),
+}
+
 /// The gate of new triggers, with its last reading of the effect consumers and the
 /// triggers it let in at the bound since.
 pub(crate) struct Admission {
@@ -56,6 +76,9 @@ pub(crate) struct Admission {
     credit: u64,
     credit_base: u64,
     credited_at: Option<Instant>,
+    /// Per tenant, the triggers let in lately (fading, see [`RECENT_HALF_LIFE`]).
+    recent: HashMap<String, f64>,
+    recent_at: Instant,
 }
 
 impl Admission {
@@ -68,6 +91,69 @@ impl Admission {
             credit: 0,
             credit_base: 0,
             credited_at: None,
+            recent: HashMap::new(),
+            recent_at: Instant::now(),
+        }
+    }
+
+    /// Fades the recent counts to now.
+    fn fade(&mut self) {
+        let halves = self.recent_at.elapsed().as_secs_f64() / RECENT_HALF_LIFE.as_secs_f64();
+        self.recent_at = Instant::now();
+        let factor = 0.5f64.powf(halves);
+        self.recent.retain(|_, n| {
+            *n *= factor;
+            *n >= 0.01
+        });
+    }
+
+    /// Above the bound (`queued` > `limit`): per waiting tenant, how many of its triggers
+    /// may go in still — its weighted share of the bound less its estimated part of the
+    /// queue, divided among `parts` — and none for a tenant at or over its share.
+    fn shares(
+        &mut self,
+        limit: u64,
+        tenants: &[&str],
+        weight: impl Fn(&str) -> u32,
+        parts: usize,
+    ) -> HashMap<String, usize> {
+        self.fade();
+        let queued = self.queued() as f64;
+        let seen: f64 = self.recent.values().sum();
+        if seen <= 0.0 {
+            // Nothing let in lately: whose work is queued is not known, so nobody passes.
+            return tenants.iter().map(|t| (t.to_string(), 0)).collect();
+        }
+        let mut active: Vec<&str> = self.recent.keys().map(String::as_str).collect();
+        active.extend(tenants.iter().copied());
+        active.sort_unstable();
+        active.dedup();
+        let weights: f64 = active.iter().map(|t| f64::from(weight(t).max(1))).sum();
+        tenants
+            .iter()
+            .map(|t| {
+                let share = limit as f64 * f64::from(weight(t).max(1)) / weights.max(1.0);
+                let part = match self.recent.get(*t) {
+                    Some(n) if seen > 0.0 => queued * n / seen,
+                    _ => 0.0,
+                };
+                let room = ((share - part).max(0.0) / parts.max(1) as f64).floor() as usize;
+                (t.to_string(), room)
+            })
+            .collect()
+    }
+
+    /// Notes what each tenant let in; `at_bound`: they count as queued work until their
+    /// commands show ([`Admission::admitted`]).
+    fn record(&mut self, given: &BTreeMap<String, usize>, at_bound: bool) {
+        self.fade();
+        let mut n = 0u64;
+        for (t, k) in given {
+            *self.recent.entry(t.clone()).or_default() += *k as f64;
+            n += *k as u64;
+        }
+        if at_bound && n > 0 {
+            self.admitted(n);
         }
     }
 
@@ -129,6 +215,36 @@ impl Gate {
     /// A gate with nothing let in yet.
     pub(crate) fn new() -> Self {
         Self(Arc::new(tokio::sync::Mutex::new(Admission::router())))
+    }
+
+    /// What of `waiting` inputs of `tenants` may go in now: [`Gate::take`] when there is
+    /// room; above the bound, what each tenant under its share may still let in. Tell the
+    /// gate what went in ([`Gate::record`]).
+    pub(crate) async fn room(
+        &self,
+        state: &AppState,
+        waiting: usize,
+        parts: usize,
+        tenants: &[&str],
+    ) -> Room {
+        let n = self.take(state, waiting, parts).await;
+        if n > 0 {
+            return Room::Any(n);
+        }
+        let weights = &state.config.tenancy.weights;
+        let limit = state.config.saga.max_queued_work;
+        let mut a = self.0.lock().await;
+        Room::PerTenant(a.shares(
+            limit,
+            tenants,
+            |t| weights.get(t).copied().unwrap_or(1),
+            parts,
+        ))
+    }
+
+    /// Notes what each tenant let in (`at_bound`: under [`Room::PerTenant`]).
+    pub(crate) async fn record(&self, given: &BTreeMap<String, usize>, at_bound: bool) {
+        self.0.lock().await.record(given, at_bound);
     }
 
     /// How many of `waiting` inputs may go in now (0: hold): every one when the bound is

@@ -66,6 +66,8 @@ use async_nats::HeaderMap;
 use async_nats::header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE;
 use async_nats::jetstream::{self, context::PublishErrorKind, stream::LastRawMessageErrorKind};
 use bytes::Bytes;
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::broker::batch::BatchMessage;
@@ -109,6 +111,11 @@ struct Marker {
     /// known). Written in the same atomic batch as the messages it covers, so it is exact.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     through: Option<Position>,
+    /// A publisher that stores its messages in several ordered lanes (a router's tenants)
+    /// may get further in one lane than in another: per lane, the last sequence stored
+    /// beyond `through`, in order within the lane. Empty for a publisher of one lane.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    lanes: BTreeMap<String, u64>,
 }
 
 /// A raised fence: this owner's marker on one partition's fence subject.
@@ -120,6 +127,10 @@ pub struct Fence {
     seq: u64,
     owner: String,
     through: Option<Position>,
+    /// The last marker's lanes (see [`Fence::stage_lanes`]).
+    lanes: BTreeMap<String, u64>,
+    /// The lanes the next marker records, until it is stored.
+    staged: Option<BTreeMap<String, u64>>,
     /// Stored under this fence beyond `through`, not yet covered by a marker (rounds).
     unmarked: Option<Position>,
     /// When this owner last stored a marker.
@@ -135,6 +146,7 @@ pub struct Observed {
     seq: u64,
     epoch: Option<u64>,
     through: Option<Position>,
+    lanes: BTreeMap<String, u64>,
 }
 
 impl Observed {
@@ -158,6 +170,11 @@ impl Observed {
         self.through
     }
 
+    /// The last marker's lanes: per lane, how far beyond [`Observed::through`] it is stored.
+    pub fn lanes(&self) -> &BTreeMap<String, u64> {
+        &self.lanes
+    }
+
     /// Publishes this owner's marker expecting `S`. [`FenceError::Superseded`] when the last
     /// marker had a greater epoch, or when another marker was stored since the read.
     pub async fn raise(
@@ -172,6 +189,7 @@ impl Observed {
             seq: expected,
             epoch: held,
             through,
+            lanes,
         } = self;
         if held.is_some_and(|held| held > epoch) {
             return Err(FenceError::Superseded { subject, epoch });
@@ -184,6 +202,7 @@ impl Observed {
                 epoch,
                 owner: owner.to_string(),
                 through,
+                lanes: lanes.clone(),
             })
             .unwrap_or_default(),
         );
@@ -195,6 +214,8 @@ impl Observed {
                 seq,
                 owner: owner.to_string(),
                 through,
+                lanes,
+                staged: None,
                 unmarked: None,
                 marked_at: Some(std::time::Instant::now()),
             }),
@@ -211,7 +232,8 @@ impl Observed {
 impl Observed {
     /// An operator's repair of a fence whose last marker cannot be right (a watermark past
     /// what the stream holds, say): stores a marker with epoch 0 and watermark `through`
-    /// (none: nothing is known stored),
+    /// (none: nothing is known stored) and no lanes (nothing beyond `through` is taken as
+    /// stored),
     /// only while the marker read is still the last (a compare-and-set on its sequence).
     /// Its holder's next fenced publish is then refused, and the raise that follows
     /// succeeds whatever epoch the replaced marker claimed and resumes after `through`.
@@ -229,6 +251,7 @@ impl Observed {
                 epoch: 0,
                 owner: owner.to_string(),
                 through,
+                lanes: BTreeMap::new(),
             })
             .unwrap_or_default(),
         );
@@ -275,12 +298,17 @@ impl Fence {
             None => (0, None),
             Some((seq, payload)) => (seq, Some(decode(&subject, &payload)?)),
         };
+        let (epoch, through, lanes) = match held {
+            Some(m) => (Some(m.epoch), m.through, m.lanes),
+            None => (None, None, BTreeMap::new()),
+        };
         Ok(Observed {
             stream: stream.to_string(),
             subject,
             seq,
-            epoch: held.as_ref().map(|m| m.epoch),
-            through: held.and_then(|m| m.through),
+            epoch,
+            through,
+            lanes,
         })
     }
 
@@ -311,8 +339,24 @@ impl Fence {
         self.through
     }
 
-    /// The marker message that ends this fence's part of a batch and records `through`.
+    /// The lanes of the last marker known stored (what this owner raised over, then its
+    /// own): per lane, the last sequence stored beyond [`Fence::through`].
+    pub fn lanes(&self) -> &BTreeMap<String, u64> {
+        &self.lanes
+    }
+
+    /// Sets the lanes the next marker records ([`Fence::marker`]); they become
+    /// [`Fence::lanes`] once a marker is stored ([`Fence::advance`]). Stage them before
+    /// every fenced publish of a publisher with lanes: a publish that was not stored leaves
+    /// them staged, and the next publish stages its own.
+    pub fn stage_lanes(&mut self, lanes: BTreeMap<String, u64>) {
+        self.staged = Some(lanes);
+    }
+
+    /// The marker message that ends this fence's part of a batch and records `through`
+    /// (with the staged lanes, else the last marker's).
     pub fn marker(&self, through: Position) -> BatchMessage {
+        let lanes = self.staged.as_ref().unwrap_or(&self.lanes).clone();
         BatchMessage {
             subject: self.subject.clone(),
             headers: HeaderMap::new(),
@@ -322,6 +366,7 @@ impl Fence {
                     epoch: self.epoch,
                     owner: self.owner.clone(),
                     through: Some(through),
+                    lanes,
                 })
                 .unwrap_or_default(),
             ),
@@ -357,6 +402,9 @@ impl Fence {
         if through.is_some() {
             self.through = through;
         }
+        if let Some(lanes) = self.staged.take() {
+            self.lanes = lanes;
+        }
         if self.unmarked.is_some() && self.unmarked <= self.through {
             self.unmarked = None;
         }
@@ -365,7 +413,8 @@ impl Fence {
     /// Records that everything up to `position` is stored under this fence, with no marker
     /// covering it yet ([`Fence::unmarked`]).
     pub fn stored_unmarked(&mut self, position: Position) {
-        if self.through.is_none_or(|t| position > t) {
+        // Staged lanes need a marker even where the watermark stays.
+        if self.staged.is_some() || self.through.is_none_or(|t| position > t) {
             self.unmarked = self.unmarked.max(Some(position));
         }
     }
@@ -548,6 +597,8 @@ mod tests {
             seq: 42,
             owner: "r1".into(),
             through: None,
+            lanes: BTreeMap::new(),
+            staged: None,
             unmarked: None,
             marked_at: None,
         };
@@ -576,6 +627,7 @@ mod tests {
             epoch: 5,
             owner: "r1".into(),
             through: None,
+            lanes: BTreeMap::new(),
         })
         .unwrap();
         assert_eq!(json, serde_json::json!({"epoch": 5, "owner": "r1"}));
@@ -584,5 +636,34 @@ mod tests {
         )
         .unwrap();
         assert_eq!(with.through, Some(Position { seq: 9, ord: 2 }));
+        assert!(with.lanes.is_empty());
+    }
+
+    #[test]
+    fn staged_lanes_are_the_fences_once_their_marker_is_stored() {
+        let mut fence = Fence {
+            stream: "S".into(),
+            subject: fence_subject("S", "r"),
+            epoch: 2,
+            seq: 10,
+            owner: "r1".into(),
+            through: Some(Position { seq: 4, ord: 0 }),
+            lanes: BTreeMap::from([("a".to_string(), 6)]),
+            staged: None,
+            unmarked: None,
+            marked_at: None,
+        };
+        let marker = |f: &Fence| -> Marker {
+            serde_json::from_slice(&f.marker(Position { seq: 5, ord: 0 }).payload).unwrap()
+        };
+        // Unstaged, a marker carries the lanes it has.
+        assert_eq!(marker(&fence).lanes, BTreeMap::from([("a".to_string(), 6)]));
+        fence.stage_lanes(BTreeMap::from([("b".to_string(), 9)]));
+        assert_eq!(marker(&fence).lanes, BTreeMap::from([("b".to_string(), 9)]));
+        // Not stored yet: the fence still knows only the last marker's lanes.
+        assert_eq!(fence.lanes(), &BTreeMap::from([("a".to_string(), 6)]));
+        fence.advance(11, Some(Position { seq: 5, ord: 0 }));
+        assert_eq!(fence.lanes(), &BTreeMap::from([("b".to_string(), 9)]));
+        assert_eq!(fence.through(), Some(Position { seq: 5, ord: 0 }));
     }
 }

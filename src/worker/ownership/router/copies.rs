@@ -12,7 +12,7 @@
 //!   counted, not copied; one that cannot be routed goes to partition `seq mod P`; one too
 //!   large for the inbox goes there as a copy with only the start of its body, naming why.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use async_nats::HeaderMap;
@@ -65,15 +65,20 @@ pub(super) enum Stop {
     Retry,
 }
 
-/// Copies `inputs` (messages of `share`) into the inbox as fenced batches; advances the
-/// fence, the last marker covering source sequence `covers` when that is further (the
-/// other shares' messages read after the last of these).
+/// Where a router's fence marker says it got: the source sequence through which
+/// everything is covered, and per tenant the last input copied beyond it (`crate::fair`).
+pub(super) type Progress = (u64, BTreeMap<String, u64>);
+
+/// Copies `inputs` (messages of `share`, each tenant's in source order, taken from the
+/// lanes) into the inbox as fenced batches; advances the fence, the last marker recording
+/// `progress`. A batch cut before the end records the fence's watermark as it was and,
+/// per tenant, the last input copied so far.
 pub(super) async fn send(
     state: &AppState,
     share: &Share,
     fence: &mut Fence,
     inputs: Vec<async_nats::jetstream::Message>,
-    covers: Option<u64>,
+    progress: Progress,
 ) -> Result<(), Stop> {
     let source = &share.source;
     let count = state.config.partitions.count;
@@ -82,7 +87,8 @@ pub(super) async fn send(
     let max_bytes = usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
     let mut copies: Vec<BatchMessage> = Vec::new();
     let mut bytes = 0usize;
-    let mut last = None;
+    // Per tenant, the last input of this call in `copies` or covered without a copy.
+    let mut so_far: BTreeMap<String, u64> = BTreeMap::new();
     let mut lag = None;
     for msg in inputs {
         let Ok(info) = msg.info() else { continue };
@@ -91,9 +97,10 @@ pub(super) async fn send(
         if fence.through().is_some_and(|t| seq <= t.seq) {
             continue;
         }
+        let tenant = crate::fair::tenant_of(msg.subject.as_str()).to_string();
         if !wanted(&source.filters, msg.subject.as_str()) {
             // Not an input (a fence marker of the source stream, say): covered, not copied.
-            last = Some(seq);
+            so_far.insert(tenant, seq);
             continue;
         }
         let traceparent = headers::traceparent(msg.headers.as_ref());
@@ -160,12 +167,12 @@ pub(super) async fn send(
         // Cut before an input whose copies would pass a limit, so a batch passes
         // `saga.max_batch_bytes` only when one input's copies alone do (they are never
         // split across batches: a batch and its watermark cover whole inputs).
-        if let Some(prev) = last
-            && !copies.is_empty()
+        if !copies.is_empty()
             && (copies.len() + to.len() > COPIES_PER_BATCH
                 || bytes.saturating_add(adding) > max_bytes)
         {
-            flush(state, share, fence, std::mem::take(&mut copies), prev).await?;
+            let partial = partial_progress(fence, &so_far);
+            flush(state, share, fence, std::mem::take(&mut copies), partial).await?;
             bytes = 0;
         }
         for p in to {
@@ -180,7 +187,7 @@ pub(super) async fn send(
             });
         }
         bytes = bytes.saturating_add(adding);
-        last = Some(seq);
+        so_far.insert(tenant, seq);
     }
     if let Some(l) = lag {
         state
@@ -189,22 +196,38 @@ pub(super) async fn send(
             .with_label_values(&[&source.stream, &share.index.to_string()])
             .set(l as i64);
     }
-    match last.max(covers) {
-        Some(seq) if fence.through().is_none_or(|t| t.seq < seq) => {
-            flush(state, share, fence, copies, seq).await
-        }
-        _ => Ok(()),
+    let moved = fence.through().is_none_or(|t| t.seq < progress.0) || *fence.lanes() != progress.1;
+    if copies.is_empty() && !moved {
+        return Ok(());
     }
+    flush(state, share, fence, copies, progress).await
 }
 
-/// Stores a marker alone covering source sequence `through` (other shares' messages read).
+/// The marker of a batch cut short: the fence's watermark as it is, and per tenant the
+/// further of the fence's lanes and what this call copied so far (each tenant's inputs go
+/// in order, so everything of a tenant up to its entry is copied).
+fn partial_progress(fence: &Fence, so_far: &BTreeMap<String, u64>) -> Progress {
+    let through = fence.through().map_or(0, |t| t.seq);
+    let mut lanes = fence.lanes().clone();
+    for (tenant, seq) in so_far {
+        let last = lanes.entry(tenant.clone()).or_insert(0);
+        *last = (*last).max(*seq);
+    }
+    lanes.retain(|_, last| *last > through);
+    (through, lanes)
+}
+
+/// Stores a marker alone recording `progress` (other shares' messages read).
 pub(super) async fn mark(
     state: &AppState,
     share: &Share,
     fence: &mut Fence,
-    through: u64,
+    progress: Progress,
 ) -> Result<(), Stop> {
-    flush(state, share, fence, Vec::new(), through).await
+    if fence.through().is_some_and(|t| t.seq >= progress.0) && *fence.lanes() == progress.1 {
+        return Ok(());
+    }
+    flush(state, share, fence, Vec::new(), progress).await
 }
 
 /// What a refused input's copy carries of its body: the part a dead letter keeps
@@ -231,18 +254,19 @@ fn copy_refusal(headers: &HeaderMap, body_len: usize, max_payload: usize) -> Opt
     })
 }
 
-/// Publishes `copies` plus a marker covering source sequence `through` as one fenced batch.
+/// Publishes `copies` plus a marker recording `progress` as one fenced batch.
 async fn flush(
     state: &AppState,
     share: &Share,
     fence: &mut Fence,
     copies: Vec<BatchMessage>,
-    through: u64,
+    (through, lanes): Progress,
 ) -> Result<(), Stop> {
     let position = Position {
         seq: through,
         ord: 0,
     };
+    fence.stage_lanes(lanes);
     let timeout = state.config.nats.request_timeout.get();
     let js = state.broker.jetstream();
     let transport = fenced_batch::Transport::for_replicas(state.config.streams.replicas);

@@ -74,8 +74,9 @@ use super::lease::Lease;
 use crate::backoff::Backoff;
 use crate::broker::fence::Fence;
 use crate::broker::liveness::{Liveness, Probe};
+use crate::fair::{Lanes, tenant_of};
 use crate::runtime::AppState;
-use crate::worker::admit::Gate;
+use crate::worker::admit::{Gate, POLL, Room};
 use crate::worker::consume::{ORDERED_PULL_EXPIRY, Source, server_filters};
 use crate::worker::pull::{PullSize, ReadAhead};
 use copies::{Stop, mark, send};
@@ -86,8 +87,13 @@ use share::{SKIPPED_MARK_EVERY, Share};
 
 pub use copies::destinations;
 
-/// Most source inputs in one batch (each may add a few copies; the batch limit is 1000).
+/// Most source messages in one chunk read from the consumer.
 const INPUTS_PER_BATCH: usize = 200;
+
+/// Most source messages read ahead while a batch is in flight, handed to the lanes at once:
+/// reading keeps well ahead of copying, so a tenant's input behind another tenant's
+/// backlog reaches the lanes soon (the lanes bound what waits).
+const READ_AHEAD: usize = 5000;
 
 /// How long reading pauses before other shares' messages read past the marker are marked.
 const IDLE_MARK: Duration = Duration::from_millis(100);
@@ -196,8 +202,18 @@ async fn route_while_held(
 }
 
 /// The read-ahead reader of one opened consumer of the source, in chunks of at most
-/// [`INPUTS_PER_BATCH`] inputs.
+/// [`INPUTS_PER_BATCH`] messages, or of what was read ahead ([`READ_AHEAD`]).
 type Reader = ReadAhead<ReadyChunks<Ordered>, Result<async_nats::jetstream::Message, OrderedError>>;
+
+/// What waiting on the consumer gave.
+enum Next {
+    /// A chunk of messages.
+    Chunk(Vec<Result<async_nats::jetstream::Message, OrderedError>>),
+    /// The consumer ended.
+    Ended,
+    /// Nothing yet; inputs wait in the lanes, to be looked at again.
+    Tick,
+}
 
 /// Why reading one consumer of the source ended.
 enum Ended {
@@ -264,6 +280,13 @@ struct Routing<'a> {
     read_through: u64,
     /// Sources routed in shares (what the quota divides).
     sources: usize,
+    /// This share's inputs read but not yet copied, by tenant ([`crate::fair`]).
+    lanes: Lanes<async_nats::jetstream::Message>,
+    /// Whether the last look at the lanes sent a batch (the next look comes at once).
+    pressing: bool,
+    /// Since when admission has let nothing of the lanes in (observed as the admission
+    /// wait when something goes).
+    held_since: Option<Instant>,
 }
 
 impl<'a> Routing<'a> {
@@ -297,6 +320,12 @@ impl<'a> Routing<'a> {
             admission,
             read_through: 0,
             sources: crate::worker::sources(state).len(),
+            lanes: Lanes::new(
+                state.config.tenancy.read_ahead,
+                usize::try_from(max_pull_bytes).unwrap_or(usize::MAX),
+            ),
+            pressing: false,
+            held_since: None,
         }
     }
 
@@ -304,6 +333,8 @@ impl<'a> Routing<'a> {
     /// whenever reading it ends, until routing stops.
     async fn route(mut self) -> Stopped {
         loop {
+            // What waited in the lanes is read again from the fence's watermark.
+            self.lanes.reset(self.fence.lanes());
             let reader = match self.open().await {
                 Ok(reader) => reader,
                 Err(e) => {
@@ -346,13 +377,14 @@ impl<'a> Routing<'a> {
             .await?;
         Ok(ReadAhead::new(
             c.messages().await?.ready_chunks(INPUTS_PER_BATCH),
-            INPUTS_PER_BATCH,
+            READ_AHEAD,
             self.max_pull_bytes,
         ))
     }
 
     /// Routes what one consumer delivers, chunk after chunk, until it must be reopened or
-    /// routing stops.
+    /// routing stops: each chunk's inputs of this share join their tenants' lanes, and the
+    /// lanes are copied as far as admission lets them ([`Routing::drain`]).
     async fn read(&mut self, mut reader: Reader) -> Ended {
         // Since when the consumer has delivered nothing (liveness, see broker/liveness.rs).
         let mut idle_since = Instant::now();
@@ -361,42 +393,36 @@ impl<'a> Routing<'a> {
                 Ok(next) => next,
                 Err(ended) => return ended,
             };
-            idle_since = Instant::now();
-            let Some(chunk) = next else {
-                return Ended::Reopen;
+            let failed = match next {
+                // A look at the lanes, nothing read.
+                Next::Tick => false,
+                Next::Ended => return Ended::Reopen,
+                Next::Chunk(chunk) => {
+                    idle_since = Instant::now();
+                    let (inputs, failed) = self.messages(chunk);
+                    if self.rewound(&inputs) {
+                        return Ended::Reopen;
+                    }
+                    self.take_in(inputs);
+                    failed
+                }
             };
-            let (inputs, failed) = self.messages(chunk);
-            if self.rewound(&inputs) {
-                return Ended::Reopen;
+            let copied = if self.lanes.is_empty() {
+                // Only other shares' messages waiting to be covered: marked when idle or
+                // far behind.
+                self.mark_if(SKIPPED_MARK_EVERY).await.map(|()| false)
+            } else {
+                self.copy_once(&mut reader).await
+            };
+            match copied {
+                Ok(sent) => self.pressing = sent,
+                Err(ended) => return ended,
             }
-            let read = inputs
-                .last()
-                .and_then(|m| m.info().ok())
-                .map(|i| i.stream_sequence);
-            if let Some(read) = read {
-                self.pull.observe(inputs.iter().map(|m| m.payload.len()));
-                let mine: Vec<_> = inputs
-                    .into_iter()
-                    .filter(|m| self.share.holds(m.subject.as_str()))
-                    .collect();
-                let routed = if mine.is_empty() {
-                    // Only other shares' messages: marked when idle or far behind.
-                    self.read_through = self.read_through.max(read);
-                    self.mark_if(SKIPPED_MARK_EVERY).await
-                } else {
-                    let routed = self.route_inputs(&mut reader, mine, read).await;
-                    self.read_through = self.read_through.max(read);
-                    routed
-                };
-                if let Err(ended) = routed {
-                    return ended;
-                }
-                if self.pull.should_reopen() {
-                    // Everything read is routed and covered by the fence's watermark,
-                    // where the consumer reopens: nothing is lost (other shares' messages
-                    // past it are read again and skipped again).
-                    return Ended::Reopen;
-                }
+            if self.lanes.is_empty() && self.pull.should_reopen() {
+                // Everything read is routed and covered by the fence's watermark, where
+                // the consumer reopens: nothing is lost (other shares' messages past it
+                // are read again and skipped again).
+                return Ended::Reopen;
             }
             if failed {
                 self.backoff.sleep(self.cancel).await;
@@ -405,13 +431,40 @@ impl<'a> Routing<'a> {
         }
     }
 
+    /// Puts this share's inputs of a chunk in their tenants' lanes (those the fence's
+    /// marker shows copied already are skipped) and moves the read position past it.
+    fn take_in(&mut self, inputs: Vec<async_nats::jetstream::Message>) {
+        let Some(read) = inputs
+            .last()
+            .and_then(|m| m.info().ok())
+            .map(|i| i.stream_sequence)
+        else {
+            return;
+        };
+        self.pull.observe(inputs.iter().map(|m| m.payload.len()));
+        for m in inputs {
+            if !self.share.holds(m.subject.as_str()) {
+                continue;
+            }
+            let Ok(seq) = m.info().map(|i| i.stream_sequence) else {
+                continue;
+            };
+            let tenant = tenant_of(m.subject.as_str()).to_string();
+            if !self.lanes.done(&tenant, seq) {
+                let bytes = m.payload.len();
+                self.lanes.push(&tenant, seq, bytes, m);
+            }
+        }
+        self.read_through = self.read_through.max(read);
+    }
+
     /// Waits for the consumer's next chunk (`None`: it ended) while the lease holds and the
     /// node routes; every sixth of a TTL without one, probes whether the consumer stalled.
     async fn next_chunk(
         &mut self,
         reader: &mut Reader,
         idle_since: &mut Instant,
-    ) -> Result<Option<Vec<Result<async_nats::jetstream::Message, OrderedError>>>, Ended> {
+    ) -> Result<Next, Ended> {
         loop {
             if !self.lease.is_valid() {
                 return Err(Ended::Stop(Stopped::lost()));
@@ -423,12 +476,25 @@ impl<'a> Routing<'a> {
                 return Err(Ended::Stop(Stopped::released("above this replica's quota")));
             }
             // Other shares' messages read past the marker are marked once reading pauses.
-            let unmarked = self.read_through > self.marked();
+            let unmarked = self.lanes.is_empty() && self.read_through > self.marked();
+            // Inputs waiting in the lanes are looked at again, read or not; full lanes
+            // read nothing more until some are copied.
+            let waiting = !self.lanes.is_empty();
+            let full = self.lanes.full();
+            // After a batch went, what was read meanwhile joins the lanes first, then the
+            // next batch goes at once; after a refusal, the lanes are looked at again in a
+            // while.
+            let look_again = if self.pressing { Duration::ZERO } else { POLL };
             tokio::select! {
+                biased;
                 _ = self.cancel.cancelled() => return Err(Ended::Stop(Stopped::drain())),
+                c = reader.next(), if !full => {
+                    return Ok(c.map_or(Next::Ended, Next::Chunk));
+                }
                 _ = tokio::time::sleep(IDLE_MARK), if unmarked => {
                     self.mark_if(1).await?;
                 }
+                _ = tokio::time::sleep(look_again), if waiting => return Ok(Next::Tick),
                 _ = tokio::time::sleep(self.lease.ttl() / 6) => {
                     if idle_since.elapsed() >= self.liveness.stall_check() {
                         *idle_since = Instant::now();
@@ -437,7 +503,6 @@ impl<'a> Routing<'a> {
                         }
                     }
                 }
-                c = reader.next() => return Ok(c),
             }
         }
     }
@@ -505,7 +570,8 @@ impl<'a> Routing<'a> {
         if self.read_through < self.marked().saturating_add(gap) {
             return Ok(());
         }
-        match mark(self.state, self.share, &mut self.fence, self.read_through).await {
+        let progress = self.lanes.progress(self.read_through);
+        match mark(self.state, self.share, &mut self.fence, progress).await {
             Ok(()) => Ok(()),
             Err(Stop::Fenced) => Err(Ended::Stop(Stopped::kept("fenced off by a newer router"))),
             Err(Stop::Retry) => {
@@ -515,25 +581,50 @@ impl<'a> Routing<'a> {
         }
     }
 
-    /// Copies `inputs` (this share's messages of a chunk read through source sequence
-    /// `read`) into the inbox in order, as many at a time as admission lets in, reading the
-    /// next chunk meanwhile; the last batch's marker covers the whole chunk.
-    async fn route_inputs(
-        &mut self,
-        reader: &mut Reader,
-        inputs: Vec<async_nats::jetstream::Message>,
-        read: u64,
-    ) -> Result<(), Ended> {
-        let mut rest = inputs;
-        while !rest.is_empty() {
-            // New triggers only as far as the bound has room (`admit.rs`).
-            let room = self.room(rest.len()).await.map_err(Ended::Stop)?;
-            let later = rest.split_off(room.clamp(1, rest.len()));
-            let batch = std::mem::replace(&mut rest, later);
-            // The next chunk is read while this one is routed (see `ReadAhead`).
-            let covers = rest.is_empty().then_some(read);
+    /// Copies one batch of what waits in the lanes, in tenants' turns, as far as admission
+    /// lets it in now (`admit.rs`), reading the next chunk meanwhile; its marker records
+    /// the lanes' progress. Returns whether a batch went. One batch at a time, so what is
+    /// read meanwhile joins the lanes before the next batch is chosen; while the lanes have
+    /// room it does not wait for admission (reading goes on, so every tenant's inputs
+    /// reach the lanes); full lanes wait here.
+    async fn copy_once(&mut self, reader: &mut Reader) -> Result<bool, Ended> {
+        {
+            let waiting = self.lanes.len();
+            let room = if self.lanes.full() {
+                Room::Any(self.room(waiting).await.map_err(Ended::Stop)?)
+            } else {
+                self.room_now(waiting).await
+            };
+            let weights = &self.state.config.tenancy.weights;
+            let weight = |t: &str| weights.get(t).copied().unwrap_or(1);
+            let (batch, given) = match &room {
+                Room::Any(n) => self.lanes.take_capped(*n, weight, |_| usize::MAX),
+                Room::PerTenant(caps) => self
+                    .lanes
+                    .take_capped(usize::MAX, weight, |t| caps.get(t).copied().unwrap_or(0)),
+            };
+            if batch.is_empty() {
+                self.held_since.get_or_insert_with(Instant::now);
+                return Ok(false);
+            }
+            if let Some(gate) = &self.admission {
+                gate.record(&given, matches!(room, Room::PerTenant(_)))
+                    .await;
+            }
+            if let Some(since) = self.held_since.take() {
+                let held = since.elapsed().as_secs_f64();
+                self.state.metrics.admission_wait.observe(held);
+            }
+            let progress = self.lanes.progress(self.read_through);
+            // The next chunk is read while this batch is routed (see `ReadAhead`).
             let sent = reader
-                .during(send(self.state, self.share, &mut self.fence, batch, covers))
+                .during(send(
+                    self.state,
+                    self.share,
+                    &mut self.fence,
+                    batch,
+                    progress,
+                ))
                 .await;
             match sent {
                 Ok(()) => self.backoff.reset(),
@@ -546,7 +637,20 @@ impl<'a> Routing<'a> {
                 }
             }
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// What of the `waiting` inputs admission lets in at once, without holding; all of
+    /// them for a router without admission.
+    async fn room_now(&self, waiting: usize) -> Room {
+        match self.admission.as_ref() {
+            None => Room::Any(waiting),
+            Some(gate) => {
+                let tenants: Vec<&str> = self.lanes.tenants().collect();
+                gate.room(self.state, waiting, share::SHARES as usize, &tenants)
+                    .await
+            }
+        }
     }
 
     /// How many of the `waiting` inputs may go in now: all of them for a router without
@@ -558,10 +662,11 @@ impl<'a> Routing<'a> {
         match hold(self.state, gate, waiting, self.lease, self.cancel).await {
             Ok((held, room)) => {
                 if !held.is_zero() {
-                    self.state
-                        .metrics
-                        .admission_wait
-                        .observe(held.as_secs_f64());
+                    // Observed when the batch goes (`copy_once`), as one wait.
+                    let since = Instant::now()
+                        .checked_sub(held)
+                        .unwrap_or_else(Instant::now);
+                    self.held_since.get_or_insert(since);
                 }
                 Ok(room)
             }
