@@ -80,6 +80,7 @@ mod handle;
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::{self, kv, stream::Stream};
@@ -89,8 +90,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
+use crate::fair::{Lanes, tenant_of};
 use crate::runtime::AppState;
-use budget::{Budget, Held};
+use budget::{Budget, Held, Reservation};
 use consumers::{Coverage, Opened, Which};
 use context::Ctx;
 
@@ -224,6 +226,7 @@ impl Worker {
                 self.ctx.state.broker.max_payload(),
             ),
             which,
+            finished: Arc::new(AtomicU64::new(0)),
         };
         self.loops.spawn(l.run(opened, self.cancel.clone()));
     }
@@ -239,6 +242,42 @@ struct Loop {
     /// And at most `effect.max_inflight_bytes` of them are held at once ([`budget`]).
     bytes: Budget,
     which: Which,
+    /// Commands this loop finished handling (what paces its read-ahead).
+    finished: Arc<AtomicU64>,
+}
+
+/// How long a command read ahead should wait for a slot at the pace the slots finish.
+const PATIENCE: Duration = Duration::from_millis(500);
+
+/// The pace at which a loop's slots finish commands, over the last [`PATIENCE`].
+struct Pace {
+    at: std::time::Instant,
+    count: u64,
+    /// Commands finished in the last full [`PATIENCE`].
+    last: u64,
+}
+
+impl Pace {
+    fn new(finished: u64) -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            count: finished,
+            last: 0,
+        }
+    }
+
+    /// How many commands to read ahead of the free slots: as many as finished in the last
+    /// [`PATIENCE`] (none when nothing finished), at most `most`.
+    fn ahead(&mut self, finished: u64, most: usize) -> usize {
+        let elapsed = self.at.elapsed();
+        if elapsed >= PATIENCE {
+            let periods = elapsed.as_secs_f64() / PATIENCE.as_secs_f64();
+            self.last = ((finished - self.count) as f64 / periods) as u64;
+            self.count = finished;
+            self.at = std::time::Instant::now();
+        }
+        usize::try_from(self.last).unwrap_or(usize::MAX).min(most)
+    }
 }
 
 impl Loop {
@@ -276,67 +315,114 @@ impl Loop {
         }
     }
 
-    /// Pulls one effect's commands until the drain (`Ok`) or a consumer error. Each pull
-    /// asks for as many commands as the loop has free slots, so a busy replica holds no
-    /// command it cannot start: the rest stay with the other replicas.
+    /// Pulls one effect's commands until the drain (`Ok`) or a consumer error. Beyond its
+    /// free slots it reads ahead as many commands as its slots finished in the last
+    /// [`PATIENCE`] (at most `effect.read_ahead`) into tenants' lanes ([`crate::fair`]), and
+    /// starts them in tenants' turns as slots free. So a loop whose slots stay full — a
+    /// slow or hung upstream — reads no command it cannot start soon: the rest stay on the
+    /// server for other replicas. Commands waiting in the lanes get a progress
+    /// acknowledgement every third of `effect.ack_wait`, and go back to the stream (nak, no
+    /// delay) when the loop ends, so another replica takes them at once.
     async fn pull_effect(
         &self,
         o: &Opened,
         cancel: &CancellationToken,
         backoff: &mut Backoff,
     ) -> Result<(), async_nats::Error> {
-        let most = self.ctx.state.config.effect.concurrency.clamp(1, 256);
+        let mut lanes = Lanes::new(usize::MAX, usize::MAX);
+        let ended = self.pull_into(o, cancel, backoff, &mut lanes).await;
+        for (msg, _held) in lanes.take_all() {
+            let why = "its fetch loop stopped before starting it";
+            handle::hand_back(&self.ctx, &msg, Some(Duration::ZERO), why).await;
+        }
+        ended
+    }
+
+    /// [`Loop::pull_effect`]'s loop, holding what it read in `lanes`.
+    async fn pull_into(
+        &self,
+        o: &Opened,
+        cancel: &CancellationToken,
+        backoff: &mut Backoff,
+        lanes: &mut Lanes<(jetstream::Message, Held)>,
+    ) -> Result<(), async_nats::Error> {
+        let config = &self.ctx.state.config;
+        let most = config.effect.concurrency.clamp(1, 256);
+        let ahead = config.effect.read_ahead;
+        let refresh = config.effect.ack_wait.get() / 3;
+        let mut pull: Option<(jetstream::consumer::pull::Batch, Reservation)> = None;
+        let mut pace = Pace::new(self.finished.load(Ordering::Relaxed));
         loop {
-            let Some(first) = self.acquire(cancel).await else {
-                return Ok(());
-            };
-            let mut slots = vec![first];
-            while slots.len() < most {
-                match self.permits.clone().try_acquire_owned() {
-                    Ok(p) => slots.push(p),
-                    Err(_) => break,
-                }
-            }
-            let Some(mut room) = self.bytes.reserve().await else {
-                return Ok(());
-            };
-            let pull = o
-                .consumer
-                .batch()
-                .max_messages(slots.len())
-                .max_bytes(room.limit_for(slots.len()))
-                .expires(PULL_EXPIRES)
-                .messages();
-            let mut batch = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                b = pull => b?,
-            };
-            loop {
-                let next = tokio::select! {
-                    _ = cancel.cancelled() => return Ok(()),
-                    n = batch.next() => n,
+            let ahead = pace.ahead(self.finished.load(Ordering::Relaxed), ahead);
+            // Start what the free slots allow, in tenants' turns.
+            while !lanes.is_empty() {
+                let Ok(slot) = self.permits.clone().try_acquire_owned() else {
+                    break;
                 };
-                match next {
+                self.start_next(lanes, slot);
+            }
+            let free = self.permits.available_permits();
+            // Ask for what fits: the free slots and the read-ahead not yet used.
+            let wanted = (free + ahead)
+                .saturating_sub(lanes.len())
+                .min(most.max(free));
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                // A slot frees: for the next command waiting, else to pull again.
+                slot = self.permits.clone().acquire_owned(), if !lanes.is_empty() || wanted == 0 => {
+                    if let Ok(slot) = slot {
+                        self.start_next(lanes, slot);
+                    }
+                }
+                room = self.bytes.reserve(), if pull.is_none() && wanted > 0 => {
+                    let Some(room) = room else { return Ok(()) };
+                    let batch = o
+                        .consumer
+                        .batch()
+                        .max_messages(wanted)
+                        .max_bytes(room.limit_for(wanted))
+                        .expires(PULL_EXPIRES)
+                        .messages()
+                        .await?;
+                    pull = Some((batch, room));
+                }
+                next = next_command(&mut pull), if pull.is_some() => match next {
                     Some(Ok(msg)) => {
                         backoff.reset();
-                        match slots.pop() {
-                            Some(slot) => {
-                                let share = room.take(msg.length);
-                                self.dispatch(msg, slot, Some(share));
-                            }
-                            // More than asked for: not expected; give it back.
-                            None => {
-                                let why = "more commands arrived than were asked for";
-                                handle::hand_back(&self.ctx, &msg, Some(Duration::ZERO), why).await;
-                            }
-                        }
+                        let Some((_, room)) = pull.as_mut() else { continue };
+                        let held = room.take(msg.length);
+                        let seq = msg.info().map_or(0, |i| i.stream_sequence);
+                        let tenant = tenant_of(msg.subject.as_str()).to_string();
+                        lanes.push(&tenant, seq, msg.length, (msg, held));
                     }
                     // The server ended this pull (byte limit, batch over): not an error.
-                    Some(Err(e)) if ended_by_server(&*e) => break,
+                    Some(Err(e)) if ended_by_server(&*e) => pull = None,
                     Some(Err(e)) => return Err(e),
-                    None => break,
+                    None => pull = None,
+                },
+                _ = tokio::time::sleep(refresh), if !lanes.is_empty() => {
+                    // Still held here, not forgotten: no redelivery elsewhere meanwhile.
+                    for (msg, _) in lanes.stale(refresh) {
+                        let _ = msg.ack_with(jetstream::AckKind::Progress).await;
+                    }
                 }
             }
+        }
+    }
+
+    /// Starts the next command in tenants' turns on `slot` (none waiting: the slot is
+    /// given back).
+    fn start_next(
+        &self,
+        lanes: &mut Lanes<(jetstream::Message, Held)>,
+        slot: OwnedSemaphorePermit,
+    ) {
+        let weights = &self.ctx.state.config.tenancy.weights;
+        if let Some((msg, held)) = lanes
+            .take(1, |t| weights.get(t).copied().unwrap_or(1))
+            .pop()
+        {
+            self.dispatch(msg, slot, Some(held));
         }
     }
 
@@ -382,8 +468,10 @@ impl Loop {
     /// Runs the handling of one command on the in-flight tracker, holding `permit`.
     fn dispatch(&self, msg: jetstream::Message, permit: OwnedSemaphorePermit, bytes: Option<Held>) {
         let ctx = self.ctx.clone();
+        let finished = self.finished.clone();
         self.in_flight.spawn(async move {
             handle::handle(&ctx, msg).await;
+            finished.fetch_add(1, Ordering::Relaxed);
             drop(permit);
             drop(bytes);
         });
@@ -423,6 +511,16 @@ impl Loop {
             }
         }
         self.dispatch(msg, permit, None);
+    }
+}
+
+/// The next command of the pull in flight (never, when there is none).
+async fn next_command(
+    pull: &mut Option<(jetstream::consumer::pull::Batch, Reservation)>,
+) -> Option<Result<jetstream::Message, async_nats::Error>> {
+    match pull {
+        Some((batch, _)) => batch.next().await,
+        None => std::future::pending().await,
     }
 }
 
