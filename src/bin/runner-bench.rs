@@ -15,6 +15,7 @@
 //!     same cluster; fail-over after SIGKILL of one replica; last, three fresh replicas
 //!     open loop at fractions of the three's maximum rate.
 //!   - `travel`: whole travel-booking orchestrations, closed loop, some compensated.
+//!   - `tenants`: one tenant's flood beside another tenant's trickle (fairness).
 //!   - `scale`: the ledger saga with 10 000 … 1 000 000 live instances.
 //!   - `timers`: many pending timers coming due; fire lag.
 //!   - `payload`: the ledger saga with small and large event bodies.
@@ -42,6 +43,8 @@ mod pipeline;
 mod probe;
 #[path = "runner_bench/publish.rs"]
 mod publish;
+#[path = "runner_bench/tenants.rs"]
+mod tenants;
 #[path = "runner_bench/travel.rs"]
 mod travel;
 
@@ -76,6 +79,8 @@ enum Cmd {
     Cluster(cluster::Args),
     /// Whole travel orchestrations, closed loop (own servers).
     Travel(travel::Args),
+    /// One tenant's flood beside another's trickle, on one node and a cluster (own servers).
+    Tenants(tenants::Args),
     /// Ledger saga throughput and latency by number of live instances (own servers).
     Scale(ledger::ScaleArgs),
     /// Fire lag of many pending timers (own servers).
@@ -203,6 +208,7 @@ async fn main() -> Result<()> {
         Cmd::Pipeline(a) => return pipeline::run(a).await,
         Cmd::Cluster(a) => return cluster::run(a).await,
         Cmd::Travel(a) => return travel::run(a).await,
+        Cmd::Tenants(a) => return Box::pin(tenants::run(a)).await,
         Cmd::Scale(a) => return ledger::scale(a).await,
         Cmd::Timers(a) => return ledger::timers(a).await,
         Cmd::Payload(a) => return ledger::payload(a).await,
@@ -225,6 +231,7 @@ async fn main() -> Result<()> {
         Cmd::Pipeline(a) => pipeline::run(a).await,
         Cmd::Cluster(a) => cluster::run(a).await,
         Cmd::Travel(a) => travel::run(a).await,
+        Cmd::Tenants(a) => Box::pin(tenants::run(a)).await,
         Cmd::Scale(a) => ledger::scale(a).await,
         Cmd::Timers(a) => ledger::timers(a).await,
         Cmd::Payload(a) => ledger::payload(a).await,
@@ -330,12 +337,20 @@ pub(crate) async fn tail(
     Ok(msgs
         .filter_map(|m| async move {
             let m = m.ok()?;
-            let seq = m.info().ok()?.stream_sequence;
+            let info = m.info().ok()?;
+            // When the broker stored it, not when this watcher got it: a watcher behind a
+            // busy server would add its own lag to every latency.
+            let now = Instant::now();
+            let now_ns = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as i128);
+            let behind =
+                u64::try_from((now_ns - info.published.unix_timestamp_nanos()).max(0)).unwrap_or(0);
             Some(Seen {
                 subject: m.subject.to_string(),
                 payload: m.payload.clone(),
-                seq,
-                at: Instant::now(),
+                seq: info.stream_sequence,
+                at: now.checked_sub(Duration::from_nanos(behind)).unwrap_or(now),
             })
         })
         .boxed())

@@ -650,3 +650,29 @@ async fn limit(
     }
     Ok(transitions / d.elapsed)
 }
+
+/// Partitions of a replica started by [`start_replica_named`] (the runner's default).
+const DEFAULT_PARTITIONS: u32 = 64;
+
+/// A replica of an R3 deployment on `urls` with the runner's defaults otherwise (another
+/// scenario's deployment: uncapped, default partitions and lease TTL).
+pub(crate) async fn start_replica_named(
+    bin: &Path,
+    dir: &Path,
+    urls: &str,
+    name: &str,
+    manifest: &Path,
+) -> Result<Runner> {
+    let replicas = NODES.to_string();
+    let env = [
+        ("RUNNER__STREAMS__REPLICAS", replicas.as_str()),
+        ("RUNNER__NODE__ID", name),
+    ];
+    Runner::start_named(bin, dir, name, urls, "combined", manifest, &env).await
+}
+
+/// Waits until replicas started by [`start_replica_named`] hold every partition and router,
+/// balanced within one partition.
+pub(crate) async fn wait_spread(replicas: &[Runner], timeout: Duration) -> Result<Duration> {
+    wait_owned(replicas, DEFAULT_PARTITIONS, true, timeout).await
+}

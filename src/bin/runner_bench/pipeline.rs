@@ -26,7 +26,7 @@ use async_nats::jetstream;
 use crate::goals;
 use crate::harness::{Nats, Programs, Runner, WorkDir};
 use crate::probe::{Metrics, Sampler};
-pub(crate) use drive::{Flow, drive};
+pub(crate) use drive::{Drive, Flow, drive};
 
 /// Saga transitions per order on the happy path.
 pub(crate) const TRANSITIONS_PER_ORDER: f64 = 4.0;

@@ -97,6 +97,11 @@ impl Drive {
     pub(crate) fn steady_per_s(&self) -> f64 {
         steady_rate(&self.done_at, self.offered_for)
     }
+    /// The `q` quantile in ms of input → saga completed (NaN when none completed).
+    pub(crate) fn done_quantile(&mut self, q: f64) -> f64 {
+        self.done.sort_by(f64::total_cmp);
+        crate::percentile(&self.done, q)
+    }
     /// p99 in ms of input → first output and of input → saga completed.
     pub(crate) fn p99s(&mut self) -> (f64, f64) {
         self.first.sort_by(f64::total_cmp);
