@@ -137,7 +137,9 @@ impl Admission {
                     Some(n) if seen > 0.0 => queued * n / seen,
                     _ => 0.0,
                 };
-                let room = ((share - part).max(0.0) / parts.max(1) as f64).floor() as usize;
+                // Whole inputs under the share, a `parts`-th of them (rounded up) here.
+                let under = (share - part).max(0.0).floor() as usize;
+                let room = under.div_ceil(parts.max(1));
                 (t.to_string(), room)
             })
             .collect()

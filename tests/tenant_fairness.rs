@@ -1,0 +1,169 @@
+//! Fair service across tenants, against the real binary in combined mode, a real
+//! nats-server and a real HTTP upstream that holds its answers until released.
+//!
+//! Tenant A's sagas fill the queued-work bound (`saga.max_queued_work`) with calls that
+//! hang, and A has a backlog of new triggers behind them in the aggregate stream. Tenant
+//! B's new trigger, published after that backlog, still goes in and calls the upstream
+//! while every one of A's held triggers waits: A's backlog holds A, not B. Once the
+//! upstream answers, every saga of both tenants finishes exactly once.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::metrics::metric;
+use common::upstream::{Latch, Reply, Upstream};
+use common::{NatsServer, RunnerProc, aggregate_event, jetstream, publish_json, read_stream};
+use serde_json::json;
+
+/// A `job` saga whose one step calls the upstream with the job's id.
+fn manifest(upstream: &str) -> String {
+    format!(
+        r#"format: 1
+effects:
+  - name: ping
+    provider: http
+    settings: {{ url: "{upstream}/ping", method: POST }}
+sagas:
+  - name: job
+    version: 1
+    triggers:
+      - {{ subject: aggregate.Job.*, event_type: JobStarted, correlation: event.aggregate_id, start: true }}
+      - {{ subject: effect_result.ping.*, correlation: event.metadata.correlation_id }}
+    data: {{ job: "${{ event.aggregate_id }}" }}
+    initial_state: new
+    states:
+      new:
+        on:
+          JobStarted:
+            emit: [{{ effect: {{ name: ping, payload: {{ job: "${{ state.job }}" }} }} }}]
+            goto: pinging
+      pinging:
+        on:
+          ping.Succeeded:
+            emit: [{{ command: {{ aggregate_type: Job, command: Finish, aggregate_id: "${{ state.job }}", payload: {{}} }} }}]
+            goto: done
+      done: {{ terminal: true }}
+"#
+    )
+}
+
+/// Publishes `JobStarted` for jobs `<tenant>-<from>` … `<tenant>-<to - 1>` of `tenant`.
+async fn start_jobs(js: &async_nats::jetstream::Context, tenant: &str, from: u64, to: u64) {
+    for i in from..to {
+        let id = format!("{tenant}-{i}");
+        let ev = aggregate_event(
+            tenant,
+            "Job",
+            &id,
+            "JobStarted",
+            1_800_000_000_000 + i,
+            json!({}),
+        );
+        publish_json(js, &format!("tenant.{tenant}.aggregate.Job.{id}"), &ev).await;
+    }
+}
+
+/// The upstream's calls for jobs of `tenant` so far.
+fn calls_of(upstream: &Upstream, tenant: &str) -> usize {
+    let prefix = format!("{tenant}-");
+    upstream
+        .hits()
+        .iter()
+        .filter(|h| {
+            h.body["job"]
+                .as_str()
+                .is_some_and(|j| j.starts_with(&prefix))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
+    let nats = NatsServer::start();
+    let hold = Latch::new();
+    let upstream = {
+        let hold = hold.clone();
+        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
+    };
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let runner = RunnerProc::combined(
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &[
+            ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+            ("RUNNER__PARTITIONS__COUNT", "8"),
+        ],
+    );
+    let js = jetstream(&nats.url()).await;
+
+    // A fills the bound with calls that hang (at least one more than the bound goes in).
+    start_jobs(&js, "a", 0, 10).await;
+    let filled = common::eventually(Duration::from_secs(30), || async {
+        upstream.in_flight() >= 5
+    })
+    .await;
+    assert!(filled, "calls in flight: {}", upstream.in_flight());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let a_started = calls_of(&upstream, "a");
+    assert!(
+        (5..=10).contains(&a_started),
+        "{a_started} of A's ten started"
+    );
+
+    // A's backlog, then B's one trigger behind it in the stream.
+    start_jobs(&js, "a", 10, 40).await;
+    start_jobs(&js, "b", 0, 1).await;
+    let b_called = common::eventually(Duration::from_secs(30), || async {
+        calls_of(&upstream, "b") == 1
+    })
+    .await;
+    assert!(
+        b_called,
+        "B's saga never called the upstream past A's backlog"
+    );
+    // A's held triggers stayed held: none of them went in while A's work is queued.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        calls_of(&upstream, "a"),
+        a_started,
+        "A's backlog went in while A's own work was queued above the bound"
+    );
+    assert_eq!(
+        metric(&runner.admin, "runner_router_copies_total").await,
+        (a_started + 1) as f64,
+        "inbox copies: A's started triggers and B's"
+    );
+
+    // The upstream answers: every saga of both tenants finishes, each once.
+    hold.release();
+    let finished = |tenant: &'static str| {
+        let js = js.clone();
+        async move {
+            read_stream(
+                &js,
+                "WORKFLOW_COMMANDS",
+                &format!("tenant.{tenant}.command.Job.*"),
+            )
+            .await
+        }
+    };
+    let done = common::eventually(Duration::from_secs(60), || async {
+        finished("a").await.len() == 40 && finished("b").await.len() == 1
+    })
+    .await;
+    assert!(done, "not every saga finished");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut ids: Vec<String> = finished("a").await.into_iter().map(|s| s.subject).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), 40, "each of A's sagas finished once");
+    assert_eq!(finished("b").await.len(), 1);
+    assert_eq!(calls_of(&upstream, "a"), 40, "one call per A saga");
+    assert_eq!(calls_of(&upstream, "b"), 1);
+    runner.stop();
+}
