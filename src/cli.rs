@@ -289,7 +289,8 @@ pub enum TenantsAction {
         #[arg(long)]
         tenant: String,
     },
-    /// The tenants paused now.
+    /// Each tenant's use of the node against its limits: new inputs waiting at its
+    /// routers, the oldest's wait, inputs let in, weight, rate limit, whether paused.
     List {
         /// `text` (a line per tenant) or `json`.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]

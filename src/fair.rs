@@ -341,3 +341,149 @@ mod tests {
         assert_eq!(l.waiting_by_tenant().len(), 2);
     }
 }
+
+/// What each tenant uses of this node's door into the saga inbox, as its routers report it:
+/// new inputs waiting (by reader, summed), the oldest's wait, what went in; and each rate
+/// limited tenant's allowance (`tenancy.rate_limits`, inputs per second on this node, a
+/// second's worth at most saved up). Shown by `GET /admin/tenants` and the `runner_tenant_*`
+/// metrics.
+#[derive(Debug, Default)]
+pub struct Usage {
+    inner: std::sync::Mutex<UsageInner>,
+}
+
+#[derive(Debug, Default)]
+struct UsageInner {
+    /// Per reader (a router's share), per tenant: inputs waiting and the oldest's wait.
+    waiting: HashMap<String, Vec<(String, usize, f64)>>,
+    let_in: BTreeMap<String, u64>,
+    /// Per rate-limited tenant: inputs it may let in now, and when that was computed.
+    allowance: HashMap<String, (f64, Instant)>,
+    /// Metric labels given a value so far (set to zero when their tenants stop waiting).
+    labels: std::collections::BTreeSet<String>,
+}
+
+/// One tenant's use, as [`Usage::snapshot`] reports it.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct TenantUsage {
+    /// New inputs read and waiting to go in.
+    pub waiting_inputs: usize,
+    /// How long the oldest of them has waited, seconds.
+    pub oldest_wait_s: f64,
+    /// New inputs let in since the node started.
+    pub inputs_let_in: u64,
+}
+
+/// The metric label of `tenant`: its name when `[tenancy]` names it (allowed, weighted,
+/// rate-limited, or the default tenant), else `other`, so the label stays bounded.
+pub fn label_of(tenancy: &crate::config::TenancyConfig, tenant: &str) -> String {
+    let named = tenant == tenancy.default_tenant
+        || tenancy.allowed.iter().any(|t| t == tenant)
+        || tenancy.weights.contains_key(tenant)
+        || tenancy.rate_limits.contains_key(tenant);
+    if named { tenant } else { "other" }.to_string()
+}
+
+impl Usage {
+    fn lock(&self) -> std::sync::MutexGuard<'_, UsageInner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Replaces what `reader` reports waiting, and the gauges with it.
+    pub fn report(
+        &self,
+        reader: &str,
+        waiting: Vec<(String, usize, f64)>,
+        tenancy: &crate::config::TenancyConfig,
+        metrics: &crate::telemetry::Metrics,
+    ) {
+        let mut u = self.lock();
+        if waiting.is_empty() && !u.waiting.contains_key(reader) {
+            return;
+        }
+        if waiting.is_empty() {
+            u.waiting.remove(reader);
+        } else {
+            u.waiting.insert(reader.to_string(), waiting);
+        }
+        let mut by_label: BTreeMap<String, (i64, f64)> = BTreeMap::new();
+        for (t, n, oldest) in u.waiting.values().flatten() {
+            let e = by_label.entry(label_of(tenancy, t)).or_default();
+            e.0 += i64::try_from(*n).unwrap_or(i64::MAX);
+            e.1 = e.1.max(*oldest);
+        }
+        for label in &u.labels {
+            if !by_label.contains_key(label) {
+                metrics.tenant_waiting.with_label_values(&[label]).set(0);
+                metrics
+                    .tenant_oldest_wait
+                    .with_label_values(&[label])
+                    .set(0.0);
+            }
+        }
+        for (label, (n, oldest)) in &by_label {
+            metrics.tenant_waiting.with_label_values(&[label]).set(*n);
+            metrics
+                .tenant_oldest_wait
+                .with_label_values(&[label])
+                .set(*oldest);
+        }
+        u.labels.extend(by_label.into_keys());
+    }
+
+    /// How many inputs `tenant` may let in now under its rate limit (`per_s`; none: no
+    /// limit).
+    pub fn allowance(&self, tenant: &str, per_s: Option<f64>) -> usize {
+        let Some(rate) = per_s else {
+            return usize::MAX;
+        };
+        let mut u = self.lock();
+        let burst = rate.max(1.0);
+        let now = Instant::now();
+        let (tokens, at) = u
+            .allowance
+            .entry(tenant.to_string())
+            .or_insert((burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(burst);
+        *at = now;
+        tokens.floor() as usize
+    }
+
+    /// Notes what each tenant let in: counted, and taken from the rate-limited ones'
+    /// allowances.
+    pub fn let_in(
+        &self,
+        given: &BTreeMap<String, usize>,
+        tenancy: &crate::config::TenancyConfig,
+        metrics: &crate::telemetry::Metrics,
+    ) {
+        let mut u = self.lock();
+        for (t, n) in given {
+            *u.let_in.entry(t.clone()).or_default() += *n as u64;
+            if let Some((tokens, _)) = u.allowance.get_mut(t) {
+                *tokens -= *n as f64;
+            }
+            metrics
+                .tenant_inputs
+                .with_label_values(&[&label_of(tenancy, t)])
+                .inc_by(*n as u64);
+        }
+    }
+
+    /// Every tenant seen: what waits and what went in.
+    pub fn snapshot(&self) -> BTreeMap<String, TenantUsage> {
+        let u = self.lock();
+        let mut out: BTreeMap<String, TenantUsage> = BTreeMap::new();
+        for (t, n) in &u.let_in {
+            out.entry(t.clone()).or_default().inputs_let_in = *n;
+        }
+        for (t, n, oldest) in u.waiting.values().flatten() {
+            let e = out.entry(t.clone()).or_default();
+            e.waiting_inputs += n;
+            e.oldest_wait_s = e.oldest_wait_s.max(*oldest);
+        }
+        out
+    }
+}

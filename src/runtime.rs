@@ -102,6 +102,8 @@ pub struct AppState {
     pub placement: Placement,
     /// Tenants paused now (`worker/pause.rs`).
     pub paused: crate::asked::Paused,
+    /// What each tenant uses of this node's routers (`crate::fair::Usage`).
+    pub tenants: crate::fair::Usage,
     /// Partition replays asked for by an operator (`worker/replay.rs`).
     pub replays: crate::asked::Replays,
     /// Fenced batches shared by this process's partition relays (`relay/combine.rs`).
@@ -156,6 +158,7 @@ impl AppState {
             started_at: SystemTime::now(),
             placement: Placement::default(),
             paused: Default::default(),
+            tenants: Default::default(),
             replays: Default::default(),
             shared_batches: Default::default(),
             relays: Default::default(),

@@ -167,3 +167,89 @@ async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
     assert_eq!(calls_of(&upstream, "b"), 1);
     runner.stop();
 }
+
+/// A tenant above its rate limit (`tenancy.rate_limits`) is held, not refused: its new
+/// triggers wait in order and go in at the limit, every one applied once, while another
+/// tenant's go in at once; the passed turns are counted and `runner tenants list` shows
+/// the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_rate_limit_is_held_in_order_and_loses_nothing() {
+    const JOBS: u64 = 12;
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let manifests = tempfile::tempdir().unwrap();
+    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let runner = RunnerProc::combined(
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &[
+            ("RUNNER__TENANCY__RATE_LIMITS__A", "2"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+            ("RUNNER__PARTITIONS__COUNT", "8"),
+        ],
+    );
+    let js = jetstream(&nats.url()).await;
+    let finished = |tenant: &'static str| {
+        let js = js.clone();
+        async move {
+            read_stream(
+                &js,
+                "WORKFLOW_COMMANDS",
+                &format!("tenant.{tenant}.command.Job.*"),
+            )
+            .await
+        }
+    };
+
+    let started = std::time::Instant::now();
+    start_jobs(&js, "a", 0, JOBS).await;
+    start_jobs(&js, "b", 0, 3).await;
+    let b_done = common::eventually(Duration::from_secs(30), || async {
+        finished("b").await.len() == 3
+    })
+    .await;
+    assert!(b_done, "B's sagas did not finish");
+    // B went in at once; A, at two a second with two saved up, is still being let in.
+    let a_when_b_done = finished("a").await.len();
+    assert!(
+        a_when_b_done < JOBS as usize,
+        "A's {a_when_b_done} sagas all finished before B's three: the limit held nothing"
+    );
+    let a_done = common::eventually(Duration::from_secs(60), || async {
+        finished("a").await.len() == JOBS as usize
+    })
+    .await;
+    assert!(a_done, "A's held sagas did not all finish");
+    // Ten past the two saved up, at two a second: no sooner than about five seconds.
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "A's {JOBS} went in faster than its limit allows: {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        calls_of(&upstream, "a"),
+        JOBS as usize,
+        "each of A's sagas ran once"
+    );
+    let limited = metric(
+        &runner.admin,
+        "runner_tenant_rate_limited_total{tenant=\"a\"}",
+    )
+    .await;
+    assert!(limited >= 1.0, "the held turns were not counted: {limited}");
+    let let_in = metric(&runner.admin, "runner_tenant_inputs_total{tenant=\"a\"}").await;
+    assert_eq!(let_in, JOBS as f64);
+    let listed = common::get_json(&format!("{}/admin/tenants", runner.admin)).await;
+    let a = listed["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "a")
+        .cloned()
+        .unwrap();
+    assert_eq!(a["rate_limit_per_s"], json!(2.0), "{listed}");
+    assert_eq!(a["inputs_let_in"], json!(JOBS), "{listed}");
+    assert_eq!(a["waiting_inputs"], json!(0), "{listed}");
+    runner.stop();
+}

@@ -215,7 +215,13 @@ async fn a_paused_tenant_is_held_whole_and_released_in_order() {
     let pending = get_json(&format!("{}/admin/dlq?tenant=a", runner.admin)).await;
     assert_eq!(pending["total"], 0, "{pending}");
     let listed = tenants(&runner.admin, &["list"]);
-    assert!(listed.contains("0 tenant(s) paused"), "{listed}");
+    assert!(listed.contains(", 0 paused"), "{listed}");
+    // Tenant a's row: what its inputs let in, and no longer paused.
+    let row = listed
+        .lines()
+        .find(|l| l.starts_with("a "))
+        .unwrap_or_default();
+    assert!(row.trim_end().ends_with("no"), "{listed}");
     runner.stop();
 }
 

@@ -6,6 +6,7 @@
 //! | `POST /admin/tenants/{tenant}/pause` | pauses the tenant on every saga node: `{tenant, paused: true}` |
 //! | `POST /admin/tenants/{tenant}/resume` | resumes it: the resume is sent to every partition, whose owner releases what it held |
 //! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
+//! | `GET /admin/tenants` | every tenant known here: new inputs waiting at this node's routers, the oldest's wait, inputs let in, weight, rate limit, paused |
 //!
 //! Only a node that runs the saga worker answers the writes (409 otherwise). A tenant the control bucket cannot
 //! key (anything but ASCII letters, digits, `-`, `_`, `=`, `/`; `worker::control::pausable`)
@@ -66,6 +67,36 @@ pub(super) async fn resume_tenant(
         Ok(done) => Json(done).into_response(),
         Err(e) => refused(e),
     }
+}
+
+/// `GET /admin/tenants`: every tenant this node knows of — seen at its routers, named in
+/// `[tenancy]`, or paused — with what waits, what went in, its weight, rate limit and pause.
+pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
+    let tenancy = &state.config.tenancy;
+    let usage = state.tenants.snapshot();
+    let paused = state.paused.get();
+    let mut names: std::collections::BTreeSet<String> = usage.keys().cloned().collect();
+    names.extend(tenancy.weights.keys().cloned());
+    names.extend(tenancy.rate_limits.keys().cloned());
+    names.extend(tenancy.allowed.iter().cloned());
+    names.extend(paused.iter().cloned());
+    let tenants: Vec<_> = names
+        .iter()
+        .map(|t| {
+            let u = usage.get(t).cloned().unwrap_or_default();
+            json!({
+                "tenant": t,
+                "waiting_inputs": u.waiting_inputs,
+                "oldest_wait_s": u.oldest_wait_s,
+                "inputs_let_in": u.inputs_let_in,
+                "weight": tenancy.weights.get(t).copied().unwrap_or(1),
+                "rate_limit_per_s": tenancy.rate_limits.get(t),
+                "paused": paused.contains(t),
+            })
+        })
+        .collect();
+    let paused: Vec<&String> = paused.iter().collect();
+    Json(json!({ "tenants": tenants, "paused": paused })).into_response()
 }
 
 pub(super) async fn paused(State(state): State<Arc<AppState>>) -> Response {

@@ -480,6 +480,11 @@ pub struct TenancyConfig {
     /// Fair service: when several tenants' new inputs wait to enter the saga inbox, each
     /// takes turns of its weight in inputs (1 to 1000; a tenant not listed weighs 1).
     pub weights: std::collections::BTreeMap<String, u32>,
+    /// Per tenant, the most new inputs per second this node lets into the saga inbox (its
+    /// routers of the aggregate stream; effect results and timers are never limited).
+    /// Above it, the tenant's inputs wait in order, in the stream, and go in later; none is
+    /// dropped. Each replica applies it to what it routes.
+    pub rate_limits: std::collections::BTreeMap<String, f64>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
     /// tenant's inputs pass another tenant's backlog.
@@ -492,6 +497,7 @@ impl Default for TenancyConfig {
             default_tenant: "_".into(),
             allowed: Vec::new(),
             weights: std::collections::BTreeMap::new(),
+            rate_limits: std::collections::BTreeMap::new(),
             read_ahead: 100_000,
         }
     }

@@ -264,6 +264,20 @@ impl Config {
             }
             range(&format!("tenancy.weights.{t}"), *w, 1, 1000)?;
         }
+        for (t, r) in &self.tenancy.rate_limits {
+            if let Err(e) = check(t, Rule::TENANT) {
+                return invalid(
+                    &format!("tenancy.rate_limits.{t}"),
+                    format!("is not a subject token: {e}"),
+                );
+            }
+            if !(r.is_finite() && *r > 0.0 && *r <= 1e9) {
+                return invalid(
+                    &format!("tenancy.rate_limits.{t}"),
+                    format!("{r} is out of range; allowed above 0 to 1e9 inputs per second"),
+                );
+            }
+        }
         range("tenancy.read_ahead", self.tenancy.read_ahead, 1, 10_000_000)?;
         Ok(())
     }

@@ -29,21 +29,51 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
             crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         TenantsAction::List { output } => {
-            let v = api.get("/admin/tenants/paused")?;
+            let v = api.get("/admin/tenants")?;
             if output == OutputFormat::Json {
                 crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
             } else {
-                let paused = v["paused"].as_array().cloned().unwrap_or_default();
-                for t in &paused {
-                    crate::outln!(
-                        "{}",
-                        crate::telemetry::escape_controls(t.as_str().unwrap_or("-"))
-                    )?;
-                }
-                crate::outln!("{} tenant(s) paused", paused.len())?;
+                print_tenants(&v)?;
             }
         }
     }
+    Ok(())
+}
+
+/// A line per tenant: its use of this node against its limits (`GET /admin/tenants`).
+fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
+    let tenants = v["tenants"].as_array().cloned().unwrap_or_default();
+    crate::outln!(
+        "{:<24} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
+        "TENANT",
+        "WAITING",
+        "OLDEST_WAIT",
+        "LET_IN",
+        "WEIGHT",
+        "RATE/S",
+        "PAUSED"
+    )?;
+    for t in &tenants {
+        let rate = t["rate_limit_per_s"]
+            .as_f64()
+            .map_or("-".to_string(), |r| format!("{r}"));
+        crate::outln!(
+            "{:<24} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
+            crate::telemetry::escape_controls(t["tenant"].as_str().unwrap_or("-")),
+            t["waiting_inputs"].as_u64().unwrap_or(0),
+            t["oldest_wait_s"].as_f64().unwrap_or(0.0),
+            t["inputs_let_in"].as_u64().unwrap_or(0),
+            t["weight"].as_u64().unwrap_or(1),
+            rate,
+            if t["paused"].as_bool().unwrap_or(false) {
+                "yes"
+            } else {
+                "no"
+            }
+        )?;
+    }
+    let paused = v["paused"].as_array().map_or(0, Vec::len);
+    crate::outln!("{} tenant(s), {paused} paused", tenants.len())?;
     Ok(())
 }
 

@@ -92,6 +92,14 @@ pub struct Metrics {
     pub effect_queue: Histogram,
     /// See [`names::DEADLETTERS_TOTAL`].
     pub deadletters: IntCounterVec,
+    /// See [`names::TENANT_WAITING_INPUTS`].
+    pub tenant_waiting: IntGaugeVec,
+    /// See [`names::TENANT_OLDEST_WAIT_SECONDS`].
+    pub tenant_oldest_wait: prometheus::GaugeVec,
+    /// See [`names::TENANT_INPUTS_TOTAL`].
+    pub tenant_inputs: IntCounterVec,
+    /// See [`names::TENANT_RATE_LIMITED_TOTAL`].
+    pub tenant_rate_limited: IntCounterVec,
     /// See [`names::PARTITIONS_OWNED`].
     pub partitions_owned: IntGauge,
     /// See [`names::PARTITION_EPOCH`].
@@ -169,6 +177,7 @@ impl Metrics {
         let ownership = families::ownership::register(&registry)?;
         let recovery = families::recovery::register(&registry)?;
         let storage = families::store::register(&registry)?;
+        let tenant = families::tenant::register(&registry)?;
         Ok(Self {
             registry,
             nats_connected: service.nats_connected,
@@ -200,6 +209,10 @@ impl Metrics {
             input_wait: saga.input_wait,
             effect_queue: effect.effect_queue,
             deadletters: service.deadletters,
+            tenant_waiting: tenant.waiting,
+            tenant_oldest_wait: tenant.oldest_wait,
+            tenant_inputs: tenant.inputs,
+            tenant_rate_limited: tenant.rate_limited,
             partitions_owned: ownership.partitions_owned,
             partition_epoch: ownership.partition_epoch,
             partition_lag: ownership.partition_lag,

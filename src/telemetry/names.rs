@@ -62,6 +62,14 @@ pub const TIMER_FIRE_LAG_SECONDS: &str = "runner_timer_fire_lag_seconds";
 /// How long a batch of new aggregate events waited behind work under way, seconds
 /// (`saga.max_queued_work`; observed only when it waited).
 pub const SAGA_ADMISSION_WAIT_SECONDS: &str = "runner_saga_admission_wait_seconds";
+/// New inputs waiting at this node's routers to enter the saga inbox, by tenant.
+pub const TENANT_WAITING_INPUTS: &str = "runner_tenant_waiting_inputs";
+/// How long the oldest of a tenant's waiting new inputs has waited, seconds.
+pub const TENANT_OLDEST_WAIT_SECONDS: &str = "runner_tenant_oldest_wait_seconds";
+/// New inputs let into the saga inbox, by tenant.
+pub const TENANT_INPUTS_TOTAL: &str = "runner_tenant_inputs_total";
+/// Turns a tenant with new inputs waiting passed at its rate limit (`tenancy.rate_limits`).
+pub const TENANT_RATE_LIMITED_TOTAL: &str = "runner_tenant_rate_limited_total";
 /// Dead letters by kind.
 pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
 /// Saga partitions this replica owns now (partitioned mode).

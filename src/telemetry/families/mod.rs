@@ -18,6 +18,7 @@ pub(super) mod router;
 pub(super) mod saga;
 pub(super) mod service;
 pub(super) mod store;
+pub(super) mod tenant;
 pub(super) mod timer;
 
 /// The buckets of every latency histogram, in seconds.

@@ -59,6 +59,7 @@ mod hold;
 mod raise;
 pub mod share;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,6 +95,9 @@ const INPUTS_PER_BATCH: usize = 200;
 /// reading keeps well ahead of copying, so a tenant's input behind another tenant's
 /// backlog reaches the lanes soon (the lanes bound what waits).
 const READ_AHEAD: usize = 5000;
+
+/// How often a router reports what waits in its lanes, at most.
+const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// How long reading pauses before other shares' messages read past the marker are marked.
 const IDLE_MARK: Duration = Duration::from_millis(100);
@@ -195,6 +199,11 @@ async fn route_while_held(
     let stopped = Routing::new(state, share, admission, &lease, fence, cancel)
         .route()
         .await;
+    // Nothing waits here any more.
+    let label = format!("router:{share}");
+    state
+        .tenants
+        .report(&label, Vec::new(), &state.config.tenancy, &state.metrics);
     if stopped.release {
         let _ = lease.release().await;
     }
@@ -287,6 +296,8 @@ struct Routing<'a> {
     /// Since when admission has let nothing of the lanes in (observed as the admission
     /// wait when something goes).
     held_since: Option<Instant>,
+    /// When the lanes were last reported ([`Routing::report`]).
+    reported_at: Instant,
 }
 
 impl<'a> Routing<'a> {
@@ -326,6 +337,7 @@ impl<'a> Routing<'a> {
             ),
             pressing: false,
             held_since: None,
+            reported_at: Instant::now(),
         }
     }
 
@@ -335,6 +347,7 @@ impl<'a> Routing<'a> {
         loop {
             // What waited in the lanes is read again from the fence's watermark.
             self.lanes.reset(self.fence.lanes());
+            self.report(true);
             let reader = match self.open().await {
                 Ok(reader) => reader,
                 Err(e) => {
@@ -595,14 +608,21 @@ impl<'a> Routing<'a> {
             } else {
                 self.room_now(waiting).await
             };
-            let weights = &self.state.config.tenancy.weights;
-            let weight = |t: &str| weights.get(t).copied().unwrap_or(1);
+            let tenancy = &self.state.config.tenancy;
+            let weight = |t: &str| tenancy.weights.get(t).copied().unwrap_or(1);
+            let allowed = self.allowances();
+            let within =
+                |t: &str, cap: usize| cap.min(allowed.get(t).copied().unwrap_or(usize::MAX));
             let (batch, given) = match &room {
-                Room::Any(n) => self.lanes.take_capped(*n, weight, |_| usize::MAX),
-                Room::PerTenant(caps) => self
+                Room::Any(n) => self
                     .lanes
-                    .take_capped(usize::MAX, weight, |t| caps.get(t).copied().unwrap_or(0)),
+                    .take_capped(*n, weight, |t| within(t, usize::MAX)),
+                Room::PerTenant(caps) => self.lanes.take_capped(usize::MAX, weight, |t| {
+                    within(t, caps.get(t).copied().unwrap_or(0))
+                }),
             };
+            // What waits, at once when nothing does any more.
+            self.report(self.lanes.is_empty());
             if batch.is_empty() {
                 self.held_since.get_or_insert_with(Instant::now);
                 return Ok(false);
@@ -610,6 +630,10 @@ impl<'a> Routing<'a> {
             if let Some(gate) = &self.admission {
                 gate.record(&given, matches!(room, Room::PerTenant(_)))
                     .await;
+                let tenancy = &self.state.config.tenancy;
+                self.state
+                    .tenants
+                    .let_in(&given, tenancy, &self.state.metrics);
             }
             if let Some(since) = self.held_since.take() {
                 let held = since.elapsed().as_secs_f64();
@@ -638,6 +662,51 @@ impl<'a> Routing<'a> {
             }
         }
         Ok(true)
+    }
+
+    /// Per waiting tenant with a rate limit (`tenancy.rate_limits`), how many new inputs it
+    /// may let in now; a tenant at its limit passes its turn (counted). Only new inputs
+    /// (the aggregate stream's routers) are limited.
+    fn allowances(&self) -> HashMap<String, usize> {
+        let tenancy = &self.state.config.tenancy;
+        if self.admission.is_none() || tenancy.rate_limits.is_empty() {
+            return HashMap::new();
+        }
+        let mut out = HashMap::new();
+        for t in self.lanes.tenants() {
+            let Some(rate) = tenancy.rate_limits.get(t) else {
+                continue;
+            };
+            let n = self.state.tenants.allowance(t, Some(*rate));
+            if n == 0 {
+                self.state
+                    .metrics
+                    .tenant_rate_limited
+                    .with_label_values(&[&crate::fair::label_of(tenancy, t)])
+                    .inc();
+            }
+            out.insert(t.to_string(), n);
+        }
+        out
+    }
+
+    /// Reports what waits in the lanes, by tenant (`crate::fair::Usage`): at most every
+    /// [`REPORT_EVERY`], or at once when `now`.
+    fn report(&mut self, now: bool) {
+        if self.admission.is_none() || (!now && self.reported_at.elapsed() < REPORT_EVERY) {
+            return;
+        }
+        self.reported_at = Instant::now();
+        let waiting = self
+            .lanes
+            .waiting_by_tenant()
+            .into_iter()
+            .map(|(t, n, oldest)| (t.to_string(), n, oldest))
+            .collect();
+        let tenancy = &self.state.config.tenancy;
+        self.state
+            .tenants
+            .report(&self.label, waiting, tenancy, &self.state.metrics);
     }
 
     /// What of the `waiting` inputs admission lets in at once, without holding; all of

@@ -1,0 +1,60 @@
+//! Tenants at the door of the saga inbox: new inputs read and waiting to go in (by tenant),
+//! how long the oldest has waited, what went in, and the turns a tenant passed at its rate
+//! limit. The `tenant` label is bounded: a tenant named in `[tenancy]` (allowed, weights,
+//! rate limits, the default tenant) has its own series, every other tenant counts as
+//! `other` (`crate::fair::Usage`).
+
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+
+use super::{counters, reg};
+use crate::telemetry::names;
+
+/// The tenant collectors.
+pub(in crate::telemetry) struct Tenant {
+    pub(in crate::telemetry) waiting: IntGaugeVec,
+    pub(in crate::telemetry) oldest_wait: GaugeVec,
+    pub(in crate::telemetry) inputs: IntCounterVec,
+    pub(in crate::telemetry) rate_limited: IntCounterVec,
+}
+
+/// Defines and registers in `r` the collectors of [`Tenant`].
+pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant> {
+    let waiting = reg(
+        r,
+        IntGaugeVec::new(
+            Opts::new(
+                names::TENANT_WAITING_INPUTS,
+                "New inputs read by this node's routers and waiting to enter the saga inbox.",
+            ),
+            &["tenant"],
+        )?,
+    )?;
+    let oldest_wait = reg(
+        r,
+        GaugeVec::new(
+            Opts::new(
+                names::TENANT_OLDEST_WAIT_SECONDS,
+                "How long the oldest of a tenant's waiting new inputs has waited, seconds.",
+            ),
+            &["tenant"],
+        )?,
+    )?;
+    let inputs = counters(
+        r,
+        names::TENANT_INPUTS_TOTAL,
+        "New inputs this node's routers let into the saga inbox.",
+        &["tenant"],
+    )?;
+    let rate_limited = counters(
+        r,
+        names::TENANT_RATE_LIMITED_TOTAL,
+        "Turns a tenant with new inputs waiting passed at its rate limit.",
+        &["tenant"],
+    )?;
+    Ok(Tenant {
+        waiting,
+        oldest_wait,
+        inputs,
+        rate_limited,
+    })
+}
