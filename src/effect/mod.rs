@@ -6,10 +6,13 @@
 //! same ones (the deliver group: JetStream hands each command to one replica). Each has
 //! its own fetch loop in each process, its own share of `effect.concurrency` slots and its
 //! own `effect.max_ack_pending` across the replicas, so a slow upstream fills only its own
-//! effect's slots and pending window; other effects go on. A loop asks JetStream for only
-//! as many commands as it has free slots, and for no more bytes than its share of
-//! `effect.max_inflight_bytes` has free ([`budget`]), so a busy replica leaves the rest to
-//! the others and large commands cannot fill memory.
+//! effect's slots and pending window; other effects go on. A loop asks JetStream for as
+//! many commands as it has free slots plus what its slots finished in the last half second
+//! (at most `effect.read_ahead`), and for no more bytes than its share of
+//! `effect.max_inflight_bytes` has free ([`budget`]), so a replica whose slots stay full
+//! leaves the rest to the others and large commands cannot fill memory. What it read ahead
+//! starts in tenants' turns ([`crate::fair`]): one tenant's queue of commands does not hold
+//! another tenant's behind it.
 //! A catch-all consumer (`consumers.effect` itself, every command, headers only) acks what
 //! an effect consumer of this process covers and handles the rest here: a command of an
 //! effect no loaded manifest declares gets a `Failed` result saying so, through its claim

@@ -187,8 +187,9 @@ async fn measure(
     );
 
     // A warm-up, so that B alone does not pay for the first sagas' consumers and claims.
-    let warm = drive(js, &tenant("warm-up"), 1000, 0.0, QUIET).await?;
-    lost("the warm-up", warm.completed, 1000)?;
+    let warm_up = a.flood.min(1000);
+    let warm = drive(js, &tenant("warm-up"), warm_up, 0.0, QUIET).await?;
+    lost("the warm-up", warm.completed, warm_up)?;
     let mut alone = drive(js, &b1, a.trickle, a.trickle_rate, QUIET).await?;
     lost("B alone", alone.completed, a.trickle)?;
     let b_alone = quantiles(&mut alone);

@@ -34,7 +34,10 @@
 //!    marker once all are stored ([`Fence::publish_marker`]).
 //!    A new owner reads the watermark when it raises ([`Observed::through`]; the raise's own
 //!    marker carries it forward), so it knows exactly what its predecessors stored — however
-//!    long ago, without leaning on the de-duplication window.
+//!    long ago, without leaning on the de-duplication window. A publisher that stores in
+//!    several ordered lanes (a router taking tenants in turns) also records, per lane, the
+//!    last position stored beyond the watermark ([`Fence::stage_lanes`],
+//!    [`Observed::lanes`]), carried forward the same way.
 //!
 //! **Guarantee.** Once a newer owner's marker is stored, the broker refuses every publish
 //! carrying the older fence (error 10071, "wrong last sequence"), however long its sender

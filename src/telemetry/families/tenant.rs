@@ -51,6 +51,11 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         "Turns a tenant with new inputs waiting passed at its rate limit.",
         &["tenant"],
     )?;
+    // Every tenant not named in `[tenancy]` counts here: its series exist from the start.
+    waiting.with_label_values(&["other"]).set(0);
+    oldest_wait.with_label_values(&["other"]).set(0.0);
+    inputs.with_label_values(&["other"]);
+    rate_limited.with_label_values(&["other"]);
     Ok(Tenant {
         waiting,
         oldest_wait,

@@ -19,26 +19,32 @@
 //!   surplus (`share.rs`), so routing is spread over the replicas.
 //! - **Fenced, atomic, exact progress.** Copies go out as atomic batches into the inbox,
 //!   fenced on `runner.fence.<inbox>.<source>/<share>`, each ending with a marker that
-//!   records the last source sequence it covers (other shares' messages read before it
-//!   included). So a batch and its progress are stored together or not at all; a router
-//!   that was paused and replaced cannot store anything (the new router raised the fence);
-//!   and a new router resumes exactly after the last marker. No input is copied twice or
-//!   skipped, whatever the de-duplication window.
+//!   records the source sequence through which everything is covered (other shares'
+//!   messages read before it included) and, per tenant, the last input copied beyond it
+//!   (tenants go in turns, [`crate::fair`]). So a batch and its progress are stored
+//!   together or not at all; a router that was paused and replaced cannot store anything
+//!   (the new router raised the fence); and a new router resumes exactly after the last
+//!   marker, skipping what its lanes show copied. No input is copied twice or skipped,
+//!   whatever the de-duplication window.
 //! - **Per-subject order.** One batch in flight per share; the next starts after the
-//!   answer, so the inbox holds each share's inputs — every input of one subject — in
-//!   source order. (The next chunk of the source is read while a batch is in flight,
-//!   [`ReadAhead`], but sent only after the answer.)
+//!   answer. Inputs wait in one first-in first-out lane per tenant, so the inbox holds
+//!   each tenant's inputs of a share — every input of one subject — in source order;
+//!   between tenants the order is their turns. (The source is read ahead while a batch is
+//!   in flight, [`ReadAhead`], and while admission holds new triggers, up to
+//!   `tenancy.read_ahead` inputs waiting.)
 //! - **Bounded bytes.** A pull of the source asks for as many messages as fit in
 //!   `saga.max_pull_bytes` at the sizes seen ([`crate::worker::pull`]), and a batch of copies is cut
 //!   before it would pass `saga.max_batch_bytes` (one input's copies stay together, so only
 //!   an input whose copies alone pass it makes a larger batch). Copies share the source
 //!   message's body rather than each holding its own.
 //!
-//! - **Work under way first.** The aggregate stream's routers copy only as many inputs as
-//!   fit under `saga.max_queued_work` (each share its part, through the node's one gate)
-//!   and hold the rest while effect commands are queued at the bound (`admit.rs`); the
-//!   results routers never wait, so inbox partitions do not fill with new triggers ahead of
-//!   them.
+//! - **Work under way first, tenants in turns.** The aggregate stream's routers copy only
+//!   as many inputs as fit under `saga.max_queued_work` (each share its part, through the
+//!   node's one gate) and hold the rest while effect commands are queued at the bound
+//!   (`admit.rs`), except a tenant under its weighted share of the bound; a tenant over its
+//!   rate limit (`tenancy.rate_limits`) passes its turn. Held inputs wait in the lanes, in
+//!   order, and nothing is dropped. The results routers never wait, so inbox partitions do
+//!   not fill with new triggers ahead of them.
 //!
 //! **What each failure costs.** A refused or unanswered batch is checked against the fence
 //! ([`Fence::recheck`]): landed (carry on), not landed (send it again), or fenced off (stop
