@@ -328,6 +328,24 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_limit_is_reserved_once_across_readers_and_refunded_when_unused() {
+        let u = Usage::default();
+        // Two a second, two saved up: the first reader gets both, the second none.
+        assert_eq!(u.reserve("a", 2.0), 2);
+        assert_eq!(u.reserve("a", 2.0), 0);
+        // One of them was not let in: it goes back.
+        u.refund("a", 1);
+        assert_eq!(u.reserve("a", 2.0), 1);
+        // Counted by what went in, per tenant.
+        let metrics = crate::telemetry::Metrics::new("t", "t", "saga").unwrap();
+        let tenancy = crate::config::TenancyConfig::default();
+        u.let_in(&BTreeMap::from([("a".to_string(), 3)]), &tenancy, &metrics);
+        assert_eq!(u.snapshot()["a"].inputs_let_in, 3);
+        // Not named in [tenancy]: counted as `other`.
+        assert_eq!(metrics.tenant_inputs.with_label_values(&["other"]).get(), 3);
+    }
+
+    #[test]
     fn lanes_are_full_at_either_bound() {
         let mut l: Lanes<u64> = Lanes::new(2, 25);
         l.push("a", 1, 10, 1);
@@ -433,26 +451,33 @@ impl Usage {
         u.labels.extend(by_label.into_keys());
     }
 
-    /// How many inputs `tenant` may let in now under its rate limit (`per_s`; none: no
-    /// limit).
-    pub fn allowance(&self, tenant: &str, per_s: Option<f64>) -> usize {
-        let Some(rate) = per_s else {
-            return usize::MAX;
-        };
+    /// Reserves what `tenant` may let in now under its rate limit of `per_s` inputs a
+    /// second (a second's worth saved up at most) and returns it; give back what is not
+    /// let in ([`Usage::refund`]). Reserving first keeps the routers of several shares from
+    /// each letting in the same allowance.
+    pub fn reserve(&self, tenant: &str, per_s: f64) -> usize {
         let mut u = self.lock();
-        let burst = rate.max(1.0);
+        let burst = per_s.max(1.0);
         let now = Instant::now();
         let (tokens, at) = u
             .allowance
             .entry(tenant.to_string())
             .or_insert((burst, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * rate).min(burst);
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * per_s).min(burst);
         *at = now;
-        tokens.floor() as usize
+        let whole = tokens.max(0.0).floor();
+        *tokens -= whole;
+        whole as usize
     }
 
-    /// Notes what each tenant let in: counted, and taken from the rate-limited ones'
-    /// allowances.
+    /// Gives back `n` of what [`Usage::reserve`] gave `tenant` and was not let in.
+    pub fn refund(&self, tenant: &str, n: usize) {
+        if let Some((tokens, _)) = self.lock().allowance.get_mut(tenant) {
+            *tokens += n as f64;
+        }
+    }
+
+    /// Notes what each tenant let in (counted).
     pub fn let_in(
         &self,
         given: &BTreeMap<String, usize>,
@@ -462,9 +487,6 @@ impl Usage {
         let mut u = self.lock();
         for (t, n) in given {
             *u.let_in.entry(t.clone()).or_default() += *n as u64;
-            if let Some((tokens, _)) = u.allowance.get_mut(t) {
-                *tokens -= *n as f64;
-            }
             metrics
                 .tenant_inputs
                 .with_label_values(&[&label_of(tenancy, t)])

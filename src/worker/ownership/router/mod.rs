@@ -61,11 +61,11 @@
 //! carry them are `copies.rs`.
 
 mod copies;
+mod door;
 mod hold;
 mod raise;
 pub mod share;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -83,11 +83,10 @@ use crate::broker::fence::Fence;
 use crate::broker::liveness::{Liveness, Probe};
 use crate::fair::{Lanes, tenant_of};
 use crate::runtime::AppState;
-use crate::worker::admit::{Gate, POLL, Room};
+use crate::worker::admit::{Gate, POLL};
 use crate::worker::consume::{ORDERED_PULL_EXPIRY, Source, server_filters};
 use crate::worker::pull::{PullSize, ReadAhead};
-use copies::{Stop, mark, send};
-use hold::{Unheld, hold};
+use copies::{Stop, mark};
 use raise::{legacy_router, raise};
 
 use share::{SKIPPED_MARK_EVERY, Share};
@@ -101,9 +100,6 @@ const INPUTS_PER_BATCH: usize = 200;
 /// reading keeps well ahead of copying, so a tenant's input behind another tenant's
 /// backlog reaches the lanes soon (the lanes bound what waits).
 const READ_AHEAD: usize = 5000;
-
-/// How often a router reports what waits in its lanes, at most.
-const REPORT_EVERY: Duration = Duration::from_millis(250);
 
 /// How long reading pauses before other shares' messages read past the marker are marked.
 const IDLE_MARK: Duration = Duration::from_millis(100);
@@ -597,157 +593,6 @@ impl<'a> Routing<'a> {
                 self.backoff.sleep(self.cancel).await;
                 Err(Ended::Reopen)
             }
-        }
-    }
-
-    /// Copies one batch of what waits in the lanes, in tenants' turns, as far as admission
-    /// lets it in now (`admit.rs`), reading the next chunk meanwhile; its marker records
-    /// the lanes' progress. Returns whether a batch went. One batch at a time, so what is
-    /// read meanwhile joins the lanes before the next batch is chosen; while the lanes have
-    /// room it does not wait for admission (reading goes on, so every tenant's inputs
-    /// reach the lanes); full lanes wait here.
-    async fn copy_once(&mut self, reader: &mut Reader) -> Result<bool, Ended> {
-        {
-            let waiting = self.lanes.len();
-            let room = if self.lanes.full() {
-                Room::Any(self.room(waiting).await.map_err(Ended::Stop)?)
-            } else {
-                self.room_now(waiting).await
-            };
-            let tenancy = &self.state.config.tenancy;
-            let weight = |t: &str| tenancy.weights.get(t).copied().unwrap_or(1);
-            let allowed = self.allowances();
-            let within =
-                |t: &str, cap: usize| cap.min(allowed.get(t).copied().unwrap_or(usize::MAX));
-            let (batch, given) = match &room {
-                Room::Any(n) => self
-                    .lanes
-                    .take_capped(*n, weight, |t| within(t, usize::MAX)),
-                Room::PerTenant(caps) => self.lanes.take_capped(usize::MAX, weight, |t| {
-                    within(t, caps.get(t).copied().unwrap_or(0))
-                }),
-            };
-            // What waits, at once when nothing does any more.
-            self.report(self.lanes.is_empty());
-            if batch.is_empty() {
-                self.held_since.get_or_insert_with(Instant::now);
-                return Ok(false);
-            }
-            if let Some(gate) = &self.admission {
-                gate.record(&given, matches!(room, Room::PerTenant(_)))
-                    .await;
-                let tenancy = &self.state.config.tenancy;
-                self.state
-                    .tenants
-                    .let_in(&given, tenancy, &self.state.metrics);
-            }
-            if let Some(since) = self.held_since.take() {
-                let held = since.elapsed().as_secs_f64();
-                self.state.metrics.admission_wait.observe(held);
-            }
-            let progress = self.lanes.progress(self.read_through);
-            // The next chunk is read while this batch is routed (see `ReadAhead`).
-            let sent = reader
-                .during(send(
-                    self.state,
-                    self.share,
-                    &mut self.fence,
-                    batch,
-                    progress,
-                ))
-                .await;
-            match sent {
-                Ok(()) => self.backoff.reset(),
-                Err(Stop::Fenced) => {
-                    return Err(Ended::Stop(Stopped::kept("fenced off by a newer router")));
-                }
-                Err(Stop::Retry) => {
-                    self.backoff.sleep(self.cancel).await;
-                    return Err(Ended::Reopen);
-                }
-            }
-        }
-        Ok(true)
-    }
-
-    /// Per waiting tenant with a rate limit (`tenancy.rate_limits`), how many new inputs it
-    /// may let in now; a tenant at its limit passes its turn (counted). Only new inputs
-    /// (the aggregate stream's routers) are limited.
-    fn allowances(&self) -> HashMap<String, usize> {
-        let tenancy = &self.state.config.tenancy;
-        if self.admission.is_none() || tenancy.rate_limits.is_empty() {
-            return HashMap::new();
-        }
-        let mut out = HashMap::new();
-        for t in self.lanes.tenants() {
-            let Some(rate) = tenancy.rate_limits.get(t) else {
-                continue;
-            };
-            let n = self.state.tenants.allowance(t, Some(*rate));
-            if n == 0 {
-                self.state
-                    .metrics
-                    .tenant_rate_limited
-                    .with_label_values(&[&crate::fair::label_of(tenancy, t)])
-                    .inc();
-            }
-            out.insert(t.to_string(), n);
-        }
-        out
-    }
-
-    /// Reports what waits in the lanes, by tenant (`crate::fair::Usage`): at most every
-    /// [`REPORT_EVERY`], or at once when `now`.
-    fn report(&mut self, now: bool) {
-        if self.admission.is_none() || (!now && self.reported_at.elapsed() < REPORT_EVERY) {
-            return;
-        }
-        self.reported_at = Instant::now();
-        let waiting = self
-            .lanes
-            .waiting_by_tenant()
-            .into_iter()
-            .map(|(t, n, oldest)| (t.to_string(), n, oldest))
-            .collect();
-        let tenancy = &self.state.config.tenancy;
-        self.state
-            .tenants
-            .report(&self.label, waiting, tenancy, &self.state.metrics);
-    }
-
-    /// What of the `waiting` inputs admission lets in at once, without holding; all of
-    /// them for a router without admission.
-    async fn room_now(&self, waiting: usize) -> Room {
-        match self.admission.as_ref() {
-            None => Room::Any(waiting),
-            Some(gate) => {
-                let tenants: Vec<&str> = self.lanes.tenants().collect();
-                gate.room(self.state, waiting, share::SHARES as usize, &tenants)
-                    .await
-            }
-        }
-    }
-
-    /// How many of the `waiting` inputs may go in now: all of them for a router without
-    /// admission, else this share's part of the room under the bound, once it has any.
-    async fn room(&mut self, waiting: usize) -> Result<usize, Stopped> {
-        let Some(gate) = self.admission.as_ref() else {
-            return Ok(waiting);
-        };
-        match hold(self.state, gate, waiting, self.lease, self.cancel).await {
-            Ok((held, room)) => {
-                if !held.is_zero() {
-                    // Observed when the batch goes (`copy_once`), as one wait.
-                    let since = Instant::now()
-                        .checked_sub(held)
-                        .unwrap_or_else(Instant::now);
-                    self.held_since.get_or_insert(since);
-                }
-                Ok(room)
-            }
-            Err(Unheld::Lost) => Err(Stopped::lost()),
-            Err(Unheld::NotRouting) => Err(Stopped::not_routing()),
-            Err(Unheld::Drain) => Err(Stopped::drain()),
         }
     }
 }
