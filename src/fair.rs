@@ -337,7 +337,7 @@ mod tests {
         u.refund("a", 1);
         assert_eq!(u.reserve("a", 2.0), 1);
         // Counted by what went in, per tenant.
-        let metrics = crate::telemetry::Metrics::new("t", "t", "saga").unwrap();
+        let metrics = crate::telemetry::Metrics::new("t", "t", "saga").expect("metrics");
         let tenancy = crate::config::TenancyConfig::default();
         u.let_in(&BTreeMap::from([("a".to_string(), 3)]), &tenancy, &metrics);
         assert_eq!(u.snapshot()["a"].inputs_let_in, 3);
