@@ -552,6 +552,23 @@ mod tests {
     }
 
     #[test]
+    fn a_loop_reads_ahead_only_what_its_slots_finished_lately() {
+        let mut pace = Pace::new(0);
+        // Nothing finished yet (a hung upstream): nothing is read ahead.
+        assert_eq!(pace.ahead(0, 1024), 0);
+        // Half a second later, 300 finished: that many may wait for a slot.
+        pace.at -= PATIENCE;
+        let n = pace.ahead(300, 1024);
+        assert!((290..=300).contains(&n), "{n}");
+        // Never more than `effect.read_ahead`.
+        pace.at -= PATIENCE;
+        assert_eq!(pace.ahead(3300, 1024), 1024);
+        // Slots stop finishing: the read-ahead falls to nothing within one period.
+        pace.at -= PATIENCE;
+        assert_eq!(pace.ahead(3300, 1024), 0);
+    }
+
+    #[test]
     fn statuses_that_only_end_a_pull_are_told_from_failures() {
         for d in [
             "Message Size Exceeds MaxBytes",

@@ -156,7 +156,11 @@ pub(crate) async fn run(
                 continue;
             }
             Err(e) => {
-                tracing::warn!(message = "Cannot contend for the router lease.", share = %share, error = %e);
+                if crate::relay::election::is_election(&e.to_string()) {
+                    tracing::warn!(message = "Cannot contend for the router lease: the leases bucket is electing a leader (or unreachable); retrying.", share = %share, error = %e);
+                } else {
+                    tracing::warn!(message = "Cannot contend for the router lease.", share = %share, error = %e);
+                }
                 backoff.sleep(&cancel).await;
                 wait = Duration::ZERO;
                 continue;
