@@ -10,78 +10,17 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::metrics::metric;
-use common::upstream::{Latch, Reply, Upstream};
-use common::{NatsServer, RunnerProc, aggregate_event, jetstream, publish_json, read_stream};
-use serde_json::json;
-
-fn manifest(upstream: &str) -> String {
-    format!(
-        r#"format: 1
-effects:
-  - name: ping
-    provider: http
-    settings: {{ url: "{upstream}/ping", method: POST }}
-sagas:
-  - name: job
-    version: 1
-    triggers:
-      - {{ subject: aggregate.Job.*, event_type: JobStarted, correlation: event.aggregate_id, start: true }}
-      - {{ subject: effect_result.ping.*, correlation: event.metadata.correlation_id }}
-    data: {{ job: "${{ event.aggregate_id }}" }}
-    initial_state: new
-    states:
-      new:
-        on:
-          JobStarted:
-            emit: [{{ effect: {{ name: ping, payload: {{}} }} }}]
-            goto: pinging
-      pinging:
-        on:
-          ping.Succeeded:
-            emit: [{{ command: {{ aggregate_type: Job, command: Finish, aggregate_id: "${{ state.job }}", payload: {{}} }} }}]
-            goto: done
-      done: {{ terminal: true }}
-"#
-    )
-}
-
-async fn start_jobs(js: &async_nats::jetstream::Context, from: u64, to: u64) {
-    for i in from..to {
-        let id = format!("j{i}");
-        let ev = aggregate_event(
-            "t",
-            "Job",
-            &id,
-            "JobStarted",
-            1_800_000_000_000 + i,
-            json!({}),
-        );
-        publish_json(js, &format!("tenant.t.aggregate.Job.{id}"), &ev).await;
-    }
-}
-
-/// An upstream whose answers wait for the returned latch, and a manifest directory whose
-/// `job` saga calls it.
-async fn held_upstream() -> (Latch, Upstream, tempfile::TempDir) {
-    let hold = Latch::new();
-    let upstream = {
-        let hold = hold.clone();
-        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
-    };
-    let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
-    (hold, upstream, manifests)
-}
+use common::upstream::Upstream;
+use common::{NatsServer, RunnerProc, jetstream, jobs, read_stream};
 
 /// Publishes ten triggers under a bound of four and waits until more than the bound of
 /// their calls hang (the router lets in what the bound has room for, at least one more);
 /// returns how many sagas started.
 async fn start_queued(js: &async_nats::jetstream::Context, upstream: &Upstream) -> u64 {
-    start_jobs(js, 0, 10).await;
+    jobs::start(js, "t", 0, 10).await;
     let queued = common::eventually(Duration::from_secs(30), || async {
         upstream.in_flight() >= 5
     })
@@ -107,7 +46,7 @@ async fn finished_jobs(js: &async_nats::jetstream::Context) -> Vec<common::Seen>
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_triggers_are_not_routed_while_started_work_is_queued() {
     let nats = NatsServer::start();
-    let (hold, upstream, manifests) = held_upstream().await;
+    let (hold, upstream, manifests) = jobs::held_upstream().await;
     let runner = RunnerProc::combined(
         &nats.url(),
         manifests.path().to_str().unwrap(),
@@ -129,7 +68,7 @@ async fn new_triggers_are_not_routed_while_started_work_is_queued() {
     // once) up to all ten, published one at a time, can get in before a reading shows the
     // first calls. Either way more than the bound is then queued, which is what the ten
     // triggers after them are held behind.
-    start_jobs(&js, 0, 10).await;
+    jobs::start(&js, "t", 0, 10).await;
     let queued = common::eventually(Duration::from_secs(30), || async {
         upstream.in_flight() >= 5
     })
@@ -152,7 +91,7 @@ async fn new_triggers_are_not_routed_while_started_work_is_queued() {
     );
 
     // Ten more triggers: above the bound, none is copied while the calls hang.
-    start_jobs(&js, 10, 20).await;
+    jobs::start(&js, "t", 10, 20).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         metric(&admin, started).await,
@@ -189,7 +128,7 @@ async fn a_batch_read_under_a_backlog_is_admitted_only_as_far_as_the_bound() {
     const BOUND: u64 = 20;
     const JOBS: u64 = 300;
     let nats = NatsServer::start();
-    let (hold, upstream, manifests) = held_upstream().await;
+    let (hold, upstream, manifests) = jobs::held_upstream().await;
     let bound = BOUND.to_string();
     let envs = [
         ("RUNNER__SAGA__MAX_QUEUED_WORK", bound.as_str()),
@@ -200,7 +139,7 @@ async fn a_batch_read_under_a_backlog_is_admitted_only_as_far_as_the_bound() {
     // pile up unread.
     let data = RunnerProc::combined(&nats.url(), dir, &envs).stop();
     let js = jetstream(&nats.url()).await;
-    start_jobs(&js, 0, JOBS).await;
+    jobs::start(&js, "t", 0, JOBS).await;
     let runner = RunnerProc::combined_in(data, &nats.url(), dir, &envs);
     let admin = runner.admin.clone();
     let started = "runner_saga_transitions_total{outcome=\"applied\",saga=\"job\"}";
@@ -290,7 +229,7 @@ async fn routes_aggregates(admin: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_nothing() {
     let nats = NatsServer::start();
-    let (hold, upstream, manifests) = held_upstream().await;
+    let (hold, upstream, manifests) = jobs::held_upstream().await;
     let m = manifests.path().to_str().unwrap();
     let env = [
         ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
@@ -310,7 +249,7 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
     let js = jetstream(&url).await;
 
     let first = start_queued(&js, &upstream).await;
-    start_jobs(&js, 10, 20).await;
+    jobs::start(&js, "t", 10, 20).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         pings(&js).await as u64,
@@ -358,7 +297,7 @@ async fn a_holding_router_drained_leaves_the_hold_to_its_successor_and_loses_not
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_drained_while_holding_loses_nothing() {
     let nats = NatsServer::start();
-    let (hold, upstream, manifests) = held_upstream().await;
+    let (hold, upstream, manifests) = jobs::held_upstream().await;
     let m = manifests.path().to_str().unwrap();
     let env = [
         ("RUNNER__SAGA__MAX_QUEUED_WORK", "4"),
@@ -374,13 +313,13 @@ async fn a_node_drained_while_holding_loses_nothing() {
     let mut saga = RunnerProc::saga(tempfile::tempdir().unwrap(), &url, m, &env);
     let js = jetstream(&url).await;
 
-    start_jobs(&js, 0, 10).await;
+    jobs::start(&js, "t", 0, 10).await;
     let calling = common::eventually(Duration::from_secs(30), || async {
         upstream.in_flight() >= 4
     })
     .await;
     assert!(calling, "calls in flight: {}", upstream.in_flight());
-    start_jobs(&js, 10, 20).await;
+    jobs::start(&js, "t", 10, 20).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let started = pings(&js).await;
     // The bound is read from the broker up to 50 ms old, so triggers published one at a

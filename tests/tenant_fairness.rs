@@ -14,56 +14,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::metrics::metric;
-use common::upstream::{Latch, Reply, Upstream};
-use common::{NatsServer, RunnerProc, aggregate_event, jetstream, publish_json, read_stream};
+use common::upstream::{Reply, Upstream};
+use common::{NatsServer, RunnerProc, jetstream, jobs, read_stream};
 use serde_json::json;
 
-/// A `job` saga whose one step calls the upstream with the job's id.
-fn manifest(upstream: &str) -> String {
-    format!(
-        r#"format: 1
-effects:
-  - name: ping
-    provider: http
-    settings: {{ url: "{upstream}/ping", method: POST }}
-sagas:
-  - name: job
-    version: 1
-    triggers:
-      - {{ subject: aggregate.Job.*, event_type: JobStarted, correlation: event.aggregate_id, start: true }}
-      - {{ subject: effect_result.ping.*, correlation: event.metadata.correlation_id }}
-    data: {{ job: "${{ event.aggregate_id }}" }}
-    initial_state: new
-    states:
-      new:
-        on:
-          JobStarted:
-            emit: [{{ effect: {{ name: ping, payload: {{ job: "${{ state.job }}" }} }} }}]
-            goto: pinging
-      pinging:
-        on:
-          ping.Succeeded:
-            emit: [{{ command: {{ aggregate_type: Job, command: Finish, aggregate_id: "${{ state.job }}", payload: {{}} }} }}]
-            goto: done
-      done: {{ terminal: true }}
-"#
+/// The `Finish` commands of `tenant`'s sagas that completed.
+async fn finished(js: &async_nats::jetstream::Context, tenant: &str) -> Vec<common::Seen> {
+    read_stream(
+        js,
+        "WORKFLOW_COMMANDS",
+        &format!("tenant.{tenant}.command.Job.*"),
     )
-}
-
-/// Publishes `JobStarted` for jobs `<tenant>-<from>` … `<tenant>-<to - 1>` of `tenant`.
-async fn start_jobs(js: &async_nats::jetstream::Context, tenant: &str, from: u64, to: u64) {
-    for i in from..to {
-        let id = format!("{tenant}-{i}");
-        let ev = aggregate_event(
-            tenant,
-            "Job",
-            &id,
-            "JobStarted",
-            1_800_000_000_000 + i,
-            json!({}),
-        );
-        publish_json(js, &format!("tenant.{tenant}.aggregate.Job.{id}"), &ev).await;
-    }
+    .await
 }
 
 /// The upstream's calls for jobs of `tenant` so far.
@@ -83,13 +45,7 @@ fn calls_of(upstream: &Upstream, tenant: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
     let nats = NatsServer::start();
-    let hold = Latch::new();
-    let upstream = {
-        let hold = hold.clone();
-        Upstream::start(Arc::new(move |_, _, _| Reply::ok(json!({})).until(&hold))).await
-    };
-    let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let (hold, upstream, manifests) = jobs::held_upstream().await;
     let runner = RunnerProc::combined(
         &nats.url(),
         manifests.path().to_str().unwrap(),
@@ -102,7 +58,7 @@ async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
     let js = jetstream(&nats.url()).await;
 
     // A fills the bound with calls that hang (at least one more than the bound goes in).
-    start_jobs(&js, "a", 0, 10).await;
+    jobs::start(&js, "a", 0, 10).await;
     let filled = common::eventually(Duration::from_secs(30), || async {
         upstream.in_flight() >= 5
     })
@@ -116,8 +72,8 @@ async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
     );
 
     // A's backlog, then B's one trigger behind it in the stream.
-    start_jobs(&js, "a", 10, 40).await;
-    start_jobs(&js, "b", 0, 1).await;
+    jobs::start(&js, "a", 10, 40).await;
+    jobs::start(&js, "b", 0, 1).await;
     let b_called = common::eventually(Duration::from_secs(30), || async {
         calls_of(&upstream, "b") == 1
     })
@@ -141,28 +97,21 @@ async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
 
     // The upstream answers: every saga of both tenants finishes, each once.
     hold.release();
-    let finished = |tenant: &'static str| {
-        let js = js.clone();
-        async move {
-            read_stream(
-                &js,
-                "WORKFLOW_COMMANDS",
-                &format!("tenant.{tenant}.command.Job.*"),
-            )
-            .await
-        }
-    };
     let done = common::eventually(Duration::from_secs(60), || async {
-        finished("a").await.len() == 40 && finished("b").await.len() == 1
+        finished(&js, "a").await.len() == 40 && finished(&js, "b").await.len() == 1
     })
     .await;
     assert!(done, "not every saga finished");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let mut ids: Vec<String> = finished("a").await.into_iter().map(|s| s.subject).collect();
+    let mut ids: Vec<String> = finished(&js, "a")
+        .await
+        .into_iter()
+        .map(|s| s.subject)
+        .collect();
     ids.sort_unstable();
     ids.dedup();
     assert_eq!(ids.len(), 40, "each of A's sagas finished once");
-    assert_eq!(finished("b").await.len(), 1);
+    assert_eq!(finished(&js, "b").await.len(), 1);
     assert_eq!(calls_of(&upstream, "a"), 40, "one call per A saga");
     assert_eq!(calls_of(&upstream, "b"), 1);
     runner.stop();
@@ -177,8 +126,7 @@ async fn a_tenant_over_its_rate_limit_is_held_in_order_and_loses_nothing() {
     const JOBS: u64 = 12;
     let nats = NatsServer::start();
     let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
-    let manifests = tempfile::tempdir().unwrap();
-    std::fs::write(manifests.path().join("job.yaml"), manifest(&upstream.base)).unwrap();
+    let manifests = jobs::manifests(&upstream);
     let runner = RunnerProc::combined(
         &nats.url(),
         manifests.path().to_str().unwrap(),
@@ -189,34 +137,23 @@ async fn a_tenant_over_its_rate_limit_is_held_in_order_and_loses_nothing() {
         ],
     );
     let js = jetstream(&nats.url()).await;
-    let finished = |tenant: &'static str| {
-        let js = js.clone();
-        async move {
-            read_stream(
-                &js,
-                "WORKFLOW_COMMANDS",
-                &format!("tenant.{tenant}.command.Job.*"),
-            )
-            .await
-        }
-    };
 
     let started = std::time::Instant::now();
-    start_jobs(&js, "a", 0, JOBS).await;
-    start_jobs(&js, "b", 0, 3).await;
+    jobs::start(&js, "a", 0, JOBS).await;
+    jobs::start(&js, "b", 0, 3).await;
     let b_done = common::eventually(Duration::from_secs(30), || async {
-        finished("b").await.len() == 3
+        finished(&js, "b").await.len() == 3
     })
     .await;
     assert!(b_done, "B's sagas did not finish");
     // B went in at once; A, at two a second with two saved up, is still being let in.
-    let a_when_b_done = finished("a").await.len();
+    let a_when_b_done = finished(&js, "a").await.len();
     assert!(
         a_when_b_done < JOBS as usize,
         "A's {a_when_b_done} sagas all finished before B's three: the limit held nothing"
     );
     let a_done = common::eventually(Duration::from_secs(60), || async {
-        finished("a").await.len() == JOBS as usize
+        finished(&js, "a").await.len() == JOBS as usize
     })
     .await;
     assert!(a_done, "A's held sagas did not all finish");

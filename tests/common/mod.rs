@@ -12,6 +12,7 @@ pub mod browser;
 pub mod cluster;
 pub mod effects;
 pub mod grpc;
+pub mod jobs;
 pub mod ledger;
 pub mod metrics;
 pub mod otlp;
