@@ -346,3 +346,40 @@ async fn a_forged_share_marker_is_refused_and_an_operator_reset_resumes_routing(
     .await;
     runner.stop();
 }
+
+/// A share marker whose tenant lane claims inputs past the source (a forgery: its watermark
+/// is plausible) is refused like a forged watermark: the share is not routed, rather than
+/// skipping that tenant's inputs up to the claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_marker_whose_lane_claims_past_the_source_is_refused() {
+    let nats = NatsServer::start();
+    let url = nats.url();
+    let js = jetstream(&url).await;
+    let (subject, _) = common::ledger_deposit(0, 1);
+    let share = format!("AGGREGATE_EVENTS/{}", share_of(&subject));
+    let forged = serde_json::json!({
+        "epoch": 1, "owner": "forger", "lanes": {"bank": 1_000_000}
+    });
+    // The streams exist once a replica has started; the forgery goes in before the next.
+    drop(replica(&url, "n1"));
+    js.publish(
+        format!("runner.fence.SAGA_INBOX.{share}"),
+        serde_json::to_vec(&forged).unwrap().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    let mut runner = replica(&url, "n2");
+    common::wait_until("the refusal logged", Duration::from_secs(30), || {
+        let logged = runner.logged("Share not routed: its fence cannot be raised.");
+        async move { logged }
+    })
+    .await;
+    let refused = common::metrics::metric(
+        &runner.admin,
+        "runner_refused_objects_total{object=\"fence_marker\"}",
+    )
+    .await;
+    assert!(refused >= 1.0, "{refused}");
+}

@@ -5,7 +5,7 @@
 //! | object | claim | genuine only when |
 //! |---|---|---|
 //! | fence marker | its epoch, a revision of the leases bucket | ≤ the bucket's last revision |
-//! | fence marker | its watermark, a sequence of the stream it covers (a router share's source; the inbox, for a partition's outputs) | ≤ that stream's last sequence |
+//! | fence marker | its watermark and its lanes' last inputs, sequences of the stream it covers (a router share's source; the inbox, for a partition's outputs) | ≤ that stream's last sequence |
 //! | snapshot | its checkpoint, a sequence of the inbox | ≤ the inbox's last sequence (and, with a deployment key, its seal checks: `worker/ownership/snapshot.rs`) |
 //!
 //! A claim past those bounds cannot be genuine (forged, or left by another deployment on a
@@ -57,6 +57,11 @@ pub(crate) async fn marker(
     }
     if let Some(at) = seen.through() {
         watermark(state, at.seq, covers, reset).await?;
+    }
+    // A lane's last input (a router's tenants, `crate::fair`) is a sequence of the same
+    // stream: one past it would skip that tenant's inputs up to it.
+    if let Some(seq) = seen.lanes().values().max() {
+        watermark(state, *seq, covers, reset).await?;
     }
     Ok(())
 }
