@@ -268,6 +268,16 @@ async fn v1_instances_are_migrated_explicitly_and_finish_on_v2() {
         let (subject, body) = effect_result(&n.body, "Succeeded", now + 100, json!({}));
         publish_json(&js, &subject, &body).await;
     }
+    // The results and the approvals travel on two streams, which nothing orders against
+    // each other: the approvals go once the results are applied (else a result landing
+    // after its instance finished is ignored).
+    common::metrics::wait_metric(
+        &base,
+        "runner_saga_transitions_total{outcome=\"applied\",saga=\"doc\"}",
+        |v| v >= 10.0,
+        Duration::from_secs(30),
+    )
+    .await;
     for i in 0..5 {
         let ev = aggregate_event(
             "acme",
