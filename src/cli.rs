@@ -296,6 +296,9 @@ pub enum TenantsAction {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         output: OutputFormat,
     },
+    /// Re-read the node's config file and put its `[tenancy]` weights, rate limits and
+    /// effect rate limits in force, without a restart (ask each node).
+    Reload,
 }
 
 /// How a read command prints.

@@ -368,6 +368,8 @@ mod tests {
 #[derive(Debug, Default)]
 pub struct Usage {
     inner: std::sync::Mutex<UsageInner>,
+    /// Per rate-limited tenant, what it may let in now.
+    allowances: crate::quota::Buckets,
 }
 
 #[derive(Debug, Default)]
@@ -375,8 +377,6 @@ struct UsageInner {
     /// Per reader (a router's share), per tenant: inputs waiting and the oldest's wait.
     waiting: HashMap<String, Vec<(String, usize, f64)>>,
     let_in: BTreeMap<String, u64>,
-    /// Per rate-limited tenant: inputs it may let in now, and when that was computed.
-    allowance: HashMap<String, (f64, Instant)>,
     /// Metric labels given a value so far (set to zero when their tenants stop waiting).
     labels: std::collections::BTreeSet<String>,
 }
@@ -393,12 +393,14 @@ pub struct TenantUsage {
 }
 
 /// The metric label of `tenant`: its name when `[tenancy]` names it (allowed, weighted,
-/// rate-limited, or the default tenant), else `other`, so the label stays bounded.
+/// rate-limited for inputs or effect calls, or the default tenant), else `other`, so the
+/// label stays bounded.
 pub fn label_of(tenancy: &crate::config::TenancyConfig, tenant: &str) -> String {
     let named = tenant == tenancy.default_tenant
         || tenancy.allowed.iter().any(|t| t == tenant)
         || tenancy.weights.contains_key(tenant)
-        || tenancy.rate_limits.contains_key(tenant);
+        || tenancy.rate_limits.contains_key(tenant)
+        || tenancy.effect_rate_limits.contains_key(tenant);
     if named { tenant } else { "other" }.to_string()
 }
 
@@ -452,29 +454,16 @@ impl Usage {
     }
 
     /// Reserves what `tenant` may let in now under its rate limit of `per_s` inputs a
-    /// second (a second's worth saved up at most) and returns it; give back what is not
-    /// let in ([`Usage::refund`]). Reserving first keeps the routers of several shares from
-    /// each letting in the same allowance.
+    /// second ([`crate::quota::Buckets`]) and returns it; give back what is not let in
+    /// ([`Usage::refund`]). Reserving first keeps the routers of several shares from each
+    /// letting in the same allowance.
     pub fn reserve(&self, tenant: &str, per_s: f64) -> usize {
-        let mut u = self.lock();
-        let burst = per_s.max(1.0);
-        let now = Instant::now();
-        let (tokens, at) = u
-            .allowance
-            .entry(tenant.to_string())
-            .or_insert((burst, now));
-        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * per_s).min(burst);
-        *at = now;
-        let whole = tokens.max(0.0).floor();
-        *tokens -= whole;
-        whole as usize
+        self.allowances.reserve(tenant, per_s)
     }
 
     /// Gives back `n` of what [`Usage::reserve`] gave `tenant` and was not let in.
     pub fn refund(&self, tenant: &str, n: usize) {
-        if let Some((tokens, _)) = self.lock().allowance.get_mut(tenant) {
-            *tokens += n as f64;
-        }
+        self.allowances.refund(tenant, n);
     }
 
     /// Notes what each tenant let in (counted).

@@ -71,6 +71,7 @@ pub mod manifest;
 pub mod operator;
 pub mod ops;
 pub mod placement;
+pub mod quota;
 pub mod relay;
 pub mod runtime;
 pub mod saga;

@@ -104,6 +104,9 @@ pub struct AppState {
     pub paused: crate::asked::Paused,
     /// What each tenant uses of this node's routers (`crate::fair::Usage`).
     pub tenants: crate::fair::Usage,
+    /// The `[tenancy]` limits in force (`crate::quota`): read them here, not from
+    /// `config`, which keeps the values the node started with.
+    pub limits: crate::quota::Limits,
     /// Partition replays asked for by an operator (`worker/replay.rs`).
     pub replays: crate::asked::Replays,
     /// Fenced batches shared by this process's partition relays (`relay/combine.rs`).
@@ -146,6 +149,7 @@ impl AppState {
         seal: crate::seal::Seal,
     ) -> Self {
         declare(&metrics, &config, &catalog);
+        let limits = crate::quota::Limits::new(config.tenancy.clone());
         Self {
             config,
             node_id,
@@ -159,6 +163,7 @@ impl AppState {
             placement: Placement::default(),
             paused: Default::default(),
             tenants: Default::default(),
+            limits,
             replays: Default::default(),
             shared_batches: Default::default(),
             relays: Default::default(),
@@ -178,6 +183,35 @@ impl AppState {
     /// diagnostics (empty when none, or when storage cannot be read — then the error is one).
     pub async fn stranded_by(&self, catalog: &Catalog) -> Vec<Diagnostic> {
         stranded_in(&self.store, catalog).await
+    }
+
+    /// Re-reads the config file the node started with (and its environment, as at start)
+    /// and puts its `[tenancy]` limits in force ([`crate::quota::Limits::replace`]) when
+    /// the whole config is valid; otherwise the error names the file, line and key, and
+    /// the limits in force stay.
+    pub fn reload_tenancy(&self) -> Result<crate::quota::Changed, crate::config::ConfigError> {
+        let c = &self.config;
+        let overrides = crate::config::Overrides {
+            mode: Some(c.runner.mode),
+            manifests: c.runner.manifests.clone(),
+            nats_urls: c.nats.urls.clone(),
+            admin_addr: Some(c.admin.addr),
+            data_dir: Some(c.storage.data_dir.clone()),
+        };
+        let next = match crate::config::load(c.source.as_deref(), std::env::vars(), &overrides) {
+            Ok(next) => next,
+            Err(e) => {
+                tracing::warn!(message = "Tenancy reload rejected; the limits in force stay.", error = %e);
+                return Err(e);
+            }
+        };
+        let changed = self.limits.replace(next.tenancy);
+        tracing::info!(
+            message = "Tenancy limits reloaded.",
+            applied = ?changed.applied,
+            at_next_start = ?changed.restart
+        );
+        Ok(changed)
     }
 
     /// Re-reads and validates the configured manifests; swaps them in only when valid.

@@ -13,7 +13,8 @@
 //! | `GET /admin/instance`, `GET /admin/dlq`, `GET /admin/dlq/{tenant}/{id}`, `POST /admin/dlq/{tenant}/{id}/redrive` | one instance; dead letters listed one bounded page at a time (`after=NEXT`), shown whole, redriven, rate-limited (see `operate.rs`) |
 //! | `GET /admin/dlq/stream`, `POST /admin/dlq/stream/{tenant}/{seq}/redrive` | the dead-letter stream's letters (refused effect commands among them) listed one bounded page at a time and redriven once (see `operate.rs`) |
 //! | `POST /admin/tenants/{tenant}/pause`, `…/resume`, `GET /admin/tenants/paused` | a tenant's inputs held, then released in order (see `tenants.rs`) |
-//! | `GET /admin/tenants` | each tenant's new inputs waiting, the oldest's wait, what went in, weight, rate limit, pause |
+//! | `GET /admin/tenants` | each tenant's new inputs waiting, the oldest's wait, what went in, weight, rate limits, pause |
+//! | `POST /admin/tenants/reload` | the config file's `[tenancy]` limits re-read and put in force (see `tenants.rs`) |
 //! | `POST /admin/partitions/{p}/replay` | `{"from", "confirm"}`: the owner reads partition `p`'s inbox again from `from` (see `partitions.rs`) |
 //! | `GET /admin/graph?saga=S[&version=V]` | a loaded saga as states and labelled edges, for the admin page's diagram (see `graph.rs`) |
 //! | `POST /admin/router-fence` | `{"share", "through", "confirm"}`: replaces a router share's fence marker (one whose watermark the share refuses) so the share routes from `through + 1` (see `fences.rs`) |
@@ -94,6 +95,7 @@ pub fn router(state: Arc<AppState>, token: Option<String>) -> Router {
         .route("/admin/partition-fence", post(fences::reset_partition))
         .route("/admin/tenants", get(tenants::list))
         .route("/admin/tenants/paused", get(tenants::paused))
+        .route("/admin/tenants/reload", post(tenants::reload))
         .route("/admin/tenants/{tenant}/pause", post(tenants::pause_tenant))
         .route(
             "/admin/tenants/{tenant}/resume",

@@ -6,9 +6,11 @@
 //! | `POST /admin/tenants/{tenant}/pause` | pauses the tenant on every saga node: `{tenant, paused: true}` |
 //! | `POST /admin/tenants/{tenant}/resume` | resumes it: the resume is sent to every partition, whose owner releases what it held |
 //! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
-//! | `GET /admin/tenants` | every tenant known here: new inputs waiting at this node's routers, the oldest's wait, inputs let in, weight, rate limit, paused |
+//! | `GET /admin/tenants` | every tenant known here: new inputs waiting at this node's routers, the oldest's wait, inputs let in, weight, rate limits, paused |
+//! | `POST /admin/tenants/reload` | re-reads the config file's `[tenancy]` limits (weights, rate limits, effect rate limits) and puts them in force; 422 naming the file, line and key when invalid |
 //!
-//! Only a node that runs the saga worker answers the writes (409 otherwise). A tenant the control bucket cannot
+//! Only a node that runs the saga worker answers pause and resume (409 otherwise); every node
+//! reloads its limits. A tenant the control bucket cannot
 //! key (anything but ASCII letters, digits, `-`, `_`, `=`, `/`; `worker::control::pausable`)
 //! is answered 400 naming that rule. Behind the admin token.
 
@@ -69,15 +71,44 @@ pub(super) async fn resume_tenant(
     }
 }
 
+/// `POST /admin/tenants/reload`: re-reads the node's config file and puts its `[tenancy]`
+/// limits in force (`crate::quota`); 200 with the keys changed and those that wait for a
+/// restart, 422 naming the file, line and key of what is wrong (the limits in force stay).
+pub(super) async fn reload(State(state): State<Arc<AppState>>) -> Response {
+    let s = state.clone();
+    match tokio::task::spawn_blocking(move || s.reload_tenancy()).await {
+        Ok(Ok(changed)) => Json(json!({
+            "status": "applied",
+            "applied": changed.applied,
+            "at_next_start": changed.restart,
+        }))
+        .into_response(),
+        Ok(Err(e)) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "status": "rejected",
+                "reason": "the config is invalid; the limits in force stay",
+                "error": e.to_string(),
+            })),
+        )
+            .into_response(),
+        Err(e) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("reload failed: {e}"),
+        ),
+    }
+}
+
 /// `GET /admin/tenants`: every tenant this node knows of — seen at its routers, named in
 /// `[tenancy]`, or paused — with what waits, what went in, its weight, rate limit and pause.
 pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
-    let tenancy = &state.config.tenancy;
+    let tenancy = state.limits.get();
     let usage = state.tenants.snapshot();
     let paused = state.paused.get();
     let mut names: std::collections::BTreeSet<String> = usage.keys().cloned().collect();
     names.extend(tenancy.weights.keys().cloned());
     names.extend(tenancy.rate_limits.keys().cloned());
+    names.extend(tenancy.effect_rate_limits.keys().cloned());
     names.extend(tenancy.allowed.iter().cloned());
     names.extend(paused.iter().cloned());
     let tenants: Vec<_> = names
@@ -91,6 +122,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
                 "inputs_let_in": u.inputs_let_in,
                 "weight": tenancy.weights.get(t).copied().unwrap_or(1),
                 "rate_limit_per_s": tenancy.rate_limits.get(t),
+                "effect_rate_limits_per_s": tenancy.effect_rate_limits.get(t),
                 "paused": paused.contains(t),
             })
         })

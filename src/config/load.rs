@@ -132,6 +132,7 @@ pub fn load(
     if let Some(dir) = &overrides.data_dir {
         config.storage.data_dir = dir.clone();
     }
+    config.source = file.map(Path::to_path_buf);
     // Relative paths in a config file are relative to the working directory, like the CLI's.
     config.validate().map_err(|e| match e {
         // Say where the refused value was written.
@@ -162,21 +163,20 @@ pub fn load(
     Ok(config)
 }
 
-/// Line and column where `key` (`section.name`) is assigned in a TOML text, if it is.
+/// Line and column where `key` (`section.name`, or deeper: `tenancy.rate_limits.acme`) is
+/// written in a TOML text, if it is: in a `[section]`, a dotted key or an inline table. A key
+/// whose parent is not a table there is placed at that parent.
 fn locate(text: &str, key: &str) -> Option<(usize, usize)> {
-    let (section, name) = key.rsplit_once('.')?;
-    let mut current = String::new();
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim_start();
-        if let Some(h) = t.strip_prefix('[') {
-            current = h.split(']').next().unwrap_or_default().trim().to_string();
-            continue;
-        }
-        if current == section
-            && let Some(rest) = t.strip_prefix(name)
-            && rest.trim_start().starts_with('=')
-        {
-            return Some((i + 1, line.len() - t.len() + 1));
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let mut table = doc.get_ref();
+    let mut segments = key.split('.').peekable();
+    while let Some(segment) = segments.next() {
+        let (k, v) = table
+            .iter()
+            .find(|(k, _)| k.get_ref().as_ref() == segment)?;
+        match v.get_ref() {
+            toml::de::DeValue::Table(inner) if segments.peek().is_some() => table = inner,
+            _ => return Some(line_col(text, k.span().start)),
         }
     }
     None
@@ -283,6 +283,22 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_value_inside_an_inline_table_is_placed_at_its_key() {
+        let f = file(
+            "[tenancy]\nweights = { a = 2 }\neffect_rate_limits.b = { ping = 1.0, pong = 0.0 }\n",
+        );
+        match load(Some(f.path()), env(&[]), &Overrides::default()) {
+            Err(ConfigError::File {
+                line, column, key, ..
+            }) => {
+                assert_eq!(key.as_deref(), Some("tenancy.effect_rate_limits.b.pong"));
+                assert_eq!((line, column), (3, 38));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
     fn bad_duration_names_the_key() {
         let f = file("[runner]\ndrain_timeout = \"soon\"\n");
         match load(Some(f.path()), env(&[]), &Overrides::default()) {
@@ -348,7 +364,9 @@ mod tests {
     #[test]
     fn default_toml_matches_defaults() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/default.toml");
-        let c = load(Some(&path), env(&[]), &Overrides::default()).expect("default.toml loads");
+        let mut c = load(Some(&path), env(&[]), &Overrides::default()).expect("default.toml loads");
+        assert_eq!(c.source.as_deref(), Some(path.as_path()));
+        c.source = None;
         assert_eq!(
             c,
             Config::default(),

@@ -72,6 +72,10 @@ pub struct Config {
     pub tracing: TracingConfig,
     /// The deployment key that seals snapshots and control inputs.
     pub security: SecurityConfig,
+    /// The file this config was read from, if any (not a key: [`load`] sets it, and a
+    /// reload of the tenancy limits reads the same file).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
 }
 
 /// `[tracing]`: span export over OTLP/HTTP (see `telemetry::otel` for the hops).
@@ -485,6 +489,12 @@ pub struct TenancyConfig {
     /// Above it, the tenant's inputs wait in order, in the stream, and go in later; none is
     /// dropped. Each replica applies it to what it routes.
     pub rate_limits: std::collections::BTreeMap<String, f64>,
+    /// Per tenant, per effect, the most calls per second this node's effect worker starts
+    /// (`[tenancy.effect_rate_limits.<tenant>]` with `<effect> = <calls/s>`). Above it, the
+    /// tenant's commands of that effect wait in order, and other tenants' go first; none is
+    /// dropped or failed. Each replica applies it to the calls it starts.
+    pub effect_rate_limits:
+        std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
     /// tenant's inputs pass another tenant's backlog.
@@ -498,6 +508,7 @@ impl Default for TenancyConfig {
             allowed: Vec::new(),
             weights: std::collections::BTreeMap::new(),
             rate_limits: std::collections::BTreeMap::new(),
+            effect_rate_limits: std::collections::BTreeMap::new(),
             read_ahead: 100_000,
         }
     }

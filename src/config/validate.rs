@@ -37,6 +37,18 @@ fn range<T: PartialOrd + std::fmt::Display>(
     }
 }
 
+/// A rate of `what` per second above 0 and at most 1e9, else an error naming `key`.
+fn per_second(key: &str, r: f64, what: &str) -> Result<(), ConfigError> {
+    if r.is_finite() && r > 0.0 && r <= 1e9 {
+        Ok(())
+    } else {
+        invalid(
+            key,
+            format!("{r} is out of range; allowed above 0 to 1e9 {what} per second"),
+        )
+    }
+}
+
 /// The refusal of `key`, saying why in `message`.
 fn invalid(key: &str, message: String) -> Result<(), ConfigError> {
     Err(ConfigError::Invalid {
@@ -237,8 +249,8 @@ impl Config {
         Ok(())
     }
 
-    /// `[tenancy]`: the default tenant, every allowed one and every weighted one are
-    /// subject tokens; weights within 1 to 1000; a read-ahead of at least one input.
+    /// `[tenancy]`: the default tenant and every tenant named are subject tokens; weights
+    /// within 1 to 1000; rates above 0 to 1e9 a second; a read-ahead of at least one input.
     fn validate_tenancy(&self) -> Result<(), ConfigError> {
         use crate::subject::{Rule, check};
         if let Err(e) = check(&self.tenancy.default_tenant, Rule::TENANT) {
@@ -271,11 +283,21 @@ impl Config {
                     format!("is not a subject token: {e}"),
                 );
             }
-            if !(r.is_finite() && *r > 0.0 && *r <= 1e9) {
+            per_second(&format!("tenancy.rate_limits.{t}"), *r, "inputs")?;
+        }
+        for (t, effects) in &self.tenancy.effect_rate_limits {
+            if let Err(e) = check(t, Rule::TENANT) {
                 return invalid(
-                    &format!("tenancy.rate_limits.{t}"),
-                    format!("{r} is out of range; allowed above 0 to 1e9 inputs per second"),
+                    &format!("tenancy.effect_rate_limits.{t}"),
+                    format!("is not a subject token: {e}"),
                 );
+            }
+            for (effect, r) in effects {
+                let key = format!("tenancy.effect_rate_limits.{t}.{effect}");
+                if let Err(e) = check(effect, Rule::NAME) {
+                    return invalid(&key, format!("is not an effect name: {e}"));
+                }
+                per_second(&key, *r, "calls")?;
             }
         }
         range("tenancy.read_ahead", self.tenancy.read_ahead, 1, 10_000_000)?;

@@ -11,8 +11,10 @@
 //! (at most `effect.read_ahead`), and for no more bytes than its share of
 //! `effect.max_inflight_bytes` has free ([`budget`]), so a replica whose slots stay full
 //! leaves the rest to the others and large commands cannot fill memory. What it read ahead
-//! starts in tenants' turns ([`crate::fair`]): one tenant's queue of commands does not hold
-//! another tenant's behind it.
+//! starts in tenants' turns ([`turns`]): one tenant's queue of commands does not hold
+//! another tenant's behind it, and a tenant with an effect rate limit
+//! (`tenancy.effect_rate_limits`) waits there in order, holding neither a slot nor the
+//! other tenants.
 //! A catch-all consumer (`consumers.effect` itself, every command, headers only) acks what
 //! an effect consumer of this process covers and handles the rest here: a command of an
 //! effect no loaded manifest declares gets a `Failed` result saying so, through its claim
@@ -66,7 +68,8 @@
 //! slots, reopening its consumer with backoff), following reloads, and waiting for
 //! in-flight commands on drain; [`consumers`] which consumers exist, where each starts and
 //! what it covers; `handle.rs` the steps above for one command, in one tracing span;
-//! `attempt.rs` step 2 with the lease renewal and progress acks; `command.rs` the envelope
+//! `turns.rs` which waiting command starts next; `attempt.rs` step 2 with the lease renewal
+//! and progress acks; `command.rs` the envelope
 //! and the result event; `context.rs` what the handlers share; [`claim`], [`breaker`] and
 //! [`provider`] one concept each.
 
@@ -80,6 +83,7 @@ pub mod provider;
 mod attempt;
 mod context;
 mod handle;
+mod turns;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -93,11 +97,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
-use crate::fair::{Lanes, tenant_of};
+use crate::fair::tenant_of;
 use crate::runtime::AppState;
 use budget::{Budget, Held, Reservation};
 use consumers::{Coverage, Opened, Which};
 use context::Ctx;
+use turns::Turns;
 
 pub use command::{Command, CommandError, ResultType};
 pub use consumers::COMMAND_FILTER;
@@ -332,7 +337,11 @@ impl Loop {
         cancel: &CancellationToken,
         backoff: &mut Backoff,
     ) -> Result<(), async_nats::Error> {
-        let mut lanes = Lanes::new(usize::MAX, usize::MAX);
+        let effect = match &self.which {
+            Which::Effect(e) => e.clone(),
+            Which::CatchAll => String::new(),
+        };
+        let mut lanes = Turns::new(effect);
         let ended = self.pull_into(o, cancel, backoff, &mut lanes).await;
         for (msg, _held) in lanes.take_all() {
             let why = "its fetch loop stopped before starting it";
@@ -347,36 +356,43 @@ impl Loop {
         o: &Opened,
         cancel: &CancellationToken,
         backoff: &mut Backoff,
-        lanes: &mut Lanes<(jetstream::Message, Held)>,
+        lanes: &mut Turns,
     ) -> Result<(), async_nats::Error> {
         let config = &self.ctx.state.config;
         let most = config.effect.concurrency.clamp(1, 256);
-        let ahead = config.effect.read_ahead;
+        let read_ahead = config.effect.read_ahead;
         let refresh = config.effect.ack_wait.get() / 3;
         let mut pull: Option<(jetstream::consumer::pull::Batch, Reservation)> = None;
         let mut pace = Pace::new(self.finished.load(Ordering::Relaxed));
         loop {
-            let ahead = pace.ahead(self.finished.load(Ordering::Relaxed), ahead);
-            // Start what the free slots allow, in tenants' turns.
+            let ahead = pace.ahead(self.finished.load(Ordering::Relaxed), read_ahead);
+            // Start what the free slots allow, in tenants' turns within their limits.
+            let mut held = None;
             while !lanes.is_empty() {
                 let Ok(slot) = self.permits.clone().try_acquire_owned() else {
                     break;
                 };
-                self.start_next(lanes, slot);
+                held = self.start_next(lanes, slot);
+                if held.is_some() {
+                    break;
+                }
             }
             let free = self.permits.available_permits();
             // Ask for what fits: the free slots and the read-ahead not yet used.
             let wanted = (free + ahead)
-                .saturating_sub(lanes.len())
+                .saturating_sub(lanes.counted(read_ahead))
                 .min(most.max(free));
             tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
                 // A slot frees: for the next command waiting, else to pull again.
-                slot = self.permits.clone().acquire_owned(), if !lanes.is_empty() || wanted == 0 => {
+                slot = self.permits.clone().acquire_owned(), if held.is_none() && (!lanes.is_empty() || wanted == 0) => {
                     if let Ok(slot) = slot {
                         self.start_next(lanes, slot);
                     }
                 }
+                // Every tenant waiting is at its effect rate limit: look again when one
+                // has an allowance.
+                _ = tokio::time::sleep(held.unwrap_or_default()), if held.is_some() => {}
                 room = self.bytes.reserve(), if pull.is_none() && wanted > 0 => {
                     let Some(room) = room else { return Ok(()) };
                     let batch = o
@@ -396,7 +412,7 @@ impl Loop {
                         let held = room.take(msg.length);
                         let seq = msg.info().map_or(0, |i| i.stream_sequence);
                         let tenant = tenant_of(msg.subject.as_str()).to_string();
-                        lanes.push(&tenant, seq, msg.length, (msg, held));
+                        lanes.push(&tenant, seq, msg, held);
                     }
                     // The server ended this pull (byte limit, batch over): not an error.
                     Some(Err(e)) if ended_by_server(&*e) => pull = None,
@@ -405,7 +421,7 @@ impl Loop {
                 },
                 _ = tokio::time::sleep(refresh), if !lanes.is_empty() => {
                     // Still held here, not forgotten: no redelivery elsewhere meanwhile.
-                    for (msg, _) in lanes.stale(refresh) {
+                    for msg in lanes.stale(refresh) {
                         let _ = msg.ack_with(jetstream::AckKind::Progress).await;
                     }
                 }
@@ -413,19 +429,16 @@ impl Loop {
         }
     }
 
-    /// Starts the next command in tenants' turns on `slot` (none waiting: the slot is
-    /// given back).
-    fn start_next(
-        &self,
-        lanes: &mut Lanes<(jetstream::Message, Held)>,
-        slot: OwnedSemaphorePermit,
-    ) {
-        let weights = &self.ctx.state.config.tenancy.weights;
-        if let Some((msg, held)) = lanes
-            .take(1, |t| weights.get(t).copied().unwrap_or(1))
-            .pop()
-        {
-            self.dispatch(msg, slot, Some(held));
+    /// Starts the next command in tenants' turns on `slot` (none startable: the slot is
+    /// given back). Returns how long to wait when every tenant waiting is at its limit.
+    fn start_next(&self, lanes: &mut Turns, slot: OwnedSemaphorePermit) -> Option<Duration> {
+        match lanes.next(&self.ctx.state) {
+            turns::Next::Start(msg, held) => {
+                self.dispatch(msg, slot, Some(held));
+                None
+            }
+            turns::Next::Held(wait) => Some(wait),
+            turns::Next::Empty => None,
         }
     }
 

@@ -4,7 +4,7 @@
 use super::store::remote;
 use crate::cli::{OutputFormat, PartitionsAction, StoreArgs, TenantsAction};
 
-/// `runner tenants`: pause, resume, list — through a running saga node only (the pause is
+/// `runner tenants`: pause, resume, list, reload — through a running saga node only (the pause is
 /// shared by every node through NATS, and a resume releases inside the node's commits).
 pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
     use crate::admin::client::enc;
@@ -26,6 +26,10 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
                 &format!("/admin/tenants/{}/resume", enc(&tenant)),
                 &serde_json::json!({}),
             )?;
+            crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
+        }
+        TenantsAction::Reload => {
+            let v = api.post("/admin/tenants/reload", &serde_json::json!({}))?;
             crate::outln!("{}", serde_json::to_string_pretty(&v)?)?;
         }
         TenantsAction::List { output } => {

@@ -100,6 +100,12 @@ pub struct Metrics {
     pub tenant_inputs: IntCounterVec,
     /// See [`names::TENANT_RATE_LIMITED_TOTAL`].
     pub tenant_rate_limited: IntCounterVec,
+    /// See [`names::TENANT_APPLIED_TOTAL`].
+    pub tenant_applied: IntCounterVec,
+    /// See [`names::TENANT_EFFECT_CALLS_TOTAL`].
+    pub tenant_effect_calls: IntCounterVec,
+    /// See [`names::TENANT_EFFECT_RATE_LIMITED_TOTAL`].
+    pub tenant_effect_rate_limited: IntCounterVec,
     /// See [`names::PARTITIONS_OWNED`].
     pub partitions_owned: IntGauge,
     /// See [`names::PARTITION_EPOCH`].
@@ -213,6 +219,9 @@ impl Metrics {
             tenant_oldest_wait: tenant.oldest_wait,
             tenant_inputs: tenant.inputs,
             tenant_rate_limited: tenant.rate_limited,
+            tenant_applied: tenant.applied,
+            tenant_effect_calls: tenant.effect_calls,
+            tenant_effect_rate_limited: tenant.effect_rate_limited,
             partitions_owned: ownership.partitions_owned,
             partition_epoch: ownership.partition_epoch,
             partition_lag: ownership.partition_lag,
@@ -274,6 +283,10 @@ impl Metrics {
                     .with_label_values(&[effect, result_type]);
             }
             self.effect_seconds.with_label_values(&[effect]);
+            self.tenant_effect_calls
+                .with_label_values(&["other", effect]);
+            self.tenant_effect_rate_limited
+                .with_label_values(&["other", effect]);
             self.effect_circuit_state.with_label_values(&[effect]);
         }
     }

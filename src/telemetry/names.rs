@@ -70,6 +70,13 @@ pub const TENANT_OLDEST_WAIT_SECONDS: &str = "runner_tenant_oldest_wait_seconds"
 pub const TENANT_INPUTS_TOTAL: &str = "runner_tenant_inputs_total";
 /// Turns a tenant with new inputs waiting passed at its rate limit (`tenancy.rate_limits`).
 pub const TENANT_RATE_LIMITED_TOTAL: &str = "runner_tenant_rate_limited_total";
+/// Inputs applied to saga instances (committed transitions), by tenant.
+pub const TENANT_APPLIED_TOTAL: &str = "runner_tenant_applied_total";
+/// Effect calls this node's effect worker started, by tenant and effect.
+pub const TENANT_EFFECT_CALLS_TOTAL: &str = "runner_tenant_effect_calls_total";
+/// Turns a tenant with effect commands waiting passed at its effect rate limit
+/// (`tenancy.effect_rate_limits`), by tenant and effect.
+pub const TENANT_EFFECT_RATE_LIMITED_TOTAL: &str = "runner_tenant_effect_rate_limited_total";
 /// Dead letters by kind.
 pub const DEADLETTERS_TOTAL: &str = "runner_deadletters_total";
 /// Saga partitions this replica owns now (partitioned mode).

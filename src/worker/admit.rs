@@ -233,7 +233,8 @@ impl Gate {
         if n > 0 {
             return Room::Any(n);
         }
-        let weights = &state.config.tenancy.weights;
+        let tenancy = state.limits.get();
+        let weights = &tenancy.weights;
         let limit = state.config.saga.max_queued_work;
         let mut a = self.0.lock().await;
         Room::PerTenant(a.shares(

@@ -1,8 +1,9 @@
 //! [`Tally`]: what applying a batch did, counted while the transaction runs and turned into
 //! metrics only after it commits.
 //!
-//! Guarantee: the counters of `runner_saga_transitions_total`, `runner_deadletters_total`
-//! and `runner_saga_unrouted_total` move only for committed work. A batch that fails to
+//! Guarantee: the counters of `runner_saga_transitions_total`, `runner_deadletters_total`,
+//! `runner_saga_unrouted_total` and `runner_tenant_applied_total` move only for committed
+//! work. A batch that fails to
 //! commit is re-read and counted once, when it does commit.
 
 use crate::telemetry::Metrics;
@@ -22,6 +23,8 @@ pub struct Tally {
     pub last_outbox: u64,
     /// Body bytes of the outbox records written (what bounds a transaction's outputs).
     pub outbox_bytes: u64,
+    /// (tenant, count): inputs applied, per tenant.
+    pub applied: Vec<(String, u64)>,
     /// Tenants a control input resumed (partitioned mode): the node forgets their pause
     /// once this commits, even before its watch of the control bucket says so.
     pub resumed: Vec<String>,
@@ -40,6 +43,14 @@ impl Tally {
         }
     }
 
+    /// Counts one input of `tenant` applied to an instance.
+    pub fn applied_for(&mut self, tenant: &str) {
+        match self.applied.iter_mut().find(|(t, _)| t == tenant) {
+            Some(e) => e.1 += 1,
+            None => self.applied.push((tenant.to_string(), 1)),
+        }
+    }
+
     /// Applications with `outcome`, over all sagas.
     pub fn count(&self, outcome: &str) -> u64 {
         self.transitions
@@ -50,7 +61,12 @@ impl Tally {
     }
 
     /// Adds a committed batch's counts to the metrics. Call only after the commit.
-    pub fn record(&self, m: &Metrics) {
+    pub fn record(&self, m: &Metrics, tenancy: &crate::config::TenancyConfig) {
+        for (tenant, n) in &self.applied {
+            m.tenant_applied
+                .with_label_values(&[&crate::fair::label_of(tenancy, tenant)])
+                .inc_by(*n);
+        }
         for (saga, outcome, n) in &self.transitions {
             m.saga_transitions
                 .with_label_values(&[saga.as_str(), outcome])

@@ -1,6 +1,7 @@
 //! Tenants at the door of the saga inbox: new inputs read and waiting to go in (by tenant),
 //! how long the oldest has waited, what went in, and the turns a tenant passed at its rate
-//! limit. The `tenant` label is bounded: a tenant named in `[tenancy]` (allowed, weights,
+//! limit; what was applied for each; and at the effect worker, each tenant's calls per
+//! effect and the turns it passed at its effect rate limit. The `tenant` label is bounded: a tenant named in `[tenancy]` (allowed, weights,
 //! rate limits, the default tenant) has its own series, every other tenant counts as
 //! `other` (`crate::fair::Usage`).
 
@@ -15,6 +16,9 @@ pub(in crate::telemetry) struct Tenant {
     pub(in crate::telemetry) oldest_wait: GaugeVec,
     pub(in crate::telemetry) inputs: IntCounterVec,
     pub(in crate::telemetry) rate_limited: IntCounterVec,
+    pub(in crate::telemetry) applied: IntCounterVec,
+    pub(in crate::telemetry) effect_calls: IntCounterVec,
+    pub(in crate::telemetry) effect_rate_limited: IntCounterVec,
 }
 
 /// Defines and registers in `r` the collectors of [`Tenant`].
@@ -51,15 +55,37 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         "Turns a tenant with new inputs waiting passed at its rate limit.",
         &["tenant"],
     )?;
+    let applied = counters(
+        r,
+        names::TENANT_APPLIED_TOTAL,
+        "Inputs applied to saga instances (committed transitions).",
+        &["tenant"],
+    )?;
+    let effect_calls = counters(
+        r,
+        names::TENANT_EFFECT_CALLS_TOTAL,
+        "Effect calls this node's effect worker started.",
+        &["tenant", "effect"],
+    )?;
+    let effect_rate_limited = counters(
+        r,
+        names::TENANT_EFFECT_RATE_LIMITED_TOTAL,
+        "Turns a tenant with effect commands waiting passed at its effect rate limit.",
+        &["tenant", "effect"],
+    )?;
     // Every tenant not named in `[tenancy]` counts here: its series exist from the start.
     waiting.with_label_values(&["other"]).set(0);
     oldest_wait.with_label_values(&["other"]).set(0.0);
     inputs.with_label_values(&["other"]);
     rate_limited.with_label_values(&["other"]);
+    applied.with_label_values(&["other"]);
     Ok(Tenant {
         waiting,
         oldest_wait,
         inputs,
         rate_limited,
+        applied,
+        effect_calls,
+        effect_rate_limited,
     })
 }

@@ -74,7 +74,7 @@ impl Loop {
                 .with_label_values(&[&input.scope.partition.to_string()])
                 .set(l as i64);
         }
-        tally.record(metrics);
+        tally.record(metrics, &self.state.limits.get());
         if tally.outbox > 0 {
             self.relay.note_written(tally.last_outbox, tally.outbox);
             self.relay.wake();

@@ -279,6 +279,7 @@ impl Processor<'_> {
         };
         tx.push_history(tenant, saga, corr, &entry)?;
         self.tally.note(saga, "applied");
+        self.tally.applied_for(tenant);
         Ok(())
     }
 

@@ -40,7 +40,7 @@ impl Routing<'_> {
             } else {
                 self.room_now(waiting).await
             };
-            let tenancy = &self.state.config.tenancy;
+            let tenancy = self.state.limits.get();
             let weight = |t: &str| tenancy.weights.get(t).copied().unwrap_or(1);
             let allowed = self.allowances();
             let within =
@@ -67,10 +67,9 @@ impl Routing<'_> {
             if let Some(gate) = &self.admission {
                 gate.record(&given, matches!(room, Room::PerTenant(_)))
                     .await;
-                let tenancy = &self.state.config.tenancy;
                 self.state
                     .tenants
-                    .let_in(&given, tenancy, &self.state.metrics);
+                    .let_in(&given, &tenancy, &self.state.metrics);
             }
             if let Some(since) = self.held_since.take() {
                 let held = since.elapsed().as_secs_f64();
@@ -105,7 +104,7 @@ impl Routing<'_> {
     /// may let in now; a tenant at its limit passes its turn (counted). Only new inputs
     /// (the aggregate stream's routers) are limited.
     fn allowances(&self) -> HashMap<String, usize> {
-        let tenancy = &self.state.config.tenancy;
+        let tenancy = self.state.limits.get();
         if self.admission.is_none() || tenancy.rate_limits.is_empty() {
             return HashMap::new();
         }
@@ -119,7 +118,7 @@ impl Routing<'_> {
                 self.state
                     .metrics
                     .tenant_rate_limited
-                    .with_label_values(&[&crate::fair::label_of(tenancy, t)])
+                    .with_label_values(&[&crate::fair::label_of(&tenancy, t)])
                     .inc();
             }
             out.insert(t.to_string(), n);
@@ -140,10 +139,10 @@ impl Routing<'_> {
             .into_iter()
             .map(|(t, n, oldest)| (t.to_string(), n, oldest))
             .collect();
-        let tenancy = &self.state.config.tenancy;
+        let tenancy = self.state.limits.get();
         self.state
             .tenants
-            .report(&self.label, waiting, tenancy, &self.state.metrics);
+            .report(&self.label, waiting, &tenancy, &self.state.metrics);
     }
 
     /// What of the `waiting` inputs admission lets in at once, without holding; all of

@@ -1,0 +1,243 @@
+//! Per-tenant quotas beyond the inbox rate (`tenant_fairness.rs` has that one), against the
+//! real binary in combined mode, a real nats-server and a real HTTP upstream:
+//! - an effect rate limit (`tenancy.effect_rate_limits`) holds one tenant's calls of one
+//!   effect, in order, while another tenant's run; nothing is dropped, each call happens
+//!   once, and the held turns, calls and applied inputs are counted per tenant;
+//! - the limits are reloaded from the config file without a restart (`runner tenants
+//!   reload`), and a file with a bad limit is refused naming its line and key while the
+//!   limits in force stay.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::metrics::metric;
+use common::upstream::{Reply, Upstream};
+use common::{NatsServer, RunnerProc, jetstream, jobs, read_stream};
+use serde_json::json;
+
+/// How many of `tenant`'s sagas completed (their `Finish` commands).
+async fn finished(js: &async_nats::jetstream::Context, tenant: &str) -> usize {
+    read_stream(
+        js,
+        "WORKFLOW_COMMANDS",
+        &format!("tenant.{tenant}.command.Job.*"),
+    )
+    .await
+    .len()
+}
+
+/// The jobs the upstream was called for, in the order the calls arrived, of `tenant`.
+fn called(upstream: &Upstream, tenant: &str) -> Vec<String> {
+    let prefix = format!("{tenant}-");
+    upstream
+        .hits()
+        .iter()
+        .filter_map(|h| h.body["job"].as_str().map(str::to_string))
+        .filter(|j| j.starts_with(&prefix))
+        .collect()
+}
+
+/// `tenant`'s row in `GET /admin/tenants`.
+async fn listed(admin: &str, tenant: &str) -> serde_json::Value {
+    let v = common::get_json(&format!("{admin}/admin/tenants")).await;
+    v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == tenant)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {tenant} in {v}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_effect_rate_limit_holds_one_tenants_calls_in_order_while_others_run() {
+    const JOBS: usize = 12;
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let manifests = jobs::manifests(&upstream);
+    let runner = RunnerProc::combined(
+        &nats.url(),
+        manifests.path().to_str().unwrap(),
+        &[
+            ("RUNNER__TENANCY__EFFECT_RATE_LIMITS__A__PING", "2"),
+            ("RUNNER__STORAGE__DURABILITY", "unsafe_no_sync"),
+            ("RUNNER__PARTITIONS__COUNT", "8"),
+        ],
+    );
+    let js = jetstream(&nats.url()).await;
+
+    let started = Instant::now();
+    jobs::start(&js, "a", 0, JOBS as u64).await;
+    jobs::start(&js, "b", 0, 3).await;
+    let b_done = common::eventually(Duration::from_secs(30), || async {
+        finished(&js, "b").await == 3
+    })
+    .await;
+    assert!(b_done, "B's sagas did not finish behind A's held calls");
+    let a_when_b_done = called(&upstream, "a").len();
+    assert!(
+        a_when_b_done < JOBS,
+        "all {a_when_b_done} of A's calls ran before B's sagas finished: the limit held nothing"
+    );
+    let a_done = common::eventually(Duration::from_secs(60), || async {
+        finished(&js, "a").await == JOBS
+    })
+    .await;
+    assert!(a_done, "A's held calls did not all run");
+    // Ten past the two saved up, at two a second: no sooner than about five seconds.
+    assert!(
+        started.elapsed() >= Duration::from_secs(4),
+        "A's {JOBS} calls ran faster than the limit allows: {:?}",
+        started.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // Each call once, and A's in the order its commands were stored (those after the two
+    // saved up start one by one).
+    let calls = called(&upstream, "a");
+    let mut once = calls.clone();
+    once.sort_unstable();
+    once.dedup();
+    assert_eq!(once.len(), JOBS, "each of A's jobs called once: {calls:?}");
+    assert_eq!(calls.len(), JOBS, "no call repeated: {calls:?}");
+    let stored: Vec<String> = read_stream(&js, "WORKFLOW_COMMANDS", "tenant.a.effect.ping.*")
+        .await
+        .iter()
+        .map(|s| s.body["payload"]["job"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(stored.len(), JOBS);
+    assert_eq!(
+        calls[2..],
+        stored[2..],
+        "A's held calls ran out of their stored order"
+    );
+
+    let admin = &runner.admin;
+    let held = metric(
+        admin,
+        "runner_tenant_effect_rate_limited_total{effect=\"ping\",tenant=\"a\"}",
+    )
+    .await;
+    assert!(held >= 1.0, "the held turns were not counted: {held}");
+    let a_calls = metric(
+        admin,
+        "runner_tenant_effect_calls_total{effect=\"ping\",tenant=\"a\"}",
+    )
+    .await;
+    assert_eq!(a_calls, JOBS as f64);
+    // B is named nowhere in [tenancy]: its series is `other`.
+    let b_calls = metric(
+        admin,
+        "runner_tenant_effect_calls_total{effect=\"ping\",tenant=\"other\"}",
+    )
+    .await;
+    assert_eq!(b_calls, 3.0);
+    // Two transitions per job: the trigger and the ping result.
+    let applied = metric(admin, "runner_tenant_applied_total{tenant=\"a\"}").await;
+    assert_eq!(applied, (2 * JOBS) as f64);
+    let a = listed(admin, "a").await;
+    assert_eq!(a["effect_rate_limits_per_s"], json!({"ping": 2.0}), "{a}");
+    runner.stop();
+}
+
+/// The config file of the reload test, with `[tenancy]` as given.
+fn write_config(path: &std::path::Path, tenancy: &str) {
+    std::fs::write(
+        path,
+        format!("[storage]\ndurability = \"unsafe_no_sync\"\n\n[tenancy]\n{tenancy}\n"),
+    )
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
+    const JOBS: usize = 60;
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let manifests = jobs::manifests(&upstream);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runner.toml");
+    write_config(&config, "rate_limits = { a = 1.0 }");
+    let runner = RunnerProc::start(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--mode",
+            "combined",
+            "--nats-url",
+            &nats.url(),
+            "--manifest",
+            manifests.path().to_str().unwrap(),
+        ],
+        &[("RUNNER__PARTITIONS__COUNT", "8")],
+    );
+    let js = jetstream(&nats.url()).await;
+    let admin = runner.admin.clone();
+    let reload = || {
+        common::run_to_exit(
+            &["tenants", "--admin", &admin, "reload"],
+            &[],
+            Duration::from_secs(30),
+        )
+    };
+
+    // At one a second, A's sixty are held.
+    jobs::start(&js, "a", 0, JOBS as u64).await;
+    let some = common::eventually(Duration::from_secs(30), || async {
+        finished(&js, "a").await >= 2
+    })
+    .await;
+    assert!(some, "A's first sagas did not finish");
+    assert_eq!(listed(&admin, "a").await["rate_limit_per_s"], json!(1.0));
+
+    // A bad limit is refused with its place in the file; the limit in force stays.
+    write_config(&config, "rate_limits = { a = -5.0 }");
+    let (code, out) = reload();
+    assert_ne!(code, Some(0), "a bad limit was accepted: {out}");
+    assert!(
+        out.contains("tenancy.rate_limits.a") && out.contains("runner.toml:5:"),
+        "the refusal does not name the file, line and key: {out}"
+    );
+    assert_eq!(listed(&admin, "a").await["rate_limit_per_s"], json!(1.0));
+    assert!(
+        finished(&js, "a").await < JOBS,
+        "A finished while still limited to one a second"
+    );
+
+    // Raised in the file and reloaded: A's held sagas go in at the new rate, each once.
+    write_config(&config, "rate_limits = { a = 1000.0 }\nweights = { a = 2 }");
+    let (code, out) = reload();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("tenancy.rate_limits.a") && out.contains("tenancy.weights.a"),
+        "the reload does not name what changed: {out}"
+    );
+    let a = listed(&admin, "a").await;
+    assert_eq!(a["rate_limit_per_s"], json!(1000.0), "{a}");
+    assert_eq!(a["weight"], json!(2), "{a}");
+    // At the old limit the rest would take about a minute; this waits at most half that.
+    let done = common::eventually(Duration::from_secs(30), || async {
+        finished(&js, "a").await == JOBS
+    })
+    .await;
+    assert!(done, "A's held sagas did not go in at the reloaded limit");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut calls = called(&upstream, "a");
+    assert_eq!(calls.len(), JOBS, "each job called once");
+    calls.sort_unstable();
+    calls.dedup();
+    assert_eq!(calls.len(), JOBS);
+
+    // A key that only a restart changes is named as such, and not applied.
+    write_config(&config, "rate_limits = { a = 1000.0 }\nread_ahead = 7");
+    let (code, out) = reload();
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("at_next_start") && out.contains("tenancy.read_ahead"),
+        "a key read at start only is not named: {out}"
+    );
+    runner.stop();
+}
