@@ -308,6 +308,9 @@ async fn load_manifests(config: &Config, store: &Store) -> Result<Catalog, Start
     for w in &report.diagnostics {
         tracing::warn!(message = "Manifest warning.", diagnostic = %w);
     }
+    for w in crate::quota::unknown_effects(&config.tenancy, &catalog.summary().effects) {
+        tracing::warn!(message = "A tenancy limit holds nothing.", problem = %w);
+    }
     Ok(catalog)
 }
 

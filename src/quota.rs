@@ -84,7 +84,11 @@ impl Limits {
             );
         }
         *guard = Arc::new(next);
-        Changed { applied, restart }
+        Changed {
+            applied,
+            restart,
+            warnings: Vec::new(),
+        }
     }
 }
 
@@ -95,6 +99,26 @@ pub struct Changed {
     pub applied: Vec<String>,
     /// Keys whose new values wait for the next start.
     pub restart: Vec<String>,
+    /// What in force looks wrong, though valid ([`unknown_effects`]).
+    pub warnings: Vec<String>,
+}
+
+/// The effect rate limits of `tenancy` that name an effect not in `effects` (the loaded
+/// manifests' effects), one line each: such a limit holds nothing, and is most likely a
+/// misspelt name.
+pub fn unknown_effects(tenancy: &TenancyConfig, effects: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (tenant, limits) in &tenancy.effect_rate_limits {
+        for effect in limits.keys() {
+            if !effects.contains(effect) {
+                out.push(format!(
+                    "tenancy.effect_rate_limits.{tenant}.{effect}: no loaded manifest declares \
+                     the effect {effect:?}, so this limit holds nothing"
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// Appends to `out` each key of `old` or `new` under `prefix` whose value differs.
@@ -212,5 +236,9 @@ mod tests {
         assert_eq!(now.rate_limits["a"], 5.0);
         assert_eq!(now.read_ahead, t.read_ahead, "kept until the next start");
         assert_eq!(limits.replace((*now).clone()), Changed::default());
+        let unknown = unknown_effects(&now, &["pong".to_string()]);
+        assert_eq!(unknown.len(), 1);
+        assert!(unknown[0].starts_with("tenancy.effect_rate_limits.a.ping:"));
+        assert!(unknown_effects(&now, &["ping".to_string()]).is_empty());
     }
 }

@@ -205,7 +205,12 @@ impl AppState {
                 return Err(e);
             }
         };
-        let changed = self.limits.replace(next.tenancy);
+        let mut changed = self.limits.replace(next.tenancy);
+        changed.warnings =
+            crate::quota::unknown_effects(&self.limits.get(), &self.catalog().summary().effects);
+        for w in &changed.warnings {
+            tracing::warn!(message = "A tenancy limit holds nothing.", problem = %w);
+        }
         tracing::info!(
             message = "Tenancy limits reloaded.",
             applied = ?changed.applied,

@@ -231,13 +231,21 @@ async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
     calls.dedup();
     assert_eq!(calls.len(), JOBS);
 
-    // A key that only a restart changes is named as such, and not applied.
-    write_config(&config, "rate_limits = { a = 1000.0 }\nread_ahead = 7");
+    // A key that only a restart changes is named as such, and not applied; a limit on an
+    // effect no manifest declares (misspelt) is applied but answered with a warning.
+    write_config(
+        &config,
+        "rate_limits = { a = 1000.0 }\nread_ahead = 7\neffect_rate_limits.a = { pnig = 1.0 }",
+    );
     let (code, out) = reload();
     assert_eq!(code, Some(0), "{out}");
     assert!(
         out.contains("at_next_start") && out.contains("tenancy.read_ahead"),
         "a key read at start only is not named: {out}"
+    );
+    assert!(
+        out.contains("tenancy.effect_rate_limits.a.pnig") && out.contains("holds nothing"),
+        "a limit on an undeclared effect is not warned of: {out}"
     );
     runner.stop();
 }

@@ -81,6 +81,7 @@ pub(super) async fn reload(State(state): State<Arc<AppState>>) -> Response {
             "status": "applied",
             "applied": changed.applied,
             "at_next_start": changed.restart,
+            "warnings": changed.warnings,
         }))
         .into_response(),
         Ok(Err(e)) => (
