@@ -10,9 +10,12 @@
 //!   as its allowance grows. Other tenants' commands start meanwhile.
 //! - **Reading past a held tenant.** While only held tenants' commands wait, up to
 //!   `effect.read_ahead` of them do not count against what the loop may read ahead, so
-//!   another tenant's commands behind them in the stream are read and started; past that
-//!   many, they wait on the server too. The limits in force are read at each turn, so a
-//!   reload ([`crate::quota`]) applies at once.
+//!   another tenant's commands behind them in the stream are read and started. The
+//!   consumer reads in stream order and held commands stay unacknowledged, so a held
+//!   backlog larger than that window (or than the consumer's `effect.max_ack_pending`)
+//!   holds the effect's other tenants behind it too, until it fits: nothing can skip
+//!   messages it has not read. The limits in force are read at each turn, so a reload
+//!   ([`crate::quota`]) applies at once.
 //! - Every call started is counted in `runner_tenant_effect_calls_total`.
 
 use std::collections::HashMap;

@@ -7,12 +7,15 @@
 //! - both together: A's flood published at once while B's trickle is offered.
 //!
 //! It prints B's input → saga completed p50/p95/p99 alone and under the flood, their p95
-//! ratio, and A's completion rate alone and under the flood, then the `goal:` lines of the
+//! ratio, where B's orders waited hop by hop (`tenants/hops.rs`), and A's completion rate alone and under the flood, then the `goal:` lines of the
 //! fairness goal (B's p95 under the flood within 2× of alone; A's rate within 10 %).
 //!
 //! Guarantees: every drive counts each order once and fails the scenario when an order
 //! is lost (a drive ends after [`QUIET`] with no output); the tenants of each drive are
 //! fresh, so no order of one drive meets state left by another.
+
+#[path = "tenants/hops.rs"]
+mod hops;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -221,6 +224,16 @@ async fn measure(
     let b_flood = quantiles(&mut trickle);
     let a_flood = flood.sagas_per_s();
     println!("  B under A's flood: {}", line(b_flood));
+    // Where B's orders waited, alone and under the flood (stored times, p50/p95 ms).
+    for (who, flow) in [("alone", &b1), ("under the flood", &b2)] {
+        let Flow::Runner { tenant } = flow else {
+            continue;
+        };
+        match hops::line(js, tenant).await {
+            Ok(l) => println!("  where B waits {who} (p50/p95 ms): {l}"),
+            Err(e) => println!("  where B waits {who}: not read ({e})"),
+        }
+    }
     let p50 = flood.done_quantile(0.5);
     println!(
         "  A beside B: {} orders in {:.1} s, {:.0} sagas/s; completed p50 {p50:.0} ms",

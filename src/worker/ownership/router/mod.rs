@@ -209,7 +209,7 @@ async fn route_while_held(
     let label = format!("router:{share}");
     state
         .tenants
-        .report(&label, Vec::new(), &state.config.tenancy, &state.metrics);
+        .report(&label, Vec::new(), &state.limits.get(), &state.metrics);
     if stopped.release {
         let _ = lease.release().await;
     }
