@@ -15,6 +15,7 @@
 mod error;
 mod load;
 mod security;
+mod tenancy;
 mod types;
 mod validate;
 
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 pub use error::ConfigError;
 pub use load::{ENV_PREFIX, Overrides, load};
 pub use security::{MIN_DEPLOYMENT_KEY_BYTES, SecurityConfig};
+pub use tenancy::TenancyConfig;
 pub use types::{ByteSize, HumanDuration};
 pub use validate::is_subject_token;
 
@@ -252,7 +254,9 @@ pub struct SagaConfig {
     /// Work under way goes first: while this many effect commands are queued behind sagas
     /// already started, the aggregate stream's router copies no new input into the saga
     /// inbox (and of a batch read, only as many as there is room for); new triggers wait in
-    /// their stream. 0: off.
+    /// their stream. 0: off. Queued commands wait on their stream in arrival order, so the
+    /// bound is also how long another tenant's new command can wait behind them; keep it
+    /// above the effect slots that must stay busy when upstreams are slow.
     pub max_queued_work: u64,
     /// How far an input's `timestamp_ms` (the producer's clock, the saga's time: timer due
     /// times are computed from it) may lie from the time the broker stored the input; one
@@ -277,7 +281,7 @@ impl Default for SagaConfig {
             dead_letter_retention: HumanDuration::secs(30 * 24 * 3600),
             finished_retention: HumanDuration::secs(7 * 24 * 3600),
             control_bucket: "RUNNER_CONTROL".into(),
-            max_queued_work: 2048,
+            max_queued_work: 512,
             max_clock_skew: HumanDuration::secs(300),
         }
     }
@@ -467,49 +471,6 @@ impl Default for ConsumersConfig {
             effect: "runner-effect".into(),
             stall_check: HumanDuration::secs(3),
             reopen_timeout: HumanDuration::secs(1),
-        }
-    }
-}
-
-/// `[tenancy]`: tenant handling.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct TenancyConfig {
-    /// Tenant token used by single-tenant deployments.
-    pub default_tenant: String,
-    /// When non-empty, only these tenants are served; others are dead-lettered
-    /// (a list, or one comma-separated string).
-    #[serde(deserialize_with = "types::string_or_list")]
-    pub allowed: Vec<String>,
-    /// Fair service: when several tenants' new inputs wait to enter the saga inbox, each
-    /// takes turns of its weight in inputs (1 to 1000; a tenant not listed weighs 1).
-    pub weights: std::collections::BTreeMap<String, u32>,
-    /// Per tenant, the most new inputs per second this node lets into the saga inbox (its
-    /// routers of the aggregate stream; effect results and timers are never limited).
-    /// Above it, the tenant's inputs wait in order, in the stream, and go in later; none is
-    /// dropped. Each replica applies it to what it routes.
-    pub rate_limits: std::collections::BTreeMap<String, f64>,
-    /// Per tenant, per effect, the most calls per second this node's effect worker starts
-    /// (`[tenancy.effect_rate_limits.<tenant>]` with `<effect> = <calls/s>`). Above it, the
-    /// tenant's commands of that effect wait in order, and other tenants' go first; none is
-    /// dropped or failed. Each replica applies it to the calls it starts.
-    pub effect_rate_limits:
-        std::collections::BTreeMap<String, std::collections::BTreeMap<String, f64>>,
-    /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
-    /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
-    /// tenant's inputs pass another tenant's backlog.
-    pub read_ahead: usize,
-}
-
-impl Default for TenancyConfig {
-    fn default() -> Self {
-        Self {
-            default_tenant: "_".into(),
-            allowed: Vec::new(),
-            weights: std::collections::BTreeMap::new(),
-            rate_limits: std::collections::BTreeMap::new(),
-            effect_rate_limits: std::collections::BTreeMap::new(),
-            read_ahead: 100_000,
         }
     }
 }

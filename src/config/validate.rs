@@ -21,7 +21,7 @@ pub fn is_subject_token(s: &str) -> bool {
 }
 
 /// `v` within `lo..=hi`, else an error naming `key`.
-fn range<T: PartialOrd + std::fmt::Display>(
+pub(super) fn range<T: PartialOrd + std::fmt::Display>(
     key: &str,
     v: T,
     lo: T,
@@ -38,7 +38,7 @@ fn range<T: PartialOrd + std::fmt::Display>(
 }
 
 /// A rate of `what` per second above 0 and at most 1e9, else an error naming `key`.
-fn per_second(key: &str, r: f64, what: &str) -> Result<(), ConfigError> {
+pub(super) fn per_second(key: &str, r: f64, what: &str) -> Result<(), ConfigError> {
     if r.is_finite() && r > 0.0 && r <= 1e9 {
         Ok(())
     } else {
@@ -50,7 +50,7 @@ fn per_second(key: &str, r: f64, what: &str) -> Result<(), ConfigError> {
 }
 
 /// The refusal of `key`, saying why in `message`.
-fn invalid(key: &str, message: String) -> Result<(), ConfigError> {
+pub(super) fn invalid(key: &str, message: String) -> Result<(), ConfigError> {
     Err(ConfigError::Invalid {
         key: key.to_string(),
         message,
@@ -72,7 +72,7 @@ impl Config {
         self.validate_runner()?;
         self.validate_streams()?;
         self.validate_jetstream_names()?;
-        self.validate_tenancy()?;
+        self.tenancy.validate()?;
         self.validate_storage()?;
         self.validate_saga()?;
         self.validate_effect()?;
@@ -246,61 +246,6 @@ impl Config {
                 );
             }
         }
-        Ok(())
-    }
-
-    /// `[tenancy]`: the default tenant and every tenant named are subject tokens; weights
-    /// within 1 to 1000; rates above 0 to 1e9 a second; a read-ahead of at least one input.
-    fn validate_tenancy(&self) -> Result<(), ConfigError> {
-        use crate::subject::{Rule, check};
-        if let Err(e) = check(&self.tenancy.default_tenant, Rule::TENANT) {
-            return invalid(
-                "tenancy.default_tenant",
-                format!("is not a subject token: {e}"),
-            );
-        }
-        for (i, t) in self.tenancy.allowed.iter().enumerate() {
-            if let Err(e) = check(t, Rule::TENANT) {
-                return invalid(
-                    "tenancy.allowed",
-                    format!("entry {i} is not a subject token: {e}"),
-                );
-            }
-        }
-        for (t, w) in &self.tenancy.weights {
-            if let Err(e) = check(t, Rule::TENANT) {
-                return invalid(
-                    &format!("tenancy.weights.{t}"),
-                    format!("is not a subject token: {e}"),
-                );
-            }
-            range(&format!("tenancy.weights.{t}"), *w, 1, 1000)?;
-        }
-        for (t, r) in &self.tenancy.rate_limits {
-            if let Err(e) = check(t, Rule::TENANT) {
-                return invalid(
-                    &format!("tenancy.rate_limits.{t}"),
-                    format!("is not a subject token: {e}"),
-                );
-            }
-            per_second(&format!("tenancy.rate_limits.{t}"), *r, "inputs")?;
-        }
-        for (t, effects) in &self.tenancy.effect_rate_limits {
-            if let Err(e) = check(t, Rule::TENANT) {
-                return invalid(
-                    &format!("tenancy.effect_rate_limits.{t}"),
-                    format!("is not a subject token: {e}"),
-                );
-            }
-            for (effect, r) in effects {
-                let key = format!("tenancy.effect_rate_limits.{t}.{effect}");
-                if let Err(e) = check(effect, Rule::NAME) {
-                    return invalid(&key, format!("is not an effect name: {e}"));
-                }
-                per_second(&key, *r, "calls")?;
-            }
-        }
-        range("tenancy.read_ahead", self.tenancy.read_ahead, 1, 10_000_000)?;
         Ok(())
     }
 

@@ -102,7 +102,7 @@ use crate::runtime::AppState;
 use budget::{Budget, Held, Reservation};
 use consumers::{Coverage, Opened, Which};
 use context::Ctx;
-use turns::Turns;
+use turns::{Pace, Turns};
 
 pub use command::{Command, CommandError, ResultType};
 pub use consumers::COMMAND_FILTER;
@@ -254,40 +254,6 @@ struct Loop {
     finished: Arc<AtomicU64>,
 }
 
-/// How long a command read ahead should wait for a slot at the pace the slots finish.
-const PATIENCE: Duration = Duration::from_millis(500);
-
-/// The pace at which a loop's slots finish commands, over the last [`PATIENCE`].
-struct Pace {
-    at: std::time::Instant,
-    count: u64,
-    /// Commands finished in the last full [`PATIENCE`].
-    last: u64,
-}
-
-impl Pace {
-    fn new(finished: u64) -> Self {
-        Self {
-            at: std::time::Instant::now(),
-            count: finished,
-            last: 0,
-        }
-    }
-
-    /// How many commands to read ahead of the free slots: as many as finished in the last
-    /// [`PATIENCE`] (none when nothing finished), at most `most`.
-    fn ahead(&mut self, finished: u64, most: usize) -> usize {
-        let elapsed = self.at.elapsed();
-        if elapsed >= PATIENCE {
-            let periods = elapsed.as_secs_f64() / PATIENCE.as_secs_f64();
-            self.last = ((finished - self.count) as f64 / periods) as u64;
-            self.count = finished;
-            self.at = std::time::Instant::now();
-        }
-        usize::try_from(self.last).unwrap_or(usize::MAX).min(most)
-    }
-}
-
 impl Loop {
     async fn run(self, mut opened: Option<Opened>, cancel: CancellationToken) {
         let state = self.ctx.state.clone();
@@ -325,7 +291,7 @@ impl Loop {
 
     /// Pulls one effect's commands until the drain (`Ok`) or a consumer error. Beyond its
     /// free slots it reads ahead as many commands as its slots finished in the last
-    /// [`PATIENCE`] (at most `effect.read_ahead`) into tenants' lanes ([`crate::fair`]), and
+    /// [`turns::PATIENCE`] (at most `effect.read_ahead`) into tenants' lanes ([`crate::fair`]), and
     /// starts them in tenants' turns as slots free. So a loop whose slots stay full — a
     /// slow or hung upstream — reads no command it cannot start soon: the rest stay on the
     /// server for other replicas. Commands waiting in the lanes get a progress
@@ -562,23 +528,6 @@ mod tests {
         std::io::Error::other(format!(
             "error while processing messages from the stream: {code}, Some({description:?})"
         ))
-    }
-
-    #[test]
-    fn a_loop_reads_ahead_only_what_its_slots_finished_lately() {
-        let mut pace = Pace::new(0);
-        // Nothing finished yet (a hung upstream): nothing is read ahead.
-        assert_eq!(pace.ahead(0, 1024), 0);
-        // Half a second later, 300 finished: that many may wait for a slot.
-        pace.at -= PATIENCE;
-        let n = pace.ahead(300, 1024);
-        assert!((290..=300).contains(&n), "{n}");
-        // Never more than `effect.read_ahead`.
-        pace.at -= PATIENCE;
-        assert_eq!(pace.ahead(3300, 1024), 1024);
-        // Slots stop finishing: the read-ahead falls to nothing within one period.
-        pace.at -= PATIENCE;
-        assert_eq!(pace.ahead(3300, 1024), 0);
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The commands an effect's fetch loop read ahead of its slots, and which starts next:
+//! How far an effect's fetch loop reads ahead of its slots ([`Pace`]: as many commands as
+//! its slots finished lately), and which of the commands read ahead starts next:
 //! tenants take turns ([`crate::fair::Lanes`], weighted by `tenancy.weights`), and a tenant
 //! with an effect rate limit for this effect (`tenancy.effect_rate_limits`) starts at most
 //! that many calls a second on this node.
@@ -31,6 +32,40 @@ use crate::runtime::AppState;
 /// The longest a held loop sleeps before looking at its limits again (a reload may have
 /// raised them).
 const RECHECK: Duration = Duration::from_secs(1);
+
+/// How long a command read ahead should wait for a slot at the pace the slots finish.
+pub(super) const PATIENCE: Duration = Duration::from_millis(500);
+
+/// The pace at which a loop's slots finish commands, over the last [`PATIENCE`].
+pub(super) struct Pace {
+    at: std::time::Instant,
+    count: u64,
+    /// Commands finished in the last full [`PATIENCE`].
+    last: u64,
+}
+
+impl Pace {
+    pub(super) fn new(finished: u64) -> Self {
+        Self {
+            at: std::time::Instant::now(),
+            count: finished,
+            last: 0,
+        }
+    }
+
+    /// How many commands to read ahead of the free slots: as many as finished in the last
+    /// [`PATIENCE`] (none when nothing finished), at most `most`.
+    pub(super) fn ahead(&mut self, finished: u64, most: usize) -> usize {
+        let elapsed = self.at.elapsed();
+        if elapsed >= PATIENCE {
+            let periods = elapsed.as_secs_f64() / PATIENCE.as_secs_f64();
+            self.last = ((finished - self.count) as f64 / periods) as u64;
+            self.count = finished;
+            self.at = std::time::Instant::now();
+        }
+        usize::try_from(self.last).unwrap_or(usize::MAX).min(most)
+    }
+}
 
 /// What [`Turns::next`] gives (moved out at once, so its size costs nothing; boxing the
 /// command would cost an allocation per call).
@@ -148,5 +183,27 @@ impl Turns {
     /// Everything waiting, taken out (the loop is ending).
     pub(super) fn take_all(&mut self) -> Vec<(Message, Held)> {
         self.lanes.take_all()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_loop_reads_ahead_only_what_its_slots_finished_lately() {
+        let mut pace = Pace::new(0);
+        // Nothing finished yet (a hung upstream): nothing is read ahead.
+        assert_eq!(pace.ahead(0, 1024), 0);
+        // Half a second later, 300 finished: that many may wait for a slot.
+        pace.at -= PATIENCE;
+        let n = pace.ahead(300, 1024);
+        assert!((290..=300).contains(&n), "{n}");
+        // Never more than `effect.read_ahead`.
+        pace.at -= PATIENCE;
+        assert_eq!(pace.ahead(3300, 1024), 1024);
+        // Slots stop finishing: the read-ahead falls to nothing within one period.
+        pace.at -= PATIENCE;
+        assert_eq!(pace.ahead(3300, 1024), 0);
     }
 }
