@@ -351,8 +351,11 @@ impl<'a> Routing<'a> {
     /// whenever reading it ends, until routing stops.
     async fn route(mut self) -> Stopped {
         loop {
-            // What waited in the lanes is read again from the fence's watermark.
+            // What waited in the lanes is read again from the fence's watermark, and
+            // nothing past it counts as read: a marker covers only what this consumer
+            // delivers (what an earlier one read ahead and did not copy would be skipped).
             self.lanes.reset(self.fence.lanes());
+            self.read_through = self.marked();
             self.report(true);
             let reader = match self.open().await {
                 Ok(reader) => reader,
