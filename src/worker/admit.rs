@@ -17,9 +17,12 @@
 //! **Across tenants.** Above the bound, a tenant whose part of the queued work is under its
 //! weighted share of the bound (`tenancy.weights`) still gets its triggers in, up to that
 //! share: so one tenant's backlog holds its own new triggers, not another tenant's. A
-//! tenant's part is estimated by its part of the triggers let in lately (counts that halve
-//! every [`RECENT_HALF_LIFE`]; with none let in lately, nobody passes above the bound); the
-//! queue then stays within about twice the bound. Which
+//! tenant's part is estimated by its part of the triggers let in lately. Those counts fade
+//! as the queue drains, by half for each queue's worth of commands finished, not with
+//! time: while a tenant's work is stuck (a hung upstream), its count stays and the other
+//! tenants still pass. With nothing let in since this gate started, whose work is queued
+//! is not known and nobody passes above the bound. The queue then stays within about
+//! twice the bound. Which
 //! tenant's input goes next is the lanes' turn (`crate::fair`).
 //!
 //! Guarantees:
@@ -52,9 +55,6 @@ const FRESH: Duration = Duration::from_millis(50);
 /// theirs are stored (a safety bound: normally their commands show first).
 const CREDIT_TTL: Duration = Duration::from_secs(5);
 
-/// How fast a tenant's count of triggers let in fades: it halves every this long.
-const RECENT_HALF_LIFE: Duration = Duration::from_secs(1);
-
 /// What the gate lets in now.
 pub(crate) enum Room {
     /// This many inputs, of any tenants (all of them when the bound is off).
@@ -76,9 +76,12 @@ pub(crate) struct Admission {
     credit: u64,
     credit_base: u64,
     credited_at: Option<Instant>,
-    /// Per tenant, the triggers let in lately (fading, see [`RECENT_HALF_LIFE`]).
+    /// Per tenant, the triggers let in lately (fading as the queue drains, [`Admission::fade`]).
     recent: HashMap<String, f64>,
-    recent_at: Instant,
+    /// Effect commands finished since the counts last faded.
+    drained: u64,
+    /// `saga.max_queued_work` at the last look.
+    limit: u64,
 }
 
 impl Admission {
@@ -92,14 +95,20 @@ impl Admission {
             credit_base: 0,
             credited_at: None,
             recent: HashMap::new(),
-            recent_at: Instant::now(),
+            drained: 0,
+            limit: 0,
         }
     }
 
-    /// Fades the recent counts to now.
+    /// Fades the recent counts by what the queue drained since: by half per queue's worth
+    /// (at least the bound) of commands finished. A queue that does not drain fades nothing.
     fn fade(&mut self) {
-        let halves = self.recent_at.elapsed().as_secs_f64() / RECENT_HALF_LIFE.as_secs_f64();
-        self.recent_at = Instant::now();
+        if self.drained == 0 {
+            return;
+        }
+        let turnover = self.commands.max(self.limit).max(1) as f64;
+        let halves = self.drained as f64 / turnover;
+        self.drained = 0;
         let factor = 0.5f64.powf(halves);
         self.recent.retain(|_, n| {
             *n *= factor;
@@ -117,11 +126,13 @@ impl Admission {
         weight: impl Fn(&str) -> u32,
         parts: usize,
     ) -> HashMap<String, usize> {
+        self.limit = limit;
         self.fade();
         let queued = self.queued() as f64;
         let seen: f64 = self.recent.values().sum();
         if seen <= 0.0 {
-            // Nothing let in lately: whose work is queued is not known, so nobody passes.
+            // Nothing let in (or all of it long drained): whose work is queued is not
+            // known, so nobody passes.
             return tenants.iter().map(|t| (t.to_string(), 0)).collect();
         }
         let mut active: Vec<&str> = self.recent.keys().map(String::as_str).collect();
@@ -166,9 +177,10 @@ impl Admission {
         if limit == 0 {
             return None;
         }
+        self.limit = limit;
         if self.read_at.is_none_or(|at| at.elapsed() >= FRESH) {
-            (self.commands, self.stored) = effect_backlog(state).await;
-            self.read_at = Some(Instant::now());
+            let (commands, stored) = effect_backlog(state).await;
+            self.note_reading(commands, stored);
         }
         // Held above the bound; at it, one more goes in (so a bound of 0 queued never
         // starves), below it, as many as there is room for.
@@ -178,6 +190,18 @@ impl Admission {
         } else {
             (limit - queued).max(1)
         })
+    }
+
+    /// Takes a reading of the effect consumers: `commands` queued now, `stored` ever. What
+    /// was stored since the last reading and is no longer queued has finished.
+    fn note_reading(&mut self, commands: u64, stored: u64) {
+        if self.read_at.is_some() {
+            let added = stored.saturating_sub(self.stored);
+            let finished = (self.commands + added).saturating_sub(commands);
+            self.drained = self.drained.saturating_add(finished);
+        }
+        (self.commands, self.stored) = (commands, stored);
+        self.read_at = Some(Instant::now());
     }
 
     /// Notes `n` triggers let in at the bound: they count as queued until `n` more effect
@@ -317,4 +341,44 @@ async fn effect_backlog(state: &AppState) -> (u64, u64) {
         }
     }
     (total, by_catch_all.unwrap_or(by_effect))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn given(t: &str, n: usize) -> BTreeMap<String, usize> {
+        BTreeMap::from([(t.to_string(), n)])
+    }
+
+    #[test]
+    fn a_stuck_tenants_part_of_the_queue_does_not_fade_with_time_and_others_still_pass() {
+        let mut a = Admission::router();
+        // Six of A's commands queued above a bound of four, and nothing finishing.
+        a.note_reading(6, 100);
+        a.record(&given("a", 6), false);
+        let w = |_: &str| 1;
+        let shares = a.shares(4, &["a", "b"], w, 1);
+        assert_eq!(shares["a"], 0, "A is over its share");
+        assert_eq!(shares["b"], 2, "B, with nothing queued, gets its share");
+        // Readings go on and the queue does not move: A's part stays, B still passes.
+        for _ in 0..5 {
+            a.note_reading(6, 100);
+        }
+        let shares = a.shares(4, &["a", "b"], w, 1);
+        assert_eq!((shares["a"], shares["b"]), (0, 2));
+        // Two queues' worth finish: A's count falls to a quarter.
+        a.note_reading(2, 104);
+        a.shares(4, &["a"], w, 1);
+        let left = a.recent["a"];
+        assert!((left - 1.5).abs() < 1e-9, "{left}");
+    }
+
+    #[test]
+    fn a_gate_that_has_let_nothing_in_lets_nobody_pass_above_the_bound() {
+        let mut a = Admission::router();
+        a.note_reading(10, 10);
+        let shares = a.shares(4, &["a", "b"], |_| 1, 1);
+        assert_eq!((shares["a"], shares["b"]), (0, 0));
+    }
 }
