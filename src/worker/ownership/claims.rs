@@ -14,7 +14,10 @@
 //! a reason that names what to do, and counted in `runner_refused_objects_total`; the
 //! caller leaves the partition or share unstarted (stalled in `/health`) until an operator
 //! resets the fence (`POST /admin/partition-fence`, `POST /admin/router-fence`), while a
-//! refused snapshot is skipped for an older one or the local copy.
+//! refused snapshot is skipped for an older one or the local copy. A check that cannot be
+//! made now (the stream or bucket it reads does not answer, as during a leader election)
+//! is not a refusal ([`Unaccepted::Unchecked`]): the caller treats it as a broker fault and
+//! tries again, and it is neither counted nor logged as a refused object.
 
 use crate::broker::fence::Observed;
 use crate::runtime::AppState;
@@ -30,6 +33,30 @@ pub(crate) async fn last_sequence(
     Ok(s.cached_info().state.last_sequence)
 }
 
+/// Why a claim was not accepted: refused (it cannot be genuine: an operator must act), or
+/// not checked (what it is checked against could not be read: a broker fault, retried).
+#[derive(Debug)]
+pub(crate) enum Unaccepted {
+    /// The claim cannot be genuine; the reason names the way out.
+    Refused(String),
+    /// The check could not be made now.
+    Unchecked(String),
+}
+
+impl std::fmt::Display for Unaccepted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unaccepted::Refused(why) | Unaccepted::Unchecked(why) => f.write_str(why),
+        }
+    }
+}
+
+impl From<Unaccepted> for String {
+    fn from(u: Unaccepted) -> String {
+        u.to_string()
+    }
+}
+
 /// Refuses a fence marker whose epoch lies past the leases bucket's last revision or whose
 /// watermark lies past `covers`' last sequence. `reset` names the operator's way out.
 pub(crate) async fn marker(
@@ -37,12 +64,12 @@ pub(crate) async fn marker(
     seen: &Observed,
     covers: &str,
     reset: &str,
-) -> Result<(), String> {
+) -> Result<(), Unaccepted> {
     if let Some(epoch) = seen.epoch() {
         let bucket = format!("KV_{}", state.config.partitions.leases_bucket);
         let revision = last_sequence(state, &bucket)
             .await
-            .map_err(|e| format!("cannot read the leases bucket: {e}"))?;
+            .map_err(|e| Unaccepted::Unchecked(format!("cannot read the leases bucket: {e}")))?;
         if epoch > revision {
             return Err(refused(
                 state,
@@ -72,10 +99,10 @@ pub(crate) async fn watermark(
     seq: u64,
     covers: &str,
     reset: &str,
-) -> Result<(), String> {
+) -> Result<(), Unaccepted> {
     let last = last_sequence(state, covers)
         .await
-        .map_err(|e| format!("cannot read stream {covers}: {e}"))?;
+        .map_err(|e| Unaccepted::Unchecked(format!("cannot read stream {covers}: {e}")))?;
     if seq > last {
         return Err(refused(
             state,
@@ -90,12 +117,12 @@ pub(crate) async fn watermark(
     Ok(())
 }
 
-/// Counts a refused `object` and returns `why`.
-pub(crate) fn refused(state: &AppState, object: &str, why: String) -> String {
+/// Counts a refused `object` and returns the refusal.
+pub(crate) fn refused(state: &AppState, object: &str, why: String) -> Unaccepted {
     state
         .metrics
         .refused_objects
         .with_label_values(&[object])
         .inc();
-    why
+    Unaccepted::Refused(why)
 }

@@ -113,7 +113,9 @@ async fn raise_fences(state: &AppState, p: u32, lease: &Kept) -> Option<HashMap<
                     .raise(js, lease.epoch(), &state.node_id)
                     .await
                     .map_err(|e| e.to_string()),
-                Err(refused) => {
+                // Not checked (a broker fault): like any failure to raise, retried.
+                Err(claims::Unaccepted::Unchecked(why)) => Err(why),
+                Err(claims::Unaccepted::Refused(refused)) => {
                     if state.metrics.stalls.failed(&stage(p), &refused) {
                         tracing::error!(message = "Partition not taken: a fence marker is refused.", partition = p, stream = %spec.name, reason = %refused);
                     }
