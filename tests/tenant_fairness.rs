@@ -13,34 +13,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::jobs::{called, finished, tenant_row};
 use common::metrics::metric;
 use common::upstream::{Reply, Upstream};
-use common::{NatsServer, RunnerProc, jetstream, jobs, read_stream};
+use common::{NatsServer, RunnerProc, jetstream, jobs};
 use serde_json::json;
-
-/// The `Finish` commands of `tenant`'s sagas that completed.
-async fn finished(js: &async_nats::jetstream::Context, tenant: &str) -> Vec<common::Seen> {
-    read_stream(
-        js,
-        "WORKFLOW_COMMANDS",
-        &format!("tenant.{tenant}.command.Job.*"),
-    )
-    .await
-}
-
-/// The upstream's calls for jobs of `tenant` so far.
-fn calls_of(upstream: &Upstream, tenant: &str) -> usize {
-    let prefix = format!("{tenant}-");
-    upstream
-        .hits()
-        .iter()
-        .filter(|h| {
-            h.body["job"]
-                .as_str()
-                .is_some_and(|j| j.starts_with(&prefix))
-        })
-        .count()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_new_input_passes_another_tenants_held_backlog() {
@@ -78,7 +55,7 @@ async fn backlog_then_b(pause: Duration) {
     .await;
     assert!(filled, "calls in flight: {}", upstream.in_flight());
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let a_started = calls_of(&upstream, "a");
+    let a_started = called(&upstream, "a").len();
     assert!(
         (5..=10).contains(&a_started),
         "{a_started} of A's ten started"
@@ -89,7 +66,7 @@ async fn backlog_then_b(pause: Duration) {
     tokio::time::sleep(pause).await;
     jobs::start(&js, "b", 0, 1).await;
     let b_called = common::eventually(Duration::from_secs(30), || async {
-        calls_of(&upstream, "b") == 1
+        called(&upstream, "b").len() == 1
     })
     .await;
     assert!(
@@ -99,7 +76,7 @@ async fn backlog_then_b(pause: Duration) {
     // A's held triggers stayed held: none of them went in while A's work is queued.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        calls_of(&upstream, "a"),
+        called(&upstream, "a").len(),
         a_started,
         "A's backlog went in while A's own work was queued above the bound"
     );
@@ -126,8 +103,8 @@ async fn backlog_then_b(pause: Duration) {
     ids.dedup();
     assert_eq!(ids.len(), 40, "each of A's sagas finished once");
     assert_eq!(finished(&js, "b").await.len(), 1);
-    assert_eq!(calls_of(&upstream, "a"), 40, "one call per A saga");
-    assert_eq!(calls_of(&upstream, "b"), 1);
+    assert_eq!(called(&upstream, "a").len(), 40, "one call per A saga");
+    assert_eq!(called(&upstream, "b").len(), 1);
     runner.stop();
 }
 
@@ -179,7 +156,7 @@ async fn a_tenant_over_its_rate_limit_is_held_in_order_and_loses_nothing() {
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
-        calls_of(&upstream, "a"),
+        called(&upstream, "a").len(),
         JOBS as usize,
         "each of A's sagas ran once"
     );
@@ -191,16 +168,9 @@ async fn a_tenant_over_its_rate_limit_is_held_in_order_and_loses_nothing() {
     assert!(limited >= 1.0, "the held turns were not counted: {limited}");
     let let_in = metric(&runner.admin, "runner_tenant_inputs_total{tenant=\"a\"}").await;
     assert_eq!(let_in, JOBS as f64);
-    let listed = common::get_json(&format!("{}/admin/tenants", runner.admin)).await;
-    let a = listed["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tenant"] == "a")
-        .cloned()
-        .unwrap();
-    assert_eq!(a["rate_limit_per_s"], json!(2.0), "{listed}");
-    assert_eq!(a["inputs_let_in"], json!(JOBS), "{listed}");
-    assert_eq!(a["waiting_inputs"], json!(0), "{listed}");
+    let a = tenant_row(&runner.admin, "a").await;
+    assert_eq!(a["rate_limit_per_s"], json!(2.0), "{a}");
+    assert_eq!(a["inputs_let_in"], json!(JOBS), "{a}");
+    assert_eq!(a["waiting_inputs"], json!(0), "{a}");
     runner.stop();
 }

@@ -13,44 +13,11 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::jobs::{called, finished, tenant_row};
 use common::metrics::metric;
 use common::upstream::{Reply, Upstream};
 use common::{NatsServer, RunnerProc, jetstream, jobs, read_stream};
 use serde_json::json;
-
-/// How many of `tenant`'s sagas completed (their `Finish` commands).
-async fn finished(js: &async_nats::jetstream::Context, tenant: &str) -> usize {
-    read_stream(
-        js,
-        "WORKFLOW_COMMANDS",
-        &format!("tenant.{tenant}.command.Job.*"),
-    )
-    .await
-    .len()
-}
-
-/// The jobs the upstream was called for, in the order the calls arrived, of `tenant`.
-fn called(upstream: &Upstream, tenant: &str) -> Vec<String> {
-    let prefix = format!("{tenant}-");
-    upstream
-        .hits()
-        .iter()
-        .filter_map(|h| h.body["job"].as_str().map(str::to_string))
-        .filter(|j| j.starts_with(&prefix))
-        .collect()
-}
-
-/// `tenant`'s row in `GET /admin/tenants`.
-async fn listed(admin: &str, tenant: &str) -> serde_json::Value {
-    let v = common::get_json(&format!("{admin}/admin/tenants")).await;
-    v["tenants"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["tenant"] == tenant)
-        .cloned()
-        .unwrap_or_else(|| panic!("no {tenant} in {v}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_effect_rate_limit_holds_one_tenants_calls_in_order_while_others_run() {
@@ -73,7 +40,7 @@ async fn an_effect_rate_limit_holds_one_tenants_calls_in_order_while_others_run(
     jobs::start(&js, "a", 0, JOBS as u64).await;
     jobs::start(&js, "b", 0, 3).await;
     let b_done = common::eventually(Duration::from_secs(30), || async {
-        finished(&js, "b").await == 3
+        finished(&js, "b").await.len() == 3
     })
     .await;
     assert!(b_done, "B's sagas did not finish behind A's held calls");
@@ -83,7 +50,7 @@ async fn an_effect_rate_limit_holds_one_tenants_calls_in_order_while_others_run(
         "all {a_when_b_done} of A's calls ran before B's sagas finished: the limit held nothing"
     );
     let a_done = common::eventually(Duration::from_secs(60), || async {
-        finished(&js, "a").await == JOBS
+        finished(&js, "a").await.len() == JOBS
     })
     .await;
     assert!(a_done, "A's held calls did not all run");
@@ -138,7 +105,7 @@ async fn an_effect_rate_limit_holds_one_tenants_calls_in_order_while_others_run(
     // Two transitions per job: the trigger and the ping result.
     let applied = metric(admin, "runner_tenant_applied_total{tenant=\"a\"}").await;
     assert_eq!(applied, (2 * JOBS) as f64);
-    let a = listed(admin, "a").await;
+    let a = tenant_row(admin, "a").await;
     assert_eq!(a["effect_rate_limits_per_s"], json!({"ping": 2.0}), "{a}");
     runner.stop();
 }
@@ -187,11 +154,14 @@ async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
     // At one a second, A's sixty are held.
     jobs::start(&js, "a", 0, JOBS as u64).await;
     let some = common::eventually(Duration::from_secs(30), || async {
-        finished(&js, "a").await >= 2
+        finished(&js, "a").await.len() >= 2
     })
     .await;
     assert!(some, "A's first sagas did not finish");
-    assert_eq!(listed(&admin, "a").await["rate_limit_per_s"], json!(1.0));
+    assert_eq!(
+        tenant_row(&admin, "a").await["rate_limit_per_s"],
+        json!(1.0)
+    );
 
     // A bad limit is refused with its place in the file; the limit in force stays.
     write_config(&config, "rate_limits = { a = -5.0 }");
@@ -201,9 +171,12 @@ async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
         out.contains("tenancy.rate_limits.a") && out.contains("runner.toml:5:"),
         "the refusal does not name the file, line and key: {out}"
     );
-    assert_eq!(listed(&admin, "a").await["rate_limit_per_s"], json!(1.0));
+    assert_eq!(
+        tenant_row(&admin, "a").await["rate_limit_per_s"],
+        json!(1.0)
+    );
     assert!(
-        finished(&js, "a").await < JOBS,
+        finished(&js, "a").await.len() < JOBS,
         "A finished while still limited to one a second"
     );
 
@@ -215,12 +188,12 @@ async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
         out.contains("tenancy.rate_limits.a") && out.contains("tenancy.weights.a"),
         "the reload does not name what changed: {out}"
     );
-    let a = listed(&admin, "a").await;
+    let a = tenant_row(&admin, "a").await;
     assert_eq!(a["rate_limit_per_s"], json!(1000.0), "{a}");
     assert_eq!(a["weight"], json!(2), "{a}");
     // At the old limit the rest would take about a minute; this waits at most half that.
     let done = common::eventually(Duration::from_secs(30), || async {
-        finished(&js, "a").await == JOBS
+        finished(&js, "a").await.len() == JOBS
     })
     .await;
     assert!(done, "A's held sagas did not go in at the reloaded limit");

@@ -1,6 +1,7 @@
 //! The `job` saga of the admission and tenant tests: one step that calls an HTTP upstream
-//! with the job's id, then a `Finish` command; its triggers; and an upstream that holds its
-//! answers until released.
+//! with the job's id, then a `Finish` command; its triggers; an upstream that holds its
+//! answers until released; and what the tests read back (finished jobs, upstream calls, a
+//! tenant's row in `GET /admin/tenants`).
 
 use std::sync::Arc;
 
@@ -74,4 +75,37 @@ pub async fn held_upstream() -> (Latch, Upstream, tempfile::TempDir) {
     };
     let manifests = manifests(&upstream);
     (hold, upstream, manifests)
+}
+
+/// The `Finish` commands of `tenant`'s jobs that completed.
+pub async fn finished(js: &async_nats::jetstream::Context, tenant: &str) -> Vec<super::Seen> {
+    super::read_stream(
+        js,
+        "WORKFLOW_COMMANDS",
+        &format!("tenant.{tenant}.command.Job.*"),
+    )
+    .await
+}
+
+/// The jobs of `tenant` the upstream was called for, in the order the calls arrived.
+pub fn called(upstream: &Upstream, tenant: &str) -> Vec<String> {
+    let prefix = format!("{tenant}-");
+    upstream
+        .hits()
+        .iter()
+        .filter_map(|h| h.body["job"].as_str().map(str::to_string))
+        .filter(|j| j.starts_with(&prefix))
+        .collect()
+}
+
+/// `tenant`'s row in `GET /admin/tenants`.
+pub async fn tenant_row(admin: &str, tenant: &str) -> serde_json::Value {
+    let v = super::get_json(&format!("{admin}/admin/tenants")).await;
+    v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == tenant)
+        .cloned()
+        .unwrap_or_else(|| panic!("no {tenant} in {v}"))
 }
