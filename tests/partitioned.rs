@@ -297,3 +297,93 @@ async fn a_router_cuts_its_batches_of_copies_at_the_byte_limit_and_loses_nothing
     println!("{total} copies of ~20 KiB in {batches} batches under a 64 KiB limit");
     runner.stop();
 }
+
+/// Publishes an OrderPlaced for order `id` of tenant acme.
+async fn place(js: &async_nats::jetstream::Context, id: &str, at: u64) {
+    let ev = aggregate_event(
+        "acme",
+        "Order",
+        id,
+        "OrderPlaced",
+        at,
+        json!({"customer_id": "c", "amount_cents": 1000, "items": [{"sku": "book", "qty": 1}]}),
+    );
+    publish_json(js, &format!("tenant.acme.aggregate.Order.{id}"), &ev).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_rounds_take_only_the_partitions_that_changed() {
+    let nats = NatsServer::start();
+    let env = [
+        PARTITIONED[0],
+        PARTITIONED[1],
+        ("RUNNER__PARTITIONS__SNAPSHOT_INTERVAL", "1s"),
+    ];
+    let runner = RunnerProc::saga(tempfile::tempdir().unwrap(), &nats.url(), "manifests", &env);
+    let js = jetstream(&nats.url()).await;
+    for i in 0..8 {
+        place(&js, &format!("o-{i}"), TS + i).await;
+    }
+    let charges = "tenant.acme.effect.charge_card.*";
+    let got = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        charges,
+        8,
+        Duration::from_secs(60),
+    );
+    assert_eq!(got.await.len(), 8);
+    let taken = || common::metrics::metric(&runner.admin, "runner_snapshots_total");
+    let age = || {
+        common::metrics::metric(
+            &runner.admin,
+            "runner_snapshot_last_timestamp_seconds{partition=\"0\"}",
+        )
+    };
+    // Rounds run every second: wait until three in a row take nothing.
+    let mut before = taken().await;
+    let mut settled = false;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = taken().await;
+        if now == before {
+            settled = true;
+            break;
+        }
+        before = now;
+    }
+    assert!(settled, "snapshot uploads never stopped on an idle node");
+    let idle = before;
+    assert!(idle >= 64.0, "every partition was snapshotted once: {idle}");
+    // An idle partition's snapshot is still current: its time moves without an upload.
+    let t0 = age().await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(
+        age().await > t0,
+        "the skipped partition's snapshot time moves on"
+    );
+    assert_eq!(
+        taken().await,
+        idle,
+        "nothing uploaded while nothing changed"
+    );
+    // One new input changes one partition: that one is taken again, and only it.
+    place(&js, "o-new", TS + 100).await;
+    let got = wait_for_messages(
+        &js,
+        "WORKFLOW_COMMANDS",
+        charges,
+        9,
+        Duration::from_secs(60),
+    );
+    assert_eq!(got.await.len(), 9);
+    common::wait_until(
+        "the changed partition snapshotted",
+        Duration::from_secs(30),
+        || async { taken().await > idle },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(taken().await, idle + 1.0, "only the changed partition");
+    runner.stop();
+}

@@ -27,7 +27,10 @@ pub struct Purge {
 /// `saga.dead_letter_retention`.
 pub fn purge(store: &Store, p: &Purge) -> Result<Vec<DeadLetter>, DeadLetterError> {
     let p = p.clone();
-    Ok(store.write_blocking(move |t| {
+    let p_dry_run = p.dry_run;
+    // Counted as a change the partitions' snapshots must be retaken for only when it
+    // removed something (the sweep calls this every minute).
+    let gone = store.write_logged_blocking(move |t| {
         let mut removed = Vec::new();
         for d in t.dead_letters()? {
             let selected = p.tenant.as_ref().is_none_or(|x| *x == d.tenant)
@@ -56,5 +59,9 @@ pub fn purge(store: &Store, p: &Purge) -> Result<Vec<DeadLetter>, DeadLetterErro
             removed.push(d);
         }
         Ok(removed)
-    })?)
+    })?;
+    if !gone.is_empty() && !p_dry_run {
+        store.note_unlogged();
+    }
+    Ok(gone)
 }

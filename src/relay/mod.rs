@@ -115,7 +115,7 @@ impl RelayHandle {
             return;
         };
         match store
-            .write(move |t| t.delete_outbox_through(partition, upto))
+            .write_logged(move |t| t.delete_outbox_through(partition, upto))
             .await
         {
             Ok(_) => self.note_deleted(upto),

@@ -66,6 +66,8 @@ pub struct Store {
     page_size: u32,
     /// Whether writes fail now, shared by every clone.
     writes: Arc<failing::WriteHealth>,
+    /// Committed writes a partition snapshot must be retaken for (`write.rs`).
+    unlogged: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl std::fmt::Debug for Store {

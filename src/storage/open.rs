@@ -100,6 +100,7 @@ impl Store {
             path,
             page_size,
             writes: Arc::default(),
+            unlogged: Arc::default(),
         })
     }
 }

@@ -351,6 +351,7 @@ impl Store {
             txn.put(&checkpoints, key.as_bytes(), seq, WriteFlags::UPSERT)?;
         }
         txn.commit()?;
+        self.note_unlogged();
         Ok(header)
     }
 }

@@ -6,6 +6,16 @@
 //! (`vendor/libmdbx/PATCH.md`) lets it skip the crate's manager thread, which would cost two
 //! hand-offs between threads per commit. Write transactions still run one at a time in the
 //! process, whichever way they were begun.
+//!
+//! **Logged and unlogged writes.** A partition snapshot is only retaken when the partition
+//! may have changed in a way its successor could not redo (`worker/ownership`), so the store
+//! counts every committed write transaction except those that say, by going through
+//! [`Store::write_logged_blocking`] / [`Store::write_logged`], that a successor holding the
+//! last snapshot of each partition whose checkpoint they leave where it was redoes them
+//! itself: inputs applied from a partition's log (they move its checkpoint), deletions of
+//! outbox records the fence watermark covers, rows expired by age. Any other write (a
+//! redrive, an operator's change, an import) goes through [`Store::write_blocking`] and is
+//! counted ([`Store::unlogged_writes`]); a write counted by mistake only costs a snapshot.
 
 use super::{Result, Store, Tables};
 
@@ -27,6 +37,27 @@ impl Store {
     /// writes as failing ([`Store::write_failure`]) until a write commits; one for want of
     /// disk space is returned as [`StorageError::DiskFull`](super::StorageError::DiskFull).
     pub fn write_blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        F: FnOnce(&Tables<'_, libmdbx::RW>) -> Result<T>,
+    {
+        let out = self.write_logged_blocking(f)?;
+        self.note_unlogged();
+        Ok(out)
+    }
+
+    /// [`Store::write_logged_blocking`] on a blocking thread.
+    pub async fn write_logged<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Tables<'_, libmdbx::RW>) -> Result<T> + Send + 'static,
+    {
+        self.run(move |s| s.write_logged_blocking(f)).await
+    }
+
+    /// [`Store::write_blocking`] for a write a partition's successor redoes from its last
+    /// snapshot without being told (see the module docs): not counted in
+    /// [`Store::unlogged_writes`].
+    pub fn write_logged_blocking<T, F>(&self, f: F) -> Result<T>
     where
         F: FnOnce(&Tables<'_, libmdbx::RW>) -> Result<T>,
     {
@@ -58,5 +89,20 @@ impl Store {
         };
         txn.commit()?;
         Ok(out)
+    }
+
+    /// How many write transactions have committed since the store opened that a partition
+    /// snapshot must be retaken for ([`Store::write_blocking`], imports), whatever
+    /// partitions' checkpoints say. Counted after the commit, so a reader that takes this
+    /// before a read transaction sees every write it counts.
+    pub fn unlogged_writes(&self) -> u64 {
+        self.unlogged.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Counts, after its commit, a write made through [`Store::write_logged_blocking`] that
+    /// turned out to change what a successor cannot redo (a purge that removed something).
+    pub fn note_unlogged(&self) {
+        self.unlogged
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 }

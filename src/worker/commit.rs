@@ -186,7 +186,9 @@ impl CommitTask {
         // answered like any failed commit (the panic hook has logged its message); the thread
         // goes on with the next group.
         let out = panic::catch_unwind(AssertUnwindSafe(|| {
-            state.store.write_blocking(|t| {
+            // Logged: what it applies moves the partitions' checkpoints, and the outbox
+            // records it deletes are under their fence watermarks.
+            state.store.write_logged_blocking(|t| {
                 // Read under the write lock: a resume's release is a write transaction too, so
                 // this batch sees the pause as it is after any earlier release.
                 let paused = state.paused.get();

@@ -46,7 +46,7 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         let start = std::mem::take(&mut from);
         match state
             .store
-            .write(move |t| t.sweep_dedupe(cutoff, &start, SWEEP_CHUNK))
+            .write_logged(move |t| t.sweep_dedupe(cutoff, &start, SWEEP_CHUNK))
             .await
         {
             Ok((deleted, next)) => {
@@ -98,10 +98,15 @@ async fn expire_instances(state: &AppState) {
         let start = std::mem::take(&mut from);
         match state
             .store
-            .write(move |t| t.sweep_finished(cutoff, &start, SWEEP_CHUNK))
+            .write_logged(move |t| t.sweep_finished(cutoff, &start, SWEEP_CHUNK))
             .await
         {
             Ok((n, next)) => {
+                // A successor would keep these until its own sweep: the partitions' snapshots
+                // are retaken when any went.
+                if n > 0 {
+                    state.store.note_unlogged();
+                }
                 removed += n;
                 match next {
                     Some(k) => from = k,

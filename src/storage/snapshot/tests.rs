@@ -437,3 +437,49 @@ fn a_format_1_snapshot_is_still_read_and_may_not_hold_markers() {
         Err(SnapshotError::Corrupt(_))
     ));
 }
+
+#[test]
+fn writes_a_successor_could_not_redo_are_counted_and_the_others_are_not() {
+    let (_a_dir, a) = source();
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    let (_b_dir, b) = store();
+    let counted = |s: &Store| s.unlogged_writes();
+    let start = counted(&b);
+    // Applying a partition's log (it moves the checkpoint) is not counted.
+    b.write_logged_blocking(|t| t.set_checkpoint("p", 1))
+        .expect("logged");
+    assert_eq!(counted(&b), start);
+    // Any other write is, once committed; a failed one is not.
+    b.write_blocking(|t| t.set_checkpoint("x", 1))
+        .expect("unlogged");
+    assert_eq!(counted(&b), start + 1);
+    let failed: crate::storage::Result<()> =
+        b.write_blocking(|_| Err(StorageError::Task("no".into())));
+    assert!(failed.is_err());
+    assert_eq!(counted(&b), start + 1);
+    // An import replaces a partition whole.
+    b.import_partition(&how(4), 1, &snap).expect("import");
+    assert_eq!(counted(&b), start + 2);
+    // A purge counts only when it removed something.
+    let none = crate::deadletter::Purge {
+        tenant: Some("nobody".into()),
+        force: true,
+        ..Default::default()
+    };
+    assert!(
+        crate::deadletter::purge(&b, &none)
+            .expect("purge")
+            .is_empty()
+    );
+    assert_eq!(counted(&b), start + 2);
+    let all = crate::deadletter::Purge {
+        force: true,
+        ..Default::default()
+    };
+    assert!(
+        !crate::deadletter::purge(&b, &all)
+            .expect("purge")
+            .is_empty()
+    );
+    assert_eq!(counted(&b), start + 3);
+}

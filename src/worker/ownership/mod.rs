@@ -15,6 +15,7 @@
 //! | `members.rs` | this replica's heartbeat and the watched view of members and holders |
 //! | [`lease`] | ownership leases in a KV bucket: acquire, renew, release, monotonic deadline |
 //! | [`keeper`] | a held lease renewed by its own task, whatever its holder is busy with |
+//! | `snap.rs` | the snapshots this replica takes: on hand-over, and each round those due, in one pass per group |
 //! | [`snapshot`] | partition snapshots in an Object Store: upload, prune, restore |
 //! | [`router`] | each source stream routed in shares: leased, fenced, exact progress in each share's fence marker |
 //! | `claims.rs` | fence markers and snapshots whose claims pass what the streams hold are refused, not obeyed |
@@ -62,6 +63,7 @@ pub mod keeper;
 pub mod lease;
 mod members;
 pub mod router;
+mod snap;
 pub mod snapshot;
 mod take;
 pub mod upgrade;
@@ -77,8 +79,9 @@ use tokio_util::sync::CancellationToken;
 use super::commit::Committer;
 use crate::relay::fenced::Fenced;
 use crate::runtime::AppState;
-use crate::storage::snapshot::{Partitioning, partition_checkpoint_key};
+use crate::storage::snapshot::partition_checkpoint_key;
 use keeper::Kept;
+use snap::Snap;
 
 pub(crate) use watch::run;
 
@@ -117,40 +120,6 @@ struct Running {
     consume: JoinHandle<()>,
     relay_stop: CancellationToken,
     relay: JoinHandle<Result<(), Fenced>>,
-}
-
-/// The snapshots bucket and how partitions are cut.
-struct Snap {
-    bucket: ObjectStore,
-    how: Partitioning,
-    keep: usize,
-}
-
-impl Snap {
-    /// Uploads a snapshot of partition `p` as it is committed now; failures are logged (the
-    /// previous snapshot stays, and the heir replays a little more).
-    async fn upload(&self, state: &AppState, p: u32) -> Option<u64> {
-        let (bucket, how) = (&self.bucket, &self.how);
-        match snapshot::snapshot(&state.store, bucket, how, p, self.keep, &state.seal).await {
-            Ok(checkpoint) => {
-                state.metrics.snapshots.inc();
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
-                state
-                    .metrics
-                    .snapshot_last_timestamp
-                    .with_label_values(&[&p.to_string()])
-                    .set(now);
-                tracing::debug!(message = "Snapshot uploaded.", partition = p, checkpoint);
-                Some(checkpoint)
-            }
-            Err(e) => {
-                tracing::warn!(message = "Snapshot upload failed.", partition = p, error = %e);
-                None
-            }
-        }
-    }
 }
 
 /// Records that partition `p` is no longer held here: placement and its gauges.

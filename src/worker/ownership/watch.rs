@@ -40,11 +40,7 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
         committer,
     } = ctx;
     let how = partitioning(&state.config, state.config.partitions.count);
-    let store_ctx = Snap {
-        bucket: snapshots,
-        how,
-        keep: state.config.partitions.snapshot_keep,
-    };
+    let store_ctx = Snap::new(snapshots, how, state.config.partitions.snapshot_keep);
     let mut snapshot_at = Instant::now();
     // For the "inbox retention shorter than snapshot age" alert: what the inbox keeps.
     let inbox = &state.config.streams.saga_inbox;
@@ -108,9 +104,8 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
         }
         if snapshot_at.elapsed() >= state.config.partitions.snapshot_interval.get() {
             snapshot_at = Instant::now();
-            for &p in running.keys() {
-                store_ctx.upload(&state, p).await;
-            }
+            let held: Vec<u32> = running.keys().copied().collect();
+            store_ctx.round(&state, &held).await;
         }
         let event = async {
             match watch.as_mut() {
