@@ -385,5 +385,29 @@ async fn snapshot_rounds_take_only_the_partitions_that_changed() {
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(taken().await, idle + 1.0, "only the changed partition");
+    // Four more changes to that partition, a round apart: the round prunes it to the newest
+    // three (`partitions.snapshot_keep`), from one listing, and leaves the others' one alone.
+    for i in 0..4 {
+        place(&js, "o-new", TS + 200 + i).await;
+        let want = idle + 2.0 + i as f64;
+        common::wait_until(
+            "the partition snapshotted again",
+            Duration::from_secs(30),
+            || async { taken().await >= want },
+        )
+        .await;
+    }
+    let bucket = js.get_object_store("RUNNER_SNAPSHOTS").await.unwrap();
+    let listed = runner::worker::ownership::snapshot::listing(&bucket)
+        .await
+        .unwrap();
+    let mut kept: Vec<usize> = listed.values().map(Vec::len).collect();
+    kept.sort_unstable();
+    assert_eq!(kept.len(), 64, "{listed:?}");
+    assert_eq!(kept[..63], [1; 63], "{listed:?}");
+    assert_eq!(
+        kept[63], 3,
+        "the changed partition pruned to three: {listed:?}"
+    );
     runner.stop();
 }

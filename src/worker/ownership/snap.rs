@@ -4,7 +4,8 @@
 //! **What a round costs.** Exporting a partition reads every row of the store's snapshot
 //! tables (rows are keyed by instance, not by partition), so a round exports the partitions
 //! that are due together, in one pass over the tables per group, rather than one pass per
-//! partition: with P partitions held that is P times fewer rows read. A group holds
+//! partition: with P partitions held that is P times fewer rows read. Likewise the old
+//! snapshots are pruned from one listing of the bucket per round, not one per partition. A group holds
 //! partitions whose last snapshots add up to at most [`GROUP_BYTES`] (a partition not yet
 //! snapshotted here counts as [`UNKNOWN_BYTES`]), so a round's memory stays bounded however
 //! large the store.
@@ -74,7 +75,13 @@ impl Snap {
     /// Uploads a snapshot of partition `p` as it is committed now; failures are logged (the
     /// previous snapshot stays, and the heir replays a little more).
     pub(super) async fn upload(&self, state: &AppState, p: u32) -> Option<u64> {
-        self.export_and_upload(state, vec![p]).await.pop().flatten()
+        let stored = self.export_and_store(state, vec![p]).await.pop().flatten();
+        if stored.is_some()
+            && let Err(e) = snapshot::prune(&self.bucket, p, self.keep).await
+        {
+            tracing::warn!(message = "Old snapshots not pruned.", partition = p, error = %e);
+        }
+        stored
     }
 
     /// One round over `held`: exports and uploads each partition that is due, in groups.
@@ -103,14 +110,40 @@ impl Snap {
             note_current(state, p);
         }
         let groups = self.lock().groups(&due);
+        let mut stored = Vec::new();
         for group in groups {
-            self.export_and_upload(state, group).await;
+            let out = self.export_and_store(state, group.clone()).await;
+            stored.extend(group.into_iter().zip(out).filter_map(|(p, c)| c.map(|_| p)));
+        }
+        self.prune(&stored).await;
+    }
+
+    /// Deletes all but the newest `keep` snapshots of each of `ps`, from one listing of the
+    /// bucket taken after their new snapshots were stored.
+    async fn prune(&self, ps: &[u32]) {
+        if ps.is_empty() {
+            return;
+        }
+        let listed = match snapshot::listing(&self.bucket).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(message = "Old snapshots not pruned.", error = %e);
+                return;
+            }
+        };
+        for p in ps {
+            let Some(checkpoints) = listed.get(p) else {
+                continue;
+            };
+            if let Err(e) = snapshot::prune_listed(&self.bucket, *p, checkpoints, self.keep).await {
+                tracing::warn!(message = "Old snapshots not pruned.", partition = p, error = %e);
+            }
         }
     }
 
-    /// Exports `ps` in one pass and uploads each; answers each one's checkpoint, or `None`
-    /// where it failed (logged).
-    async fn export_and_upload(&self, state: &AppState, ps: Vec<u32>) -> Vec<Option<u64>> {
+    /// Exports `ps` in one pass and stores each (no pruning); answers each one's checkpoint,
+    /// or `None` where it failed (logged).
+    async fn export_and_store(&self, state: &AppState, ps: Vec<u32>) -> Vec<Option<u64>> {
         let unlogged = state.store.unlogged_writes();
         let (store, how, asked) = (state.store.clone(), self.how.clone(), ps.clone());
         let exported = tokio::task::spawn_blocking(move || store.export_partitions(&how, &asked))
@@ -135,7 +168,7 @@ impl Snap {
 
     /// Uploads one exported snapshot and records it.
     async fn store(&self, state: &AppState, p: u32, bytes: &[u8], unlogged: u64) -> Option<u64> {
-        match snapshot::upload(&self.bucket, bytes, self.keep, &state.seal).await {
+        match snapshot::put(&self.bucket, bytes, &state.seal).await {
             Ok(SnapshotHeader { checkpoint, .. }) => {
                 state.metrics.snapshots.inc();
                 note_current(state, p);

@@ -206,21 +206,26 @@ pub async fn ensure_bucket(
 
 /// The checkpoints of partition `p`'s stored snapshots, oldest first.
 pub async fn checkpoints(bucket: &ObjectStore, p: u32) -> Result<Vec<u64>, TransferError> {
-    let prefix = format!("p{p}/");
+    Ok(listing(bucket).await?.remove(&p).unwrap_or_default())
+}
+
+/// The checkpoints of every partition's stored snapshots, oldest first, from one listing of
+/// the bucket.
+pub async fn listing(bucket: &ObjectStore) -> Result<HashMap<u32, Vec<u64>>, TransferError> {
     let mut list = bucket
         .list()
         .await
-        .map_err(|e| bucket_error("list", &prefix, e))?;
-    let mut out = Vec::new();
+        .map_err(|e| bucket_error("list", "p*/", e))?;
+    let mut out: HashMap<u32, Vec<u64>> = HashMap::new();
     while let Some(info) = list.next().await {
-        let info = info.map_err(|e| bucket_error("list", &prefix, e))?;
-        if let Some((q, checkpoint)) = parse_object_name(&info.name)
-            && q == p
-        {
-            out.push(checkpoint);
+        let info = info.map_err(|e| bucket_error("list", "p*/", e))?;
+        if let Some((q, checkpoint)) = parse_object_name(&info.name) {
+            out.entry(q).or_default().push(checkpoint);
         }
     }
-    out.sort_unstable();
+    for c in out.values_mut() {
+        c.sort_unstable();
+    }
     Ok(out)
 }
 
@@ -231,6 +236,18 @@ pub async fn upload(
     bucket: &ObjectStore,
     bytes: &[u8],
     keep: usize,
+    seal: &Seal,
+) -> Result<SnapshotHeader, TransferError> {
+    let header = put(bucket, bytes, seal).await?;
+    prune(bucket, header.partition, keep).await?;
+    Ok(header)
+}
+
+/// [`upload`] without the pruning: the caller prunes, from one listing for many partitions
+/// ([`listing`], [`prune_listed`]).
+pub async fn put(
+    bucket: &ObjectStore,
+    bytes: &[u8],
     seal: &Seal,
 ) -> Result<SnapshotHeader, TransferError> {
     let header = SnapshotHeader::read(bytes)?;
@@ -258,14 +275,24 @@ pub async fn upload(
         .put(meta, &mut reader)
         .await
         .map_err(|e| bucket_error("put", &name, e))?;
-    prune(bucket, header.partition, keep).await?;
     Ok(header)
 }
 
 /// Deletes all but the newest `keep` (at least 1) snapshots of partition `p`; returns how
 /// many it deleted.
 pub async fn prune(bucket: &ObjectStore, p: u32, keep: usize) -> Result<usize, TransferError> {
-    let all = checkpoints(bucket, p).await?;
+    prune_listed(bucket, p, &checkpoints(bucket, p).await?, keep).await
+}
+
+/// [`prune`] from `listed`, partition `p`'s checkpoints as a listing taken after its newest
+/// snapshot was stored (oldest first).
+pub async fn prune_listed(
+    bucket: &ObjectStore,
+    p: u32,
+    listed: &[u64],
+    keep: usize,
+) -> Result<usize, TransferError> {
+    let all = listed;
     let doomed = all.len().saturating_sub(keep.max(1));
     for &checkpoint in &all[..doomed] {
         let name = object_name(p, checkpoint);
