@@ -20,6 +20,8 @@
 //!   - `timers`: many pending timers coming due; fire lag.
 //!   - `payload`: the ledger saga with small and large event bodies.
 //!   - `batches`: the broker's cost of one atomic batch against plain publishes.
+//! - `gauge`: a fixed amount of CPU work on one core, timed, printed with every
+//!   `scripts/bench` run so that rates of different days can be compared.
 //!
 //! Timing is measured here, by a separate process, never inside tests.
 
@@ -29,6 +31,8 @@ mod batches;
 mod cgroup;
 #[path = "runner_bench/cluster.rs"]
 mod cluster;
+#[path = "runner_bench/gauge.rs"]
+mod gauge;
 #[path = "runner_bench/goals.rs"]
 mod goals;
 #[path = "runner_bench/harness.rs"]
@@ -89,6 +93,8 @@ enum Cmd {
     Payload(ledger::PayloadArgs),
     /// What one atomic batch costs the broker, against plain publishes (own server).
     Batches(batches::Args),
+    /// A fixed amount of CPU work on one core, timed: the machine's speed for this run.
+    Gauge(gauge::Args),
     /// Publish sample orders and answer their payment commands.
     Orders {
         /// Orders per tenant.
@@ -213,6 +219,7 @@ async fn main() -> Result<()> {
         Cmd::Timers(a) => return ledger::timers(a).await,
         Cmd::Payload(a) => return ledger::payload(a).await,
         Cmd::Batches(a) => return batches::run(a).await,
+        Cmd::Gauge(a) => return gauge::run(a),
         cmd => Cli { cmd, ..cli },
     };
     let name = match cli.cmd {
@@ -236,6 +243,7 @@ async fn main() -> Result<()> {
         Cmd::Timers(a) => ledger::timers(a).await,
         Cmd::Payload(a) => ledger::payload(a).await,
         Cmd::Batches(a) => batches::run(a).await,
+        Cmd::Gauge(a) => gauge::run(a),
     }
 }
 
