@@ -38,6 +38,17 @@ pub fn tenant_of(subject: &str) -> &str {
     }
 }
 
+/// What [`Lanes::take_within_rates`] took.
+#[derive(Debug)]
+pub struct Taken<T> {
+    /// The items, in the order taken.
+    pub items: Vec<T>,
+    /// How many each tenant gave.
+    pub given: BTreeMap<String, usize>,
+    /// The tenants that waited with no token under their rate, and their rates.
+    pub limited: Vec<(String, f64)>,
+}
+
 /// One waiting item: its stream sequence, its size, when it was read (or last refreshed),
 /// and the item.
 struct Waiting<T> {
@@ -185,6 +196,40 @@ impl<T> Lanes<T> {
         (out, given)
     }
 
+    /// [`Lanes::take_capped`] under rate limits: a tenant with a rate (`rate(tenant)`, per
+    /// second) takes no more than the whole tokens `buckets` holds for it, reserved before
+    /// the turns and given back after for what it did not take. A tenant with no token
+    /// passes its turn and is named in [`Taken::limited`], with its rate.
+    pub fn take_within_rates(
+        &mut self,
+        room: usize,
+        weight: impl Fn(&str) -> u32,
+        cap: impl Fn(&str) -> usize,
+        buckets: &crate::quota::Buckets,
+        rate: impl Fn(&str) -> Option<f64>,
+    ) -> Taken<T> {
+        let allowed: HashMap<String, (usize, f64)> = self
+            .tenants()
+            .filter_map(|t| rate(t).map(|r| (t.to_string(), (buckets.reserve(t, r), r))))
+            .collect();
+        let (items, given) = self.take_capped(room, weight, |t| {
+            cap(t).min(allowed.get(t).map_or(usize::MAX, |(n, _)| *n))
+        });
+        let mut limited = Vec::new();
+        for (t, (reserved, r)) in allowed {
+            let used = given.get(&t).copied().unwrap_or(0);
+            buckets.refund(&t, reserved.saturating_sub(used));
+            if reserved == 0 {
+                limited.push((t, r));
+            }
+        }
+        Taken {
+            items,
+            given,
+            limited,
+        }
+    }
+
     /// The tenants with items waiting.
     pub fn tenants(&self) -> impl Iterator<Item = &str> {
         self.turns.iter().map(String::as_str)
@@ -256,6 +301,34 @@ mod tests {
             l.push(t, *seq, 10, *seq);
         }
         l
+    }
+
+    #[test]
+    fn a_tenant_out_of_tokens_passes_its_turn_and_gets_back_what_it_did_not_take() {
+        let mut l = lanes(&[("a", 1), ("a", 2), ("a", 3), ("b", 4), ("c", 5), ("c", 6)]);
+        let buckets = crate::quota::Buckets::default();
+        // a: 2 tokens (a burst of one second at 2/s); b: none left; c: no limit.
+        assert_eq!(buckets.reserve("b", 1.0), 1);
+        let rate = |t: &str| match t {
+            "a" => Some(2.0),
+            "b" => Some(1.0),
+            _ => None,
+        };
+        let t = l.take_within_rates(10, |_| 1, |_| usize::MAX, &buckets, rate);
+        assert_eq!(t.items, [1, 5, 2, 6], "a twice, b held, c all");
+        assert_eq!(t.limited, [("b".to_string(), 1.0)]);
+        assert_eq!(t.given.get("a"), Some(&2));
+        // A cap below the tokens: a takes one, and its other token goes back.
+        let mut l = lanes(&[("a", 1), ("a", 2)]);
+        let buckets = crate::quota::Buckets::default();
+        let t = l.take_within_rates(10, |_| 1, |_| 1, &buckets, rate);
+        assert_eq!(t.items, [1]);
+        assert!(t.limited.is_empty());
+        assert_eq!(
+            buckets.reserve("a", 2.0),
+            1,
+            "the unused token was refunded"
+        );
     }
 
     #[test]
@@ -331,11 +404,11 @@ mod tests {
     fn a_rate_limit_is_reserved_once_across_readers_and_refunded_when_unused() {
         let u = Usage::default();
         // Two a second, two saved up: the first reader gets both, the second none.
-        assert_eq!(u.reserve("a", 2.0), 2);
-        assert_eq!(u.reserve("a", 2.0), 0);
+        assert_eq!(u.allowances().reserve("a", 2.0), 2);
+        assert_eq!(u.allowances().reserve("a", 2.0), 0);
         // One of them was not let in: it goes back.
-        u.refund("a", 1);
-        assert_eq!(u.reserve("a", 2.0), 1);
+        u.allowances().refund("a", 1);
+        assert_eq!(u.allowances().reserve("a", 2.0), 1);
         // Counted by what went in, per tenant.
         let metrics = crate::telemetry::Metrics::new("t", "t", "saga").expect("metrics");
         let tenancy = crate::config::TenancyConfig::default();
@@ -453,17 +526,11 @@ impl Usage {
         u.labels.extend(by_label.into_keys());
     }
 
-    /// Reserves what `tenant` may let in now under its rate limit of `per_s` inputs a
-    /// second ([`crate::quota::Buckets`]) and returns it; give back what is not let in
-    /// ([`Usage::refund`]). Reserving first keeps the routers of several shares from each
-    /// letting in the same allowance.
-    pub fn reserve(&self, tenant: &str, per_s: f64) -> usize {
-        self.allowances.reserve(tenant, per_s)
-    }
-
-    /// Gives back `n` of what [`Usage::reserve`] gave `tenant` and was not let in.
-    pub fn refund(&self, tenant: &str, n: usize) {
-        self.allowances.refund(tenant, n);
+    /// The node's token buckets of new inputs, by tenant, under `tenancy.rate_limits`
+    /// ([`Lanes::take_within_rates`]); one set for every share's router, so that the
+    /// routers of several shares never let in the same allowance twice.
+    pub fn allowances(&self) -> &crate::quota::Buckets {
+        &self.allowances
     }
 
     /// Notes what each tenant let in (counted).

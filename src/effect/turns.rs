@@ -19,13 +19,12 @@
 //!   ([`crate::quota`]) applies at once.
 //! - Every call started is counted in `runner_tenant_effect_calls_total`.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use async_nats::jetstream::Message;
 
 use super::budget::Held;
-use crate::fair::{Lanes, label_of};
+use crate::fair::{Lanes, Taken, label_of};
 use crate::quota::Buckets;
 use crate::runtime::AppState;
 
@@ -134,26 +133,20 @@ impl Turns {
                 .and_then(|m| m.get(&self.effect))
                 .copied()
         };
-        let mut allowed: HashMap<String, (usize, f64)> = HashMap::new();
-        for t in self.lanes.tenants() {
-            if let Some(r) = rate(t) {
-                allowed.insert(t.to_string(), (self.allowances.reserve(t, r), r));
-            }
-        }
         let weight = |t: &str| tenancy.weights.get(t).copied().unwrap_or(1);
-        let (mut taken, given) = self.lanes.take_capped(1, weight, |t| {
-            allowed.get(t).map_or(usize::MAX, |(n, _)| *n)
-        });
-        for (t, (reserved, _)) in &allowed {
-            let used = given.get(t).copied().unwrap_or(0);
-            self.allowances.refund(t, reserved.saturating_sub(used));
-            if *reserved == 0 {
-                state
-                    .metrics
-                    .tenant_effect_rate_limited
-                    .with_label_values(&[&label_of(&tenancy, t), &self.effect])
-                    .inc();
-            }
+        let Taken {
+            items: mut taken,
+            given,
+            limited,
+        } = self
+            .lanes
+            .take_within_rates(1, weight, |_| usize::MAX, &self.allowances, rate);
+        for (t, _) in &limited {
+            state
+                .metrics
+                .tenant_effect_rate_limited
+                .with_label_values(&[&label_of(&tenancy, t), &self.effect])
+                .inc();
         }
         if let Some((msg, held)) = taken.pop() {
             for t in given.keys() {
@@ -167,9 +160,10 @@ impl Turns {
             return Next::Start(msg, held);
         }
         self.held = true;
-        let wait = allowed
+        // Nothing was taken, so every tenant waiting is at its limit.
+        let wait = limited
             .iter()
-            .map(|(t, (_, r))| self.allowances.wait(t, *r))
+            .map(|(t, r)| self.allowances.wait(t, *r))
             .min()
             .unwrap_or(RECHECK);
         Next::Held(wait.clamp(Duration::from_millis(1), RECHECK))

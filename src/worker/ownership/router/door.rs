@@ -14,7 +14,6 @@
 //!   metrics), at most every [`REPORT_EVERY`] and at once when the lanes empty; the time
 //!   admission held the lanes is observed when their next batch goes.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::copies::{Stop, send};
@@ -42,22 +41,28 @@ impl Routing<'_> {
             };
             let tenancy = self.state.limits.get();
             let weight = |t: &str| tenancy.weights.get(t).copied().unwrap_or(1);
-            let allowed = self.allowances();
-            let within =
-                |t: &str, cap: usize| cap.min(allowed.get(t).copied().unwrap_or(usize::MAX));
-            let (batch, given) = match &room {
-                Room::Any(n) => self
-                    .lanes
-                    .take_capped(*n, weight, |t| within(t, usize::MAX)),
-                Room::PerTenant(caps) => self.lanes.take_capped(usize::MAX, weight, |t| {
-                    within(t, caps.get(t).copied().unwrap_or(0))
-                }),
+            // Only new inputs (the aggregate stream's routers) are rate limited.
+            let rate = |t: &str| {
+                self.admission.as_ref()?;
+                tenancy.rate_limits.get(t).copied()
             };
-            // What a rate limit allowed and was not let in goes back.
-            for (t, reserved) in &allowed {
-                let used = given.get(t).copied().unwrap_or(0);
-                self.state.tenants.refund(t, reserved.saturating_sub(used));
+            let (room_n, caps) = match &room {
+                Room::Any(n) => (*n, None),
+                Room::PerTenant(caps) => (usize::MAX, Some(caps)),
+            };
+            let cap = |t: &str| caps.map_or(usize::MAX, |c| c.get(t).copied().unwrap_or(0));
+            let buckets = self.state.tenants.allowances();
+            let taken = self
+                .lanes
+                .take_within_rates(room_n, weight, cap, buckets, rate);
+            for (t, _) in &taken.limited {
+                self.state
+                    .metrics
+                    .tenant_rate_limited
+                    .with_label_values(&[&crate::fair::label_of(&tenancy, t)])
+                    .inc();
             }
+            let (batch, given) = (taken.items, taken.given);
             // What waits, at once when nothing does any more.
             self.report(self.lanes.is_empty());
             if batch.is_empty() {
@@ -98,32 +103,6 @@ impl Routing<'_> {
             }
         }
         Ok(true)
-    }
-
-    /// Per waiting tenant with a rate limit (`tenancy.rate_limits`), how many new inputs it
-    /// may let in now; a tenant at its limit passes its turn (counted). Only new inputs
-    /// (the aggregate stream's routers) are limited.
-    fn allowances(&self) -> HashMap<String, usize> {
-        let tenancy = self.state.limits.get();
-        if self.admission.is_none() || tenancy.rate_limits.is_empty() {
-            return HashMap::new();
-        }
-        let mut out = HashMap::new();
-        for t in self.lanes.tenants() {
-            let Some(rate) = tenancy.rate_limits.get(t) else {
-                continue;
-            };
-            let n = self.state.tenants.reserve(t, *rate);
-            if n == 0 {
-                self.state
-                    .metrics
-                    .tenant_rate_limited
-                    .with_label_values(&[&crate::fair::label_of(&tenancy, t)])
-                    .inc();
-            }
-            out.insert(t.to_string(), n);
-        }
-        out
     }
 
     /// Reports what waits in the lanes, by tenant (`crate::fair::Usage`): at most every
