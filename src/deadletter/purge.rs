@@ -65,3 +65,58 @@ pub fn purge(store: &Store, p: &Purge) -> Result<Vec<DeadLetter>, DeadLetterErro
     }
     Ok(gone)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StorageConfig;
+    use crate::deadletter::DeadLetterStatus;
+
+    #[test]
+    fn a_purge_counts_as_an_unlogged_write_only_when_it_removed_something() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cfg = StorageConfig {
+            data_dir: dir.path().to_path_buf(),
+            ..StorageConfig::default()
+        };
+        let store = Store::open(&cfg).expect("opens");
+        let letter = DeadLetter {
+            id: 0,
+            tenant: "acme".into(),
+            kind: "undecodable".into(),
+            reason: "test".into(),
+            subject: "tenant.acme.x".into(),
+            source: "S:1".into(),
+            body: "{}".into(),
+            body_bytes: None,
+            traceparent: None,
+            saga: None,
+            correlation_id: None,
+            attempts: 1,
+            at_ms: 5,
+            status: DeadLetterStatus::Pending,
+            stored_ms: None,
+        };
+        store
+            .write_blocking(|t| t.push_dead_letter(letter).map(drop))
+            .expect("letter");
+        let start = store.unlogged_writes();
+        let nobody = Purge {
+            tenant: Some("nobody".into()),
+            ..Default::default()
+        };
+        assert!(purge(&store, &nobody).expect("purge").is_empty());
+        let dry = Purge {
+            dry_run: true,
+            ..Default::default()
+        };
+        assert_eq!(purge(&store, &dry).expect("dry run").len(), 1);
+        assert_eq!(
+            store.unlogged_writes(),
+            start,
+            "nothing removed, nothing counted"
+        );
+        assert_eq!(purge(&store, &Purge::default()).expect("purge").len(), 1);
+        assert_eq!(store.unlogged_writes(), start + 1);
+    }
+}

@@ -460,26 +460,4 @@ fn writes_a_successor_could_not_redo_are_counted_and_the_others_are_not() {
     // An import replaces a partition whole.
     b.import_partition(&how(4), 1, &snap).expect("import");
     assert_eq!(counted(&b), start + 2);
-    // A purge counts only when it removed something.
-    let none = crate::deadletter::Purge {
-        tenant: Some("nobody".into()),
-        force: true,
-        ..Default::default()
-    };
-    assert!(
-        crate::deadletter::purge(&b, &none)
-            .expect("purge")
-            .is_empty()
-    );
-    assert_eq!(counted(&b), start + 2);
-    let all = crate::deadletter::Purge {
-        force: true,
-        ..Default::default()
-    };
-    assert!(
-        !crate::deadletter::purge(&b, &all)
-            .expect("purge")
-            .is_empty()
-    );
-    assert_eq!(counted(&b), start + 3);
 }
