@@ -57,7 +57,8 @@
 //! `Runner-Refused` with the reason; its owner
 //! dead-letters it as `too_large`, and routing goes on.
 //!
-//! This file holds the lease and reads the source; the copies and the fenced batches that
+//! This file holds the lease and reads the source; opening the source consumer and
+//! telling when it must be reopened is `source.rs`; the copies and the fenced batches that
 //! carry them are `copies.rs`.
 
 mod copies;
@@ -65,14 +66,13 @@ mod door;
 mod hold;
 mod raise;
 pub mod share;
+mod source;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::pull::{Ordered, OrderedError};
-use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use async_nats::jetstream::kv;
-use futures::StreamExt;
 use futures::stream::ReadyChunks;
 use tokio_util::sync::CancellationToken;
 
@@ -80,11 +80,11 @@ use super::keeper::Kept;
 use super::lease::Lease;
 use crate::backoff::Backoff;
 use crate::broker::fence::Fence;
-use crate::broker::liveness::{Liveness, Probe};
+use crate::broker::liveness::Liveness;
 use crate::fair::{Lanes, tenant_of};
 use crate::runtime::AppState;
 use crate::worker::admit::{Gate, POLL};
-use crate::worker::consume::{ORDERED_PULL_EXPIRY, Source, server_filters};
+use crate::worker::consume::Source;
 use crate::worker::pull::{PullSize, ReadAhead};
 use copies::{Stop, mark};
 use raise::{legacy_router, raise};
@@ -375,35 +375,6 @@ impl<'a> Routing<'a> {
         }
     }
 
-    /// An ordered consumer of the source starting just after the fence's watermark.
-    async fn open(&mut self) -> Result<Reader, async_nats::Error> {
-        let from = self.fence.through().map_or(1, |p| p.seq + 1);
-        let stream = self
-            .liveness
-            .context()
-            .get_stream(&self.source.stream)
-            .await?;
-        let c = stream
-            .create_consumer(OrderedConfig {
-                filter_subjects: server_filters(&self.source.filters),
-                deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: from,
-                },
-                // Short pulls: a consumer lost with its server (a stream leader that
-                // died) is noticed by missed heartbeats within seconds, not after the
-                // default 30 s pull expiry.
-                max_expires: ORDERED_PULL_EXPIRY,
-                max_batch: self.pull.open(),
-                ..OrderedConfig::default()
-            })
-            .await?;
-        Ok(ReadAhead::new(
-            c.messages().await?.ready_chunks(INPUTS_PER_BATCH),
-            READ_AHEAD,
-            self.max_pull_bytes,
-        ))
-    }
-
     /// Routes what one consumer delivers, chunk after chunk, until it must be reopened or
     /// routing stops: each chunk's inputs of this share join their tenants' lanes, and the
     /// lanes are copied as far as admission lets them ([`Routing::drain`]).
@@ -527,58 +498,6 @@ impl<'a> Routing<'a> {
                 }
             }
         }
-    }
-
-    /// Whether the source holds a message for this router past the fence's watermark that
-    /// the consumer has not delivered (logged as a stall to recreate it).
-    async fn stalled(&self) -> bool {
-        let after = self.marked().max(self.read_through);
-        let probe = self
-            .liveness
-            .probe(&self.source.stream, &self.source.filters, after)
-            .await;
-        if let Probe::Pending(seq) = probe {
-            let detail = format!("message {seq} waits past sequence {after}");
-            self.liveness.recreating(&self.label, "stalled", &detail);
-            return true;
-        }
-        false
-    }
-
-    /// The messages of a chunk up to its first error; `true` beside them when there was
-    /// one (the consumer is then reopened once they are routed).
-    fn messages(
-        &self,
-        chunk: Vec<Result<async_nats::jetstream::Message, OrderedError>>,
-    ) -> (Vec<async_nats::jetstream::Message>, bool) {
-        let mut inputs = Vec::with_capacity(chunk.len());
-        for item in chunk {
-            match item {
-                Ok(msg) => inputs.push(msg),
-                Err(e) => {
-                    tracing::warn!(message = "Router consumer error; reopening.", source = %self.source.stream, error = %e);
-                    return (inputs, true);
-                }
-            }
-        }
-        (inputs, false)
-    }
-
-    /// Whether the consumer went back to the stream's start (see `Liveness::rewound`): it
-    /// would have everything read again, so it is reopened at the fence's watermark.
-    fn rewound(&self, inputs: &[async_nats::jetstream::Message]) -> bool {
-        let first = inputs
-            .first()
-            .and_then(|m| m.info().ok())
-            .map(|i| i.stream_sequence);
-        if let (Some(first), Some(through)) = (first, self.fence.through())
-            && first <= through.seq
-        {
-            let detail = format!("delivered {first} after {}", through.seq);
-            self.liveness.rewound(&self.label, &detail);
-            return true;
-        }
-        false
     }
 
     /// The source sequence the fence's marker covers (0: none yet).
