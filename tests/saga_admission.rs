@@ -350,3 +350,42 @@ async fn a_node_drained_while_holding_loses_nothing() {
     hold.release();
     each_finishes_once(&js, 20).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_of_a_saga_that_starts_no_effect_are_never_held() {
+    // The ledger saga publishes aggregate commands and no effect command: under a bound of
+    // four, its deposits must still flow without a hold. (They used to count as queued
+    // work until effect commands of theirs showed, which never happens, so the router held
+    // every few inputs for the credit's five seconds.)
+    let nats = NatsServer::start();
+    let js = jetstream(&nats.url()).await;
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        "tests/manifests/ledger.yaml",
+        &[("RUNNER__SAGA__MAX_QUEUED_WORK", "4")],
+    );
+    let total = 200u64;
+    for n in 1..=total {
+        let account = format!("a-{}", n % 20);
+        let ev = common::aggregate_event(
+            "bank",
+            "Account",
+            &account,
+            "Deposited",
+            1_800_000_000_000 + n,
+            serde_json::json!({"n": n / 20 + 1, "amount": 1}),
+        );
+        let subject = format!("tenant.bank.aggregate.Account.{account}");
+        common::publish_json(&js, &subject, &ev).await;
+    }
+    let admin = runner.admin.clone();
+    let applied = common::eventually(Duration::from_secs(60), || async {
+        metric(&admin, "runner_saga_inputs_total{stream=\"SAGA_INBOX\"}").await >= total as f64
+    })
+    .await;
+    assert!(applied, "every deposit applied");
+    let holds = metric(&admin, "runner_saga_admission_wait_seconds_count").await;
+    assert_eq!(holds, 0.0, "no trigger was held");
+    runner.stop();
+}

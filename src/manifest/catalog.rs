@@ -292,6 +292,23 @@ impl Emit {
 }
 
 impl SagaKind {
+    /// Whether any transition, step or compensation of it emits an effect command (a saga
+    /// that emits none never queues work for an effect worker).
+    pub fn starts_effects(&self) -> bool {
+        let effect = |e: &Emit| matches!(e, Emit::Effect { .. });
+        match self {
+            SagaKind::Machine(m) => m
+                .states
+                .values()
+                .flat_map(|s| s.on.values())
+                .flatten()
+                .any(|t| t.emit.iter().any(effect)),
+            SagaKind::Steps(o) => o.steps.iter().any(|s| {
+                effect(&s.action) || s.compensation.as_ref().is_some_and(|c| effect(&c.action))
+            }),
+        }
+    }
+
     /// Adds what every expression of the machine or orchestration reads to `needs`.
     pub fn add_needs(&self, needs: &mut Needs) {
         match self {

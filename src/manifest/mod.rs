@@ -181,6 +181,11 @@ impl Catalog {
         self.sagas.keys().map(String::as_str)
     }
 
+    /// Whether some loaded version of saga `name` emits effect commands.
+    pub fn starts_effects(&self, name: &str) -> bool {
+        self.versions(name).any(|s| s.kind.starts_effects())
+    }
+
     /// Names of the declared effects.
     pub fn effect_names(&self) -> impl Iterator<Item = &str> {
         self.effects.keys().map(String::as_str)

@@ -36,6 +36,9 @@
 //! - Holding moves no position and writes nothing: a router that stops while holding
 //!   (drain, lost lease) leaves the batch to the next router, which resumes at its fence's
 //!   watermark.
+//! - Triggers that reach no saga emitting effect commands (a ledger, a saga that only
+//!   publishes events and aggregate commands) queue no effect work: once routed they stop
+//!   counting, so such sagas are never held by this gate.
 //! - `saga.max_queued_work = 0` turns it off.
 
 use std::collections::{BTreeMap, HashMap};
@@ -205,9 +208,10 @@ impl Admission {
     }
 
     /// Notes `n` triggers let in at the bound: they count as queued until `n` more effect
-    /// commands are stored (their outputs, applied and published), or for [`CREDIT_TTL`]
-    /// at most (some triggers make no command). Completions do not consume the credit:
-    /// the count of commands stored only grows.
+    /// commands are stored (their outputs, applied and published), until the router finds
+    /// they reach no saga that emits effect commands ([`Admission::quiet`]), or for
+    /// [`CREDIT_TTL`] at most (a transition may emit none). Completions do not consume the
+    /// credit: the count of commands stored only grows.
     fn admitted(&mut self, n: u64) {
         if self.credited_at.is_none() {
             self.credit_base = self.stored;
@@ -215,6 +219,14 @@ impl Admission {
         }
         self.credit += n;
         self.credited_at = Some(Instant::now());
+    }
+
+    /// Takes back the credit of `n` triggers let in that reach no saga emitting effect
+    /// commands: no command of theirs will ever show.
+    fn quiet(&mut self, n: u64) {
+        if self.credited_at.is_some() {
+            self.credit = self.credit.saturating_sub(n);
+        }
     }
 
     /// The queued work: the commands the broker shows, plus the triggers let in whose
@@ -272,6 +284,14 @@ impl Gate {
     /// Notes what each tenant let in (`at_bound`: under [`Room::PerTenant`]).
     pub(crate) async fn record(&self, given: &BTreeMap<String, usize>, at_bound: bool) {
         self.0.lock().await.record(given, at_bound);
+    }
+
+    /// Tells the gate that `n` of the triggers it let in reach no saga emitting effect
+    /// commands, so they no longer count as queued work ([`Admission::quiet`]).
+    pub(crate) async fn quiet(&self, n: usize) {
+        if n > 0 {
+            self.0.lock().await.quiet(n as u64);
+        }
     }
 
     /// How many of `waiting` inputs may go in now (0: hold): every one when the bound is
@@ -372,6 +392,26 @@ mod tests {
         a.shares(4, &["a"], w, 1);
         let left = a.recent["a"];
         assert!((left - 1.5).abs() < 1e-9, "{left}");
+    }
+
+    #[test]
+    fn triggers_that_start_no_effect_stop_counting_once_routed() {
+        let mut a = Admission::router();
+        a.note_reading(0, 0);
+        // 512 triggers let in at a bound of 512: queued until their commands show.
+        a.admitted(512);
+        assert_eq!(a.queued(), 512);
+        // 500 of them reach only sagas that emit no effect command: no command will show.
+        a.quiet(500);
+        assert_eq!(a.queued(), 12);
+        // The others' commands show: nothing is counted twice.
+        a.note_reading(12, 12);
+        assert_eq!(a.queued(), 12);
+        a.note_reading(0, 12);
+        assert_eq!(a.queued(), 0);
+        // Nothing credited, nothing to take back.
+        a.quiet(10);
+        assert_eq!(a.queued(), 0);
     }
 
     #[test]

@@ -42,17 +42,32 @@ pub fn destinations(
     seq: u64,
     count: u32,
 ) -> BTreeSet<u32> {
-    let poison = || BTreeSet::from([(seq % u64::from(count)) as u32]);
+    routed(catalog, limits, raw, seq, count).0
+}
+
+/// [`destinations`], and whether any saga the input reaches emits effect commands (an input
+/// that reaches none queues no work for an effect worker, `worker/admit.rs`).
+fn routed(
+    catalog: &Catalog,
+    limits: &Limits,
+    raw: &RawInput,
+    seq: u64,
+    count: u32,
+) -> (BTreeSet<u32>, bool) {
+    let poison = || (BTreeSet::from([(seq % u64::from(count)) as u32]), false);
     let Ok(admitted) = admission::admit(raw, limits) else {
         return poison();
     };
     match catch_unwind(AssertUnwindSafe(|| {
         crate::saga::route(catalog, &admitted.input)
     })) {
-        Ok(Ok(routes)) => routes
-            .iter()
-            .map(|r| partition(admitted.tenant, &r.saga, &r.correlation_id, count))
-            .collect(),
+        Ok(Ok(routes)) => (
+            routes
+                .iter()
+                .map(|r| partition(admitted.tenant, &r.saga, &r.correlation_id, count))
+                .collect(),
+            routes.iter().any(|r| catalog.starts_effects(&r.saga)),
+        ),
         _ => poison(),
     }
 }
@@ -72,14 +87,16 @@ pub(super) type Progress = (u64, BTreeMap<String, u64>);
 /// Copies `inputs` (messages of `share`, each tenant's in source order, taken from the
 /// lanes) into the inbox as fenced batches; advances the fence, the last marker recording
 /// `progress`. A batch cut before the end records the fence's watermark as it was and,
-/// per tenant, the last input copied so far.
+/// per tenant, the last input copied so far. Returns how many of `inputs` reach no saga
+/// that emits effect commands (they queue no effect work).
 pub(super) async fn send(
     state: &AppState,
     share: &Share,
     fence: &mut Fence,
     inputs: Vec<async_nats::jetstream::Message>,
     progress: Progress,
-) -> Result<(), Stop> {
+) -> Result<usize, Stop> {
+    let mut quiet = inputs.len();
     let source = &share.source;
     let count = state.config.partitions.count;
     let catalog = state.catalog();
@@ -157,7 +174,11 @@ pub(super) async fn send(
                 BTreeSet::from([poison]),
                 excerpt(&payload, &copy_headers(poison), &limits),
             ),
-            None => (destinations(&catalog, &limits, &raw, seq, count), payload),
+            None => {
+                let (to, effects) = routed(&catalog, &limits, &raw, seq, count);
+                quiet -= usize::from(effects);
+                (to, payload)
+            }
         };
         if to.is_empty() {
             // No saga wants it: covered by the watermark, not copied, counted.
@@ -198,9 +219,10 @@ pub(super) async fn send(
     }
     let moved = fence.through().is_none_or(|t| t.seq < progress.0) || *fence.lanes() != progress.1;
     if copies.is_empty() && !moved {
-        return Ok(());
+        return Ok(quiet);
     }
-    flush(state, share, fence, copies, progress).await
+    flush(state, share, fence, copies, progress).await?;
+    Ok(quiet)
 }
 
 /// The marker of a batch cut short: the fence's watermark as it is, and per tenant the

@@ -92,7 +92,14 @@ impl Routing<'_> {
                 ))
                 .await;
             match sent {
-                Ok(()) => self.backoff.reset(),
+                Ok(quiet) => {
+                    self.backoff.reset();
+                    // They were credited as queued work until their commands show; they
+                    // make none.
+                    if let Some(gate) = &self.admission {
+                        gate.quiet(quiet).await;
+                    }
+                }
                 Err(Stop::Fenced) => {
                     return Err(Ended::Stop(Stopped::kept("fenced off by a newer router")));
                 }
