@@ -7,8 +7,8 @@
 //! partition: with P partitions held that is P times fewer rows read. Likewise the old
 //! snapshots are pruned from one listing of the bucket per round, not one per partition. A group holds
 //! partitions whose last snapshots add up to at most [`GROUP_BYTES`] (a partition not yet
-//! snapshotted here counts as [`UNKNOWN_BYTES`]), so a round's memory stays bounded however
-//! large the store.
+//! snapshotted here counts as its even part of the store's file, at least [`UNKNOWN_BYTES`]),
+//! so a round's memory stays bounded however large the store.
 //!
 //! **What is due.** A partition is skipped when its newest snapshot is still exactly what it
 //! holds for a successor: its checkpoint has not moved since that snapshot was exported, and
@@ -36,7 +36,7 @@ use crate::storage::snapshot::{Partitioning, SnapshotHeader};
 
 /// Most snapshot bytes (estimated from each partition's last snapshot) one pass exports.
 pub(super) const GROUP_BYTES: usize = 64 << 20;
-/// What a partition with no snapshot taken here yet is assumed to weigh.
+/// The least a partition with no snapshot taken here yet is assumed to weigh.
 pub(super) const UNKNOWN_BYTES: usize = 1 << 20;
 
 /// The snapshots bucket, how partitions are cut, and what was last uploaded of each.
@@ -109,7 +109,10 @@ impl Snap {
         for p in current {
             note_current(state, p);
         }
-        let groups = self.lock().groups(&due);
+        let file = std::fs::metadata(state.store.path().join("mdbx.dat")).map_or(0, |m| m.len());
+        let share =
+            usize::try_from(file / u64::from(self.how.partitions().max(1))).unwrap_or(usize::MAX);
+        let groups = self.lock().groups(&due, share.max(UNKNOWN_BYTES));
         let mut stored = Vec::new();
         for group in groups {
             let out = self.export_and_store(state, group.clone()).await;
@@ -211,13 +214,14 @@ impl Uploads {
         (due, current)
     }
 
-    /// `due` cut into groups of at most [`GROUP_BYTES`] by their last snapshots' sizes.
-    fn groups(&self, due: &[u32]) -> Vec<Vec<u32>> {
+    /// `due` cut into groups of at most [`GROUP_BYTES`] by their last snapshots' sizes (`unknown`
+    /// for a partition not snapshotted here yet).
+    fn groups(&self, due: &[u32], unknown: usize) -> Vec<Vec<u32>> {
         let uploaded = &self.0;
         let mut groups: Vec<Vec<u32>> = Vec::new();
         let mut weight = 0;
         for &p in due {
-            let w = uploaded.get(&p).map_or(UNKNOWN_BYTES, |u| u.bytes);
+            let w = uploaded.get(&p).map_or(unknown, |u| u.bytes);
             match groups.last_mut() {
                 Some(g) if weight + w <= GROUP_BYTES => g.push(p),
                 _ => {
@@ -274,12 +278,18 @@ mod tests {
             (3, up(1, 0, GROUP_BYTES / 2)),
             (4, up(1, 0, GROUP_BYTES * 2)),
         ]));
-        assert_eq!(u.groups(&[1, 2, 3, 4]), vec![vec![1, 2], vec![3], vec![4]]);
-        // Partitions never snapshotted here: one pass holds GROUP_BYTES / UNKNOWN_BYTES.
-        let many: Vec<u32> = (100..100 + 2 * (GROUP_BYTES / UNKNOWN_BYTES) as u32).collect();
-        let g = Uploads::default().groups(&many);
+        let unknown = UNKNOWN_BYTES;
+        assert_eq!(
+            u.groups(&[1, 2, 3, 4], unknown),
+            vec![vec![1, 2], vec![3], vec![4]]
+        );
+        // Partitions never snapshotted here: one pass holds GROUP_BYTES / unknown of them.
+        let many: Vec<u32> = (100..100 + 2 * (GROUP_BYTES / unknown) as u32).collect();
+        let g = Uploads::default().groups(&many, unknown);
         assert_eq!(g.len(), 2);
         assert_eq!(g.concat(), many, "every partition once, in order");
-        assert!(Uploads::default().groups(&[]).is_empty());
+        let big = Uploads::default().groups(&many, GROUP_BYTES / 4);
+        assert_eq!(big.len(), many.len() / 4, "a large store: four per pass");
+        assert!(Uploads::default().groups(&[], unknown).is_empty());
     }
 }
