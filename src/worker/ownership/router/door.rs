@@ -46,6 +46,12 @@ impl Routing<'_> {
                 self.admission.as_ref()?;
                 tenancy.rate_limits.get(t).copied()
             };
+            // Whether what goes in now was credited as queued work (`worker/admit.rs`): at
+            // the bound, or when the room was smaller than what waits.
+            let credited = match &room {
+                Room::Any(n) => *n < waiting,
+                Room::PerTenant(_) => true,
+            };
             let (room_n, caps) = match &room {
                 Room::Any(n) => (*n, None),
                 Room::PerTenant(caps) => (usize::MAX, Some(caps)),
@@ -96,7 +102,7 @@ impl Routing<'_> {
                     self.backoff.reset();
                     // They were credited as queued work until their commands show; they
                     // make none.
-                    if let Some(gate) = &self.admission {
+                    if let Some(gate) = self.admission.as_ref().filter(|_| credited) {
                         gate.quiet(quiet).await;
                     }
                 }
