@@ -311,6 +311,15 @@ async fn place(js: &async_nats::jetstream::Context, id: &str, at: u64) {
     publish_json(js, &format!("tenant.acme.aggregate.Order.{id}"), &ev).await;
 }
 
+/// How many charge_card commands are stored, once there are `n` (or a minute passed).
+async fn charged(js: &async_nats::jetstream::Context, n: usize) -> usize {
+    let charges = "tenant.acme.effect.charge_card.*";
+    let timeout = Duration::from_secs(60);
+    wait_for_messages(js, "WORKFLOW_COMMANDS", charges, n, timeout)
+        .await
+        .len()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshot_rounds_take_only_the_partitions_that_changed() {
     let nats = NatsServer::start();
@@ -324,15 +333,7 @@ async fn snapshot_rounds_take_only_the_partitions_that_changed() {
     for i in 0..8 {
         place(&js, &format!("o-{i}"), TS + i).await;
     }
-    let charges = "tenant.acme.effect.charge_card.*";
-    let got = wait_for_messages(
-        &js,
-        "WORKFLOW_COMMANDS",
-        charges,
-        8,
-        Duration::from_secs(60),
-    );
-    assert_eq!(got.await.len(), 8);
+    assert_eq!(charged(&js, 8).await, 8);
     let taken = || common::metrics::metric(&runner.admin, "runner_snapshots_total");
     let age = || {
         common::metrics::metric(
@@ -340,7 +341,7 @@ async fn snapshot_rounds_take_only_the_partitions_that_changed() {
             "runner_snapshot_last_timestamp_seconds{partition=\"0\"}",
         )
     };
-    // Rounds run every second: wait until three in a row take nothing.
+    // Rounds run every second: wait until a 3 s window (three rounds) takes nothing.
     let mut before = taken().await;
     let mut settled = false;
     for _ in 0..20 {
@@ -369,14 +370,7 @@ async fn snapshot_rounds_take_only_the_partitions_that_changed() {
     );
     // One new input changes one partition: that one is taken again, and only it.
     place(&js, "o-new", TS + 100).await;
-    let got = wait_for_messages(
-        &js,
-        "WORKFLOW_COMMANDS",
-        charges,
-        9,
-        Duration::from_secs(60),
-    );
-    assert_eq!(got.await.len(), 9);
+    assert_eq!(charged(&js, 9).await, 9);
     common::wait_until(
         "the changed partition snapshotted",
         Duration::from_secs(30),

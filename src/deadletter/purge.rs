@@ -70,7 +70,6 @@ pub fn purge(store: &Store, p: &Purge) -> Result<Vec<DeadLetter>, DeadLetterErro
 mod tests {
     use super::*;
     use crate::config::StorageConfig;
-    use crate::deadletter::DeadLetterStatus;
 
     #[test]
     fn a_purge_counts_as_an_unlogged_write_only_when_it_removed_something() {
@@ -80,23 +79,7 @@ mod tests {
             ..StorageConfig::default()
         };
         let store = Store::open(&cfg).expect("opens");
-        let letter = DeadLetter {
-            id: 0,
-            tenant: "acme".into(),
-            kind: "undecodable".into(),
-            reason: "test".into(),
-            subject: "tenant.acme.x".into(),
-            source: "S:1".into(),
-            body: "{}".into(),
-            body_bytes: None,
-            traceparent: None,
-            saga: None,
-            correlation_id: None,
-            attempts: 1,
-            at_ms: 5,
-            status: DeadLetterStatus::Pending,
-            stored_ms: None,
-        };
+        let letter = DeadLetter::sample(None, "undecodable");
         store
             .write_blocking(|t| t.push_dead_letter(letter).map(drop))
             .expect("letter");

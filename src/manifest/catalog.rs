@@ -58,6 +58,8 @@ pub struct Saga {
     pub migration: Option<Migration>,
     /// What all of this version's expressions can read (bound for each evaluation).
     pub needs: Needs,
+    /// Whether it can emit an effect command ([`SagaKind::starts_effects`], computed once).
+    pub starts_effects: bool,
 }
 
 /// How a saga is written.

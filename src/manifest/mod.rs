@@ -183,7 +183,7 @@ impl Catalog {
 
     /// Whether some loaded version of saga `name` emits effect commands.
     pub fn starts_effects(&self, name: &str) -> bool {
-        self.versions(name).any(|s| s.kind.starts_effects())
+        self.versions(name).any(|s| s.starts_effects)
     }
 
     /// Names of the declared effects.

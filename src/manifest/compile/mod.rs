@@ -337,6 +337,7 @@ impl SagaCompiler<'_, '_> {
             version: s.version.value,
             triggers,
             data,
+            starts_effects: kind.starts_effects(),
             kind,
             migration,
             needs,

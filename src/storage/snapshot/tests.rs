@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::config::StorageConfig;
 use crate::saga::{Instance, Status};
-use crate::storage::tables::{DeadLetterStatus, HistoryEntry, OutboxRecord, TimerEntry};
+use crate::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 
 /// Places `o-<n>` in partition `n mod partitions` (readable in tests; the deployment's
 /// function is the server's FNV hash, which lives above the storage layer).
@@ -28,26 +28,6 @@ fn store() -> (tempfile::TempDir, Store) {
     };
     let store = Store::open(&cfg).expect("opens");
     (dir, store)
-}
-
-fn letter(corr: Option<&str>, kind: &str) -> DeadLetter {
-    DeadLetter {
-        id: 0,
-        tenant: "acme".into(),
-        kind: kind.into(),
-        reason: "test".into(),
-        subject: "tenant.acme.x".into(),
-        source: "S:1".into(),
-        body: "{}".into(),
-        body_bytes: None,
-        traceparent: None,
-        saga: corr.map(|_| "order".to_string()),
-        correlation_id: corr.map(str::to_string),
-        attempts: 1,
-        at_ms: 5,
-        status: DeadLetterStatus::Pending,
-        stored_ms: None,
-    }
 }
 
 /// Writes instance `corr` in state `state` with three history entries, a timer, an outbox
@@ -115,7 +95,7 @@ fn fill(store: &Store, corr: &str, state: &str, dead: bool) {
             t.mark_applied_to("acme", "order", &format!("{corr}-e1"), corr, 10, place)?;
             t.mark_applied("acme", "order", &format!("{corr}-old"), 10)?;
             if dead {
-                let dl = t.push_dead_letter(letter(Some(corr), "expression"))?;
+                let dl = t.push_dead_letter(DeadLetter::sample(Some(corr), "expression"))?;
                 t.park("acme", "order", corr, dl.id)?;
             }
             Ok(())
@@ -136,8 +116,11 @@ fn source() -> (tempfile::TempDir, Store) {
     for n in 0..8 {
         fill(&a, &format!("o-{n}"), "paid", n == 1);
     }
-    a.write_blocking(|t| t.push_dead_letter(letter(None, "undecodable")).map(drop))
-        .expect("dl");
+    a.write_blocking(|t| {
+        t.push_dead_letter(DeadLetter::sample(None, "undecodable"))
+            .map(drop)
+    })
+    .expect("dl");
     set_checkpoint(&a, 1, 42);
     set_checkpoint(&a, 2, 7);
     (dir, a)
@@ -291,8 +274,11 @@ fn import_replaces_a_stale_copy_and_leaves_other_partitions_alone() {
 fn colliding_dead_letter_ids_are_renumbered_in_order() {
     let (_a_dir, a) = store();
     fill(&a, "o-1", "paid", true);
-    a.write_blocking(|t| t.push_dead_letter(letter(Some("o-1"), "parked")).map(drop))
-        .expect("held");
+    a.write_blocking(|t| {
+        t.push_dead_letter(DeadLetter::sample(Some("o-1"), "parked"))
+            .map(drop)
+    })
+    .expect("held");
     let snap = a.export_partition(&how(4), 1).expect("export");
     let (_b_dir, b) = store();
     fill(&b, "o-2", "other", true);
@@ -317,7 +303,7 @@ fn colliding_dead_letter_ids_are_renumbered_in_order() {
     })
     .expect("read");
     let next = b
-        .write_blocking(|t| t.push_dead_letter(letter(None, "undecodable")))
+        .write_blocking(|t| t.push_dead_letter(DeadLetter::sample(None, "undecodable")))
         .expect("push");
     assert_eq!(next.id, 4);
 }

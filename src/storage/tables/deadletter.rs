@@ -74,6 +74,31 @@ pub struct DeadLetter {
     pub stored_ms: Option<u64>,
 }
 
+#[cfg(test)]
+impl DeadLetter {
+    /// A pending letter of tenant `acme` for tests: of kind `kind`, naming instance
+    /// `order`/`corr` when given (id assigned when pushed).
+    pub(crate) fn sample(corr: Option<&str>, kind: &str) -> Self {
+        Self {
+            id: 0,
+            tenant: "acme".into(),
+            kind: kind.into(),
+            reason: "test".into(),
+            subject: "tenant.acme.x".into(),
+            source: "S:1".into(),
+            body: "{}".into(),
+            body_bytes: None,
+            traceparent: None,
+            saga: corr.map(|_| "order".to_string()),
+            correlation_id: corr.map(str::to_string),
+            attempts: 1,
+            at_ms: 5,
+            status: DeadLetterStatus::Pending,
+            stored_ms: None,
+        }
+    }
+}
+
 fn deadletter_key(tenant: &str, id: u64) -> Vec<u8> {
     let mut k = tenant.as_bytes().to_vec();
     k.push(0);
