@@ -19,6 +19,7 @@ use async_nats::HeaderMap;
 
 use super::share::Share;
 use super::stage;
+use super::waiting::Waiting;
 use crate::broker::batch::BatchMessage;
 use crate::broker::fence::{Fence, Position};
 use crate::broker::fenced_batch;
@@ -93,7 +94,7 @@ pub(super) async fn send(
     state: &AppState,
     share: &Share,
     fence: &mut Fence,
-    inputs: Vec<async_nats::jetstream::Message>,
+    inputs: Vec<Waiting>,
     progress: Progress,
 ) -> Result<usize, Stop> {
     let mut quiet = inputs.len();
@@ -107,27 +108,26 @@ pub(super) async fn send(
     // Per tenant, the last input of this call in `copies` or covered without a copy.
     let mut so_far: BTreeMap<String, u64> = BTreeMap::new();
     let mut lag = None;
-    for msg in inputs {
-        let Ok(info) = msg.info() else { continue };
-        let seq = info.stream_sequence;
-        lag = Some(info.pending);
+    for w in inputs {
+        let seq = w.seq;
+        lag = Some(w.pending);
         if fence.through().is_some_and(|t| seq <= t.seq) {
             continue;
         }
-        let tenant = crate::fair::tenant_of(msg.subject.as_str()).to_string();
-        if !wanted(&source.filters, msg.subject.as_str()) {
+        let tenant = crate::fair::tenant_of(&w.subject).to_string();
+        if !wanted(&source.filters, &w.subject) {
             // Not an input (a fence marker of the source stream, say): covered, not copied.
             so_far.insert(tenant, seq);
             continue;
         }
-        let traceparent = headers::traceparent(msg.headers.as_ref());
-        let payload = msg.payload.clone();
-        let stored_ms = headers::stored_ms(&info);
+        let traceparent = w.traceparent;
+        let payload = w.body;
+        let stored_ms = w.stored_ms;
         let raw = RawInput {
-            subject: msg.subject.to_string(),
+            subject: w.subject,
             body: payload.clone(),
             traceparent: traceparent.clone(),
-            header_bytes: headers::block_bytes(msg.headers.as_ref()),
+            header_bytes: w.header_bytes,
             refused: None,
             source: format!("{}:{seq}", source.stream),
             stored_ms: Some(stored_ms),

@@ -67,6 +67,7 @@ mod hold;
 mod raise;
 pub mod share;
 mod source;
+mod waiting;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,6 +91,7 @@ use copies::{Stop, mark};
 use raise::{legacy_router, raise};
 
 use share::{SKIPPED_MARK_EVERY, Share};
+use waiting::Waiting;
 
 pub use copies::destinations;
 
@@ -296,7 +298,7 @@ struct Routing<'a> {
     /// Sources routed in shares (what the quota divides).
     sources: usize,
     /// This share's inputs read but not yet copied, by tenant ([`crate::fair`]).
-    lanes: Lanes<async_nats::jetstream::Message>,
+    lanes: Lanes<Waiting>,
     /// Whether the last look at the lanes sent a batch (the next look comes at once).
     pressing: bool,
     /// Since when admission has let nothing of the lanes in (observed as the admission
@@ -439,13 +441,12 @@ impl<'a> Routing<'a> {
             if !self.share.holds(m.subject.as_str()) {
                 continue;
             }
-            let Ok(seq) = m.info().map(|i| i.stream_sequence) else {
+            let Some(w) = Waiting::of(&m) else {
                 continue;
             };
-            let tenant = tenant_of(m.subject.as_str()).to_string();
-            if !self.lanes.done(&tenant, seq) {
-                let bytes = m.payload.len();
-                self.lanes.push(&tenant, seq, bytes, m);
+            let tenant = tenant_of(&w.subject).to_string();
+            if !self.lanes.done(&tenant, w.seq) {
+                self.lanes.push(&tenant, w.seq, w.body.len(), w);
             }
         }
         self.read_through = self.read_through.max(read);
