@@ -49,7 +49,7 @@ use chunk::{Chunk, read_chunk};
 mod chunk;
 mod submit;
 
-pub(crate) use chunk::{server_filters, wanted};
+pub(crate) use chunk::{body_of, server_filters, wanted};
 
 /// A source stream of saga inputs, read by its router ([`super::ownership::router`]).
 #[derive(Debug, Clone)]
