@@ -132,6 +132,8 @@ pub struct Metrics {
     pub partition_replayed: IntCounter,
     /// See [`names::SNAPSHOTS_TOTAL`].
     pub snapshots: IntCounter,
+    /// See [`names::SNAPSHOT_ROUND_SECONDS`].
+    pub snapshot_round_seconds: Histogram,
     /// See [`names::SNAPSHOT_LAST_TIMESTAMP`].
     pub snapshot_last_timestamp: IntGaugeVec,
     /// See [`names::INBOX_RETENTION`].
@@ -235,6 +237,7 @@ impl Metrics {
             partition_restores: recovery.partition_restores,
             partition_replayed: recovery.partition_replayed,
             snapshots: recovery.snapshots,
+            snapshot_round_seconds: recovery.snapshot_round_seconds,
             snapshot_last_timestamp: recovery.snapshot_last_timestamp,
             inbox_retention: recovery.inbox_retention,
             retention_gaps: recovery.retention_gaps,

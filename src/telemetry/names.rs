@@ -108,6 +108,9 @@ pub const PARTITION_RESTORES_TOTAL: &str = "runner_partition_restores_total";
 pub const PARTITION_REPLAYED_TOTAL: &str = "runner_partition_replayed_inputs_total";
 /// Snapshots uploaded.
 pub const SNAPSHOTS_TOTAL: &str = "runner_snapshots_total";
+/// How long each snapshot round took, seconds (its reading of the store and its uploads);
+/// the next round waits at least nine times as long (`worker/ownership/snap.rs`).
+pub const SNAPSHOT_ROUND_SECONDS: &str = "runner_snapshot_round_seconds";
 /// When each owned partition's last snapshot was uploaded, Unix seconds, by partition
 /// (absent until its first).
 pub const SNAPSHOT_LAST_TIMESTAMP: &str = "runner_snapshot_last_timestamp_seconds";

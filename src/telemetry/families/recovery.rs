@@ -1,16 +1,23 @@
 //! What a take-over rebuilds a partition from: local state or a snapshot, the inputs it
 //! replays, the snapshots uploaded, and whether the inbox still held the inputs it needed.
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
-use super::reg;
+use super::{hist, reg};
 use crate::telemetry::names;
+
+/// The buckets of the snapshot round histogram, in seconds: from an idle node's round to a
+/// store of millions of instances.
+const ROUND_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
 
 /// The take-over and snapshot collectors.
 pub(in crate::telemetry) struct Recovery {
     pub(in crate::telemetry) partition_restores: IntCounterVec,
     pub(in crate::telemetry) partition_replayed: IntCounter,
     pub(in crate::telemetry) snapshots: IntCounter,
+    pub(in crate::telemetry) snapshot_round_seconds: Histogram,
     pub(in crate::telemetry) snapshot_last_timestamp: IntGaugeVec,
     pub(in crate::telemetry) inbox_retention: IntGauge,
     pub(in crate::telemetry) retention_gaps: IntCounter,
@@ -42,6 +49,12 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Recover
     let snapshots = reg(
         r,
         IntCounter::new(names::SNAPSHOTS_TOTAL, "Partition snapshots uploaded.")?,
+    )?;
+    let snapshot_round_seconds = hist(
+        r,
+        names::SNAPSHOT_ROUND_SECONDS,
+        "Seconds each snapshot round took.",
+        ROUND_BUCKETS,
     )?;
     let snapshot_last_timestamp = reg(
         r,
@@ -84,6 +97,7 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Recover
         partition_restores,
         partition_replayed,
         snapshots,
+        snapshot_round_seconds,
         snapshot_last_timestamp,
         inbox_retention,
         retention_gaps,

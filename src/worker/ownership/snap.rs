@@ -19,6 +19,15 @@
 //! time (`runner_snapshot_last_timestamp_seconds`) is set as if it had been taken: a restore
 //! from it replays nothing, so the alert on its age has nothing to warn of.
 //!
+//! **How often.** A round starts `partitions.snapshot_interval` after the last one started,
+//! or later when rounds are dear: the next waits at least [`SPACING`] times as long as the
+//! last one took ([`next_round_after`]), so rounds take at most a tenth of the node's time
+//! whatever the store's size. On a small store that changes nothing; on one of a million
+//! instances under steady load, where a round reads the whole store once per group and
+//! uploads most of it, back-to-back rounds had cost a third of the node's throughput, and
+//! spacing them lengthens the replay of a take-over instead (each round's length is
+//! `runner_snapshot_round_seconds`).
+//!
 //! **Guarantees.** A partition is never skipped on a guess: the unlogged count is read
 //! before the export's read transaction begins and counted after each commit, so any write
 //! the export may have missed is counted above the value recorded with it, and the checkpoint
@@ -27,12 +36,23 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::object_store::ObjectStore;
 
 use super::snapshot;
 use crate::runtime::AppState;
 use crate::storage::snapshot::{Partitioning, SnapshotHeader};
+
+/// How many times as long as a round took the next one waits, at least, after its end: so
+/// rounds take at most `1 / (1 + SPACING)` of the node's time, a tenth.
+pub(super) const SPACING: u32 = 9;
+
+/// When the round after one that took `took` may start, counted from that round's start:
+/// `interval`, or [`SPACING`] times `took` past its end when that is later.
+pub(super) fn next_round_after(interval: Duration, took: Duration) -> Duration {
+    interval.max(took.saturating_add(took.saturating_mul(SPACING)))
+}
 
 /// Most snapshot bytes (estimated from each partition's last snapshot) one pass exports.
 pub(super) const GROUP_BYTES: usize = 64 << 20;
@@ -84,8 +104,29 @@ impl Snap {
         stored
     }
 
-    /// One round over `held`: exports and uploads each partition that is due, in groups.
-    pub(super) async fn round(&self, state: &AppState, held: &[u32]) {
+    /// One round over `held` (exports and uploads each partition that is due, in groups);
+    /// returns how long the next round waits from this one's start ([`next_round_after`]).
+    pub(super) async fn round(&self, state: &AppState, held: &[u32]) -> Duration {
+        let started = Instant::now();
+        self.round_over(state, held).await;
+        let took = started.elapsed();
+        state
+            .metrics
+            .snapshot_round_seconds
+            .observe(took.as_secs_f64());
+        let next = next_round_after(state.config.partitions.snapshot_interval.get(), took);
+        if next > state.config.partitions.snapshot_interval.get() {
+            tracing::debug!(
+                message = "Snapshot rounds spaced out: the last one was long.",
+                took_ms = took.as_millis() as u64,
+                next_in_ms = next.as_millis() as u64
+            );
+        }
+        next
+    }
+
+    /// The work of [`Snap::round`].
+    async fn round_over(&self, state: &AppState, held: &[u32]) {
         self.lock().0.retain(|p, _| held.contains(p));
         let unlogged = state.store.unlogged_writes();
         let how = self.how.clone();
@@ -257,6 +298,25 @@ mod tests {
             unlogged,
             bytes,
         }
+    }
+
+    #[test]
+    fn a_long_round_spaces_out_the_next_so_rounds_take_a_tenth_of_the_time() {
+        let interval = Duration::from_secs(30);
+        // Short rounds: the interval.
+        assert_eq!(next_round_after(interval, Duration::ZERO), interval);
+        assert_eq!(next_round_after(interval, Duration::from_secs(3)), interval);
+        // A round of 12 s: the next starts 120 s after it started, 108 s after it ended.
+        let next = next_round_after(interval, Duration::from_secs(12));
+        assert_eq!(next, Duration::from_secs(120));
+        // Whatever the round's length, it is a tenth of the time to the next start.
+        for ms in [3_001u64, 7_777, 60_000, 3_600_000] {
+            let took = Duration::from_millis(ms);
+            let next = next_round_after(interval, took);
+            assert_eq!(next, took * 10, "{ms} ms");
+        }
+        // An absurd length saturates rather than wrapping around to "at once".
+        assert_eq!(next_round_after(interval, Duration::MAX), Duration::MAX);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
     let how = partitioning(&state.config, state.config.partitions.count);
     let store_ctx = Snap::new(snapshots, how, state.config.partitions.snapshot_keep);
     let mut snapshot_at = Instant::now();
+    // Until the first round, the configured interval; then as the last round says.
+    let mut snapshot_every = state.config.partitions.snapshot_interval.get();
     // For the "inbox retention shorter than snapshot age" alert: what the inbox keeps.
     let inbox = &state.config.streams.saga_inbox;
     match snapshot::retention_of(state.broker.jetstream(), inbox).await {
@@ -102,10 +104,10 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
         } else if watch.as_ref().is_some() && settled {
             balance(&state, &store_ctx, &leases, &mut running, &view, &committer).await;
         }
-        if snapshot_at.elapsed() >= state.config.partitions.snapshot_interval.get() {
+        if snapshot_at.elapsed() >= snapshot_every {
             snapshot_at = Instant::now();
             let held: Vec<u32> = running.keys().copied().collect();
-            store_ctx.round(&state, &held).await;
+            snapshot_every = store_ctx.round(&state, &held).await;
         }
         let event = async {
             match watch.as_mut() {
