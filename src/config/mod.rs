@@ -128,7 +128,8 @@ pub struct PartitionsConfig {
     pub leases_bucket: String,
     /// Object Store bucket of partition snapshots.
     pub snapshot_bucket: String,
-    /// How often each owned partition is snapshotted (also on every hand-over).
+    /// How often each owned partition is snapshotted (also on every hand-over); a long round
+    /// spaces out the next, so rounds take at most a tenth of the node's time.
     pub snapshot_interval: HumanDuration,
     /// Snapshots kept per partition (the newest is never deleted).
     pub snapshot_keep: usize,
