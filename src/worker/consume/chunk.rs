@@ -39,9 +39,10 @@ pub(super) struct Chunk<E> {
 /// Payloads from this size on are kept as the client received them; smaller ones are copied.
 const SHARE_FROM: usize = 16 * 1024;
 
-/// An input's body, as a saga input reader or a router keeps it. A large payload is shared with the message, so a batch never holds its
-/// bytes twice. A small one is copied: sharing would keep the client's whole read buffer
-/// (tens of KiB, holding other traffic) alive for as long as the input waits.
+/// An input's body, as a saga input reader or a router keeps it. A large payload is shared
+/// with the message, so a batch never holds its bytes twice. A small one is copied: sharing
+/// would keep the client's whole read buffer (tens of KiB, holding other traffic) alive for
+/// as long as the input waits.
 pub(crate) fn body_of(payload: &bytes::Bytes) -> bytes::Bytes {
     if payload.len() >= SHARE_FROM {
         payload.clone()
