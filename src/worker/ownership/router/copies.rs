@@ -114,24 +114,16 @@ pub(super) async fn send(
         if fence.through().is_some_and(|t| seq <= t.seq) {
             continue;
         }
-        let tenant = crate::fair::tenant_of(&w.subject).to_string();
-        if !wanted(&source.filters, &w.subject) {
+        let raw = w.input;
+        let tenant = crate::fair::tenant_of(&raw.subject).to_string();
+        if !wanted(&source.filters, &raw.subject) {
             // Not an input (a fence marker of the source stream, say): covered, not copied.
             so_far.insert(tenant, seq);
             continue;
         }
-        let traceparent = w.traceparent;
-        let payload = w.body;
-        let stored_ms = w.stored_ms;
-        let raw = RawInput {
-            subject: w.subject,
-            body: payload.clone(),
-            traceparent: traceparent.clone(),
-            header_bytes: w.header_bytes,
-            refused: None,
-            source: format!("{}:{seq}", source.stream),
-            stored_ms: Some(stored_ms),
-        };
+        let traceparent = raw.traceparent.clone();
+        let payload = raw.body.clone();
+        let stored_ms = raw.stored_ms.unwrap_or_default();
         // The routing is a span of its own (when spans are exported); the copies name it.
         let hop = otel::hop(
             "saga.route",

@@ -441,12 +441,12 @@ impl<'a> Routing<'a> {
             if !self.share.holds(m.subject.as_str()) {
                 continue;
             }
-            let Some(w) = Waiting::of(&m) else {
+            let Some(w) = Waiting::of(&m, &self.share.source.stream) else {
                 continue;
             };
-            let tenant = tenant_of(&w.subject).to_string();
+            let tenant = tenant_of(&w.input.subject).to_string();
             if !self.lanes.done(&tenant, w.seq) {
-                self.lanes.push(&tenant, w.seq, w.body.len(), w);
+                self.lanes.push(&tenant, w.seq, w.input.body.len(), w);
             }
         }
         self.read_through = self.read_through.max(read);

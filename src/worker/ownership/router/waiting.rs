@@ -11,9 +11,9 @@
 //! now what they hold.
 
 use async_nats::jetstream::Message;
-use bytes::Bytes;
 
 use crate::broker::headers;
+use crate::worker::admission::RawInput;
 use crate::worker::consume::body_of;
 
 /// One input waiting to be copied into the inbox.
@@ -23,30 +23,30 @@ pub(super) struct Waiting {
     pub(super) seq: u64,
     /// Messages the consumer had yet to deliver when it was read (the router's lag).
     pub(super) pending: u64,
-    /// When the broker stored it, in Unix milliseconds.
-    pub(super) stored_ms: u64,
-    /// The subject it was published on.
-    pub(super) subject: String,
-    /// Its body.
-    pub(super) body: Bytes,
-    /// Its valid `traceparent`, if any.
-    pub(super) traceparent: Option<String>,
-    /// The size of its header block, counted with the body against the size bounds.
-    pub(super) header_bytes: usize,
+    /// The input as the inbox copies carry it: subject, body, valid `traceparent`, header
+    /// block size (counted with the body against the size bounds), the broker's stored time
+    /// and its `stream:seq` source.
+    pub(super) input: RawInput,
 }
 
 impl Waiting {
-    /// What routing needs of `msg`, owned; `None` when it carries no JetStream metadata.
-    pub(super) fn of(msg: &Message) -> Option<Self> {
+    /// What routing needs of `msg` read from `stream`, owned; `None` when it carries no
+    /// JetStream metadata.
+    pub(super) fn of(msg: &Message, stream: &str) -> Option<Self> {
         let info = msg.info().ok()?;
+        let seq = info.stream_sequence;
         Some(Self {
-            seq: info.stream_sequence,
+            seq,
             pending: info.pending,
-            stored_ms: headers::stored_ms(&info),
-            subject: msg.subject.to_string(),
-            body: body_of(&msg.payload),
-            traceparent: headers::traceparent(msg.headers.as_ref()),
-            header_bytes: headers::block_bytes(msg.headers.as_ref()),
+            input: RawInput {
+                subject: msg.subject.to_string(),
+                body: body_of(&msg.payload),
+                traceparent: headers::traceparent(msg.headers.as_ref()),
+                header_bytes: headers::block_bytes(msg.headers.as_ref()),
+                refused: None,
+                source: format!("{stream}:{seq}"),
+                stored_ms: Some(headers::stored_ms(&info)),
+            },
         })
     }
 }
