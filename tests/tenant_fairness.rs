@@ -85,6 +85,14 @@ async fn backlog_then_b(pause: Duration) {
         (a_started + 1) as f64,
         "inbox copies: A's started triggers and B's"
     );
+    // Each tenant's running instances, counted where they are stored: A's started sagas
+    // wait for their calls, B's one too; A's backlog has none yet.
+    let live = |t: &'static str| {
+        let admin = runner.admin.clone();
+        async move { tenant_row(&admin, t).await["live_instances"].as_u64() }
+    };
+    assert_eq!(live("a").await, Some(a_started as u64), "A's running sagas");
+    assert_eq!(live("b").await, Some(1), "B's running saga");
 
     // The upstream answers: every saga of both tenants finishes, each once.
     hold.release();
@@ -105,6 +113,8 @@ async fn backlog_then_b(pause: Duration) {
     assert_eq!(finished(&js, "b").await.len(), 1);
     assert_eq!(called(&upstream, "a").len(), 40, "one call per A saga");
     assert_eq!(called(&upstream, "b").len(), 1);
+    assert_eq!(live("a").await, Some(0), "every saga of A finished");
+    assert_eq!(live("b").await, Some(0));
     runner.stop();
 }
 

@@ -222,6 +222,10 @@ async fn a_paused_tenant_is_held_whole_and_released_in_order() {
         .find(|l| l.starts_with("a "))
         .unwrap_or_default();
     assert!(row.trim_end().ends_with("no"), "{listed}");
+    // Its running instances in the partitions this node owns: d3 alone (d1 and d2 are
+    // shut, a terminal state, since their held inputs were released).
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols.get(1), Some(&"1"), "{listed}");
     runner.stop();
 }
 

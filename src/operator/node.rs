@@ -48,8 +48,9 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
 fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
     let tenants = v["tenants"].as_array().cloned().unwrap_or_default();
     crate::outln!(
-        "{:<24} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
+        "{:<24} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
         "TENANT",
+        "LIVE",
         "WAITING",
         "OLDEST_WAIT",
         "LET_IN",
@@ -62,8 +63,9 @@ fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
             .as_f64()
             .map_or("-".to_string(), |r| format!("{r}"));
         crate::outln!(
-            "{:<24} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
+            "{:<24} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
             crate::telemetry::escape_controls(t["tenant"].as_str().unwrap_or("-")),
+            t["live_instances"].as_u64().unwrap_or(0),
             t["waiting_inputs"].as_u64().unwrap_or(0),
             t["oldest_wait_s"].as_f64().unwrap_or(0.0),
             t["inputs_let_in"].as_u64().unwrap_or(0),

@@ -44,7 +44,7 @@ pub use read::StoreStats;
 pub use tables::Tables;
 
 /// The named tables of the store (DESIGN §5 keyspaces).
-pub const TABLES: [&str; 10] = [
+pub const TABLES: [&str; 11] = [
     "saga",
     "outbox",
     "checkpoint",
@@ -55,6 +55,7 @@ pub const TABLES: [&str; 10] = [
     "meta",
     "history",
     "index",
+    "live",
 ];
 
 /// A handle to the open store; cheap to clone.

@@ -341,7 +341,10 @@ impl Store {
         }
         write_rows(&txn, &rows)?;
         // The instance index is derived: rebuilt for the partition's instances as imported.
-        Tables::open(&txn)?.rebuild_index(|k| how.of(k) == p)?;
+        let tables = Tables::open(&txn)?;
+        tables.rebuild_index(|k| how.of(k) == p)?;
+        // So are the partition's counts of running instances (`tables/live.rs`).
+        tables.recount_live(how.partitions, |t, s, c| how.of([t, s, c]), |q| q == p)?;
         let checkpoints = txn.open_table(Some("checkpoint"))?;
         let key = how.checkpoint_key(p);
         if header.checkpoint == 0 {

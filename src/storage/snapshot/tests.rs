@@ -447,3 +447,58 @@ fn writes_a_successor_could_not_redo_are_counted_and_the_others_are_not() {
     b.import_partition(&how(4), 1, &snap).expect("import");
     assert_eq!(counted(&b), start + 2);
 }
+
+#[test]
+fn running_instances_are_counted_once_and_again_for_an_imported_partition() {
+    // `fill` writes instances as an older store did, without counting them.
+    let (_a_dir, a) = source();
+    let of = |t: &str, s: &str, c: &str| by_last_digit(t, s, c, 4);
+    let counted = a
+        .write_blocking(|t| t.count_live_if_missing(4, of))
+        .expect("count");
+    assert_eq!(counted, Some(8), "o-0 … o-7 run");
+    assert_eq!(
+        a.write_blocking(|t| t.count_live_if_missing(4, of))
+            .expect("again"),
+        None,
+        "counted once for four partitions"
+    );
+    a.read_blocking(|t| {
+        for p in 0..4 {
+            assert_eq!(t.live("acme", p)?, 2, "two per partition");
+        }
+        assert_eq!(t.live("other", 0)?, 0);
+        Ok(())
+    })
+    .expect("read");
+    // o-5 completes (the saga worker moves the count with the write), then p1 is exported.
+    a.write_blocking(|t| {
+        let mut i = t.instance("acme", "order", "o-5")?.expect("o-5");
+        let before = i.status;
+        i.status = Status::Completed;
+        t.put_instance(&i, Some(i.state.as_str()))?;
+        t.count_live("acme", 1, Some(before), i.status)
+    })
+    .expect("complete");
+    assert_eq!(a.read_blocking(|t| t.live("acme", 1)).expect("p1"), 1);
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    // A stale copy of p1 with three running instances, and p2's own count, on the importer.
+    let (_b_dir, b) = store();
+    for corr in ["o-1", "o-9", "o-2"] {
+        fill(&b, corr, "new", false);
+    }
+    b.write_blocking(|t| t.count_live_if_missing(4, of))
+        .expect("count");
+    assert_eq!(b.read_blocking(|t| t.live("acme", 1)).expect("p1"), 2);
+    b.import_partition(&how(4), 1, &snap).expect("import");
+    b.read_blocking(|t| {
+        assert_eq!(t.live("acme", 1)?, 1, "o-1 runs, o-5 completed, o-9 gone");
+        assert_eq!(t.live("acme", 2)?, 1, "p2 untouched");
+        assert_eq!(
+            t.live_by_tenant(|p| p == 1 || p == 2)?,
+            BTreeMap::from([("acme".to_string(), 2)])
+        );
+        Ok(())
+    })
+    .expect("read");
+}

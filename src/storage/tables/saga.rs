@@ -116,7 +116,9 @@ impl Tables<'_, RW> {
     }
 
     /// Stores an instance and its index entries; `before` is the state it had when read
-    /// (`None` for a new instance).
+    /// (`None` for a new instance). A write that starts or ends an instance also moves its
+    /// tenant's count of running instances (`Tables::count_live`, `live.rs`): the saga
+    /// worker does so beside this call; a migration keeps the status and moves nothing.
     pub fn put_instance(&self, inst: &Instance, before: Option<&str>) -> Result<()> {
         let key = instance_key(&inst.tenant, &inst.saga, &inst.correlation_id);
         self.txn

@@ -25,6 +25,7 @@ pub struct Tables<'t, K: TransactionKind> {
     pub(super) meta: Table<'t>,
     pub(super) history: Table<'t>,
     pub(super) index: Table<'t>,
+    pub(super) live: Table<'t>,
     /// The outbox sequence last assigned in this transaction (read once, then counted here).
     pub(super) outbox_seq: Cell<Option<u64>>,
 }
@@ -44,6 +45,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             meta: txn.open_table(Some("meta"))?,
             history: txn.open_table(Some("history"))?,
             index: txn.open_table(Some("index"))?,
+            live: txn.open_table(Some("live"))?,
             outbox_seq: Cell::new(None),
         })
     }

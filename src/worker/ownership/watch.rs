@@ -39,6 +39,7 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
         snapshots,
         committer,
     } = ctx;
+    count_live(&state).await;
     let how = partitioning(&state.config, state.config.partitions.count);
     let store_ctx = Snap::new(snapshots, how, state.config.partitions.snapshot_keep);
     let mut snapshot_at = Instant::now();
@@ -153,6 +154,33 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
     let _ = beat.await;
     let _ = leases.delete(member_key(&me)).await;
     tracing::info!(message = "Partitions handed over.");
+}
+
+/// Counts each tenant's running instances per partition, once, in a store written before
+/// those counts were kept (`storage/tables/live.rs`); a failure is logged and the count is
+/// tried again at the next start.
+async fn count_live(state: &AppState) {
+    let count = state.config.partitions.count;
+    let counted = state
+        .store
+        .write(move |t| {
+            t.count_live_if_missing(count, |tenant, saga, corr| {
+                crate::worker::partition::partition(tenant, saga, corr, count)
+            })
+        })
+        .await;
+    match counted {
+        Ok(Some(n)) => {
+            tracing::info!(
+                message = "Counted each tenant's running instances.",
+                instances = n
+            )
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(message = "Cannot count each tenant's running instances.", error = %e)
+        }
+    }
 }
 
 /// Stops partitions whose lease is gone (its keeper renews it; see [`Kept`]) or whose relay

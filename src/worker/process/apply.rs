@@ -258,6 +258,12 @@ impl Processor<'_> {
             return self.poison(tx, raw, tenant, kind::TOO_LARGE, why, route);
         }
         tx.put_instance(&applied.instance, before.map(|i| i.state.as_str()))?;
+        tx.count_live(
+            tenant,
+            self.scope.partition,
+            before.map(|i| i.status),
+            applied.instance.status,
+        )?;
         self.push_outputs(tx, tenant, traceparent, outputs)?;
         write_timers(tx, tenant, route, &applied)?;
         if !event_id.is_empty() {
