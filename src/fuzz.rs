@@ -78,6 +78,7 @@ pub fn envelope(data: &[u8]) {
             traceparent: None,
             header_bytes: 0,
             refused: None,
+            live_cap: None,
             source: "FUZZ:1".into(),
             stored_ms: Some(STORED_MS),
         };
@@ -170,6 +171,7 @@ pub fn effect_command(data: &[u8]) {
         traceparent: None,
         header_bytes: 0,
         refused: None,
+        live_cap: None,
         source: "FUZZ:1".into(),
         stored_ms: Some(STORED_MS),
     };

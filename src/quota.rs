@@ -2,7 +2,8 @@
 //!
 //! **Guarantees.**
 //! - **One view of the limits, swapped whole.** [`Limits`] holds the node's `[tenancy]`
-//!   limits (weights, rate limits, effect rate limits). A reload
+//!   limits (weights, rate limits, effect rate limits, caps on running instances: those are
+//!   stamped on each input routed, `worker/cap.rs`). A reload
 //!   (`POST /admin/tenants/reload`, `runner tenants reload`, [`crate::runtime::AppState::reload_tenancy`])
 //!   replaces them at once: a reader sees the old set or the new one, never a mix. An
 //!   invalid file changes nothing. `tenancy.default_tenant`, `tenancy.allowed` and
@@ -67,6 +68,12 @@ impl Limits {
             "tenancy.rate_limits",
             &old.rate_limits,
             &next.rate_limits,
+            &mut applied,
+        );
+        diff(
+            "tenancy.live_instance_caps",
+            &old.live_instance_caps,
+            &next.live_instance_caps,
             &mut applied,
         );
         let tenants: std::collections::BTreeSet<&String> = old

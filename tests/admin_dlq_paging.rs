@@ -48,6 +48,7 @@ fn letter(tenant: &str, id: u64, body: String, reason: String, redriven: bool) -
         attempts: 1,
         at_ms: runner::clock::now_ms(),
         stored_ms: None,
+        live_cap: None,
         status: if redriven {
             DeadLetterStatus::Redriven
         } else {

@@ -26,6 +26,7 @@ fn raw(subject: String, body: Vec<u8>, seq: usize) -> RawInput {
         traceparent: None,
         header_bytes: 0,
         refused: None,
+        live_cap: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
         stored_ms: None,
     }

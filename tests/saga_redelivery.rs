@@ -27,6 +27,7 @@ fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
             traceparent: None,
             header_bytes: 0,
             refused: None,
+            live_cap: None,
             source: format!("AGGREGATE_EVENTS:{seq}"),
             stored_ms: None,
         },

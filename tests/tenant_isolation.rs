@@ -59,6 +59,7 @@ fn raw(subject: String, body: &Json, seq: u64) -> RawInput {
         traceparent: None,
         header_bytes: 0,
         refused: None,
+        live_cap: None,
         source: format!("TEST:{seq}"),
         stored_ms: None,
     }
@@ -203,6 +204,7 @@ fn run(seed: u64, allowed: &[&str]) {
                     traceparent: None,
                     header_bytes: 0,
                     refused: None,
+                    live_cap: None,
                     source: format!("TEST:{seq}"),
                     stored_ms: None,
                 });

@@ -6,7 +6,7 @@
 //! | `POST /admin/tenants/{tenant}/pause` | pauses the tenant on every saga node: `{tenant, paused: true}` |
 //! | `POST /admin/tenants/{tenant}/resume` | resumes it: the resume is sent to every partition, whose owner releases what it held |
 //! | `GET /admin/tenants/paused` | the tenants this node holds inputs for now |
-//! | `GET /admin/tenants` | every tenant known here: its running saga instances in the partitions this node owns, new inputs waiting at this node's routers, the oldest's wait, inputs let in, weight, rate limits, paused |
+//! | `GET /admin/tenants` | every tenant known here: its running saga instances in the partitions this node owns, its cap on them and the inputs held at it, new inputs waiting at this node's routers, the oldest's wait, inputs let in, weight, rate limits, paused |
 //! | `POST /admin/tenants/reload` | re-reads the config file's `[tenancy]` limits (weights, rate limits, effect rate limits) and puts them in force; 422 naming the file, line and key when invalid |
 //!
 //! Only a node that runs the saga worker answers pause and resume (409 otherwise); every node
@@ -107,14 +107,17 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
     let tenancy = state.limits.get();
     let usage = state.tenants.snapshot();
     let paused = state.paused.get();
-    let live = if state.config.runner.mode.runs_sagas() {
+    let (live, held) = if state.config.runner.mode.runs_sagas() {
         let owned = state.placement.owned();
-        match state
+        let read = state
             .store
-            .read(move |t| t.live_by_tenant(|p| owned.contains_key(&p)))
-            .await
-        {
-            Ok(live) => live,
+            .read(move |t| {
+                let mine = |p| owned.contains_key(&p);
+                Ok((t.live_by_tenant(mine)?, t.capped_by_tenant(mine)?))
+            })
+            .await;
+        match read {
+            Ok(both) => both,
             Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         }
     } else {
@@ -122,6 +125,8 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
     };
     let mut names: std::collections::BTreeSet<String> = usage.keys().cloned().collect();
     names.extend(live.keys().cloned());
+    names.extend(held.keys().cloned());
+    names.extend(tenancy.live_instance_caps.keys().cloned());
     names.extend(tenancy.weights.keys().cloned());
     names.extend(tenancy.rate_limits.keys().cloned());
     names.extend(tenancy.effect_rate_limits.keys().cloned());
@@ -134,6 +139,8 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
             json!({
                 "tenant": t,
                 "live_instances": live.get(t).copied().unwrap_or(0),
+                "live_instance_cap": tenancy.live_instance_caps.get(t),
+                "held_at_cap": held.get(t).copied().unwrap_or(0),
                 "waiting_inputs": u.waiting_inputs,
                 "oldest_wait_s": u.oldest_wait_s,
                 "inputs_let_in": u.inputs_let_in,

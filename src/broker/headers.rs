@@ -32,6 +32,11 @@ pub const ROUTED_SOURCE: &str = "Runner-Source";
 /// source's time bound, on first read and on every replay of the inbox alike.
 pub const ROUTED_SOURCE_TIME: &str = "Runner-Source-Time";
 
+/// On a routed input in the saga inbox: the tenant's cap on running instances when the
+/// router copied it (`tenancy.live_instance_caps`, decimal), which the partition's owner
+/// holds a new instance at (`worker/cap.rs`), on every replay of the inbox alike.
+pub const LIVE_CAP: &str = "Runner-Live-Cap";
+
 /// On a routed input in the saga inbox: the router refused it at admission, `<kind>: <why>`;
 /// the partition's owner dead-letters it with that reason instead of admitting it again.
 pub const ROUTED_REFUSAL: &str = "Runner-Refused";

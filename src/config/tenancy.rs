@@ -1,5 +1,5 @@
 //! `[tenancy]`: which tenants are served, and the limits that share the node between them
-//! (fair turns, rate limits). Guarantee: a loaded config's tenants and effect names are
+//! (fair turns, rate limits, caps on running instances). Guarantee: a loaded config's tenants and effect names are
 //! subject tokens and its weights and rates are in range, each refusal naming its key
 //! (`tenancy.rate_limits.acme`). The limits in force, and their reload, are `crate::quota`.
 
@@ -33,6 +33,13 @@ pub struct TenancyConfig {
     /// tenant's commands of that effect wait in order, and other tenants' go first; none is
     /// dropped or failed. Each replica applies it to the calls it starts.
     pub effect_rate_limits: BTreeMap<String, BTreeMap<String, f64>>,
+    /// Per tenant, the most saga instances it may have running (1 to 1e12). Each of the
+    /// `partitions.count` partitions lets the tenant start instances while it runs fewer
+    /// than its part, ⌈cap ÷ partitions⌉, so the deployment never runs more than about the
+    /// cap. An input that would start one more is held whole, with every later input of its
+    /// key, and applied in order when one of the tenant's instances in that partition ends;
+    /// none is dropped.
+    pub live_instance_caps: BTreeMap<String, u64>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
     /// tenant's inputs pass another tenant's backlog.
@@ -47,6 +54,7 @@ impl Default for TenancyConfig {
             weights: BTreeMap::new(),
             rate_limits: BTreeMap::new(),
             effect_rate_limits: BTreeMap::new(),
+            live_instance_caps: BTreeMap::new(),
             read_ahead: 100_000,
         }
     }
@@ -103,6 +111,13 @@ impl TenancyConfig {
                 }
                 per_second(&key, *r, "calls")?;
             }
+        }
+        for (t, cap) in &self.live_instance_caps {
+            let key = format!("tenancy.live_instance_caps.{t}");
+            if let Err(e) = check(t, Rule::TENANT) {
+                return invalid(&key, format!("is not a subject token: {e}"));
+            }
+            range(&key, *cap, 1, 1_000_000_000_000)?;
         }
         range("tenancy.read_ahead", self.read_ahead, 1, 10_000_000)?;
         Ok(())

@@ -47,6 +47,13 @@ pub const UNSEALED_CONTROL: &str = "unsealed_control";
 /// stream nor counted as a dead letter.
 pub const TENANT_PAUSED: &str = "tenant_paused";
 
+/// An input that would have started one more running instance of a tenant at its cap
+/// (`tenancy.live_instance_caps`), or a later input of a key such an input holds; kept whole
+/// and applied in order when one of the tenant's instances in its partition ends
+/// (`worker/cap.rs`). Not a failure: neither announced on the dead-letter stream nor counted
+/// as a dead letter.
+pub const TENANT_CAPPED: &str = "tenant_capped";
+
 /// Every kind counted as a dead letter, so their metric series exist (at 0) from the
 /// start.
 pub const ALL: [&str; 13] = [

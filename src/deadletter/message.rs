@@ -109,6 +109,7 @@ mod tests {
             at_ms: refused.at_ms,
             status: DeadLetterStatus::Pending,
             stored_ms: None,
+            live_cap: None,
         });
         assert_eq!(saga.subject, effect.subject);
         assert_eq!(saga.msg_id, "dl:AGGREGATE_EVENTS:7:order:3");

@@ -85,7 +85,9 @@ pub fn redrive_in(
 /// failure of its own).
 pub fn held_behind(d: &DeadLetter) -> bool {
     d.status == DeadLetterStatus::Pending
-        && (d.kind == kind::PARKED || d.kind == kind::TENANT_PAUSED)
+        && (d.kind == kind::PARKED
+            || d.kind == kind::TENANT_PAUSED
+            || d.kind == kind::TENANT_CAPPED)
 }
 
 /// Applies again, in order, the letters of one key — its first letter, then the inputs

@@ -54,6 +54,7 @@ pub fn letter_of(p: Refused<'_>) -> DeadLetter {
         at_ms: p.at_ms,
         status: DeadLetterStatus::Pending,
         stored_ms: None,
+        live_cap: None,
     }
 }
 

@@ -48,9 +48,11 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
 fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
     let tenants = v["tenants"].as_array().cloned().unwrap_or_default();
     crate::outln!(
-        "{:<24} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
         "TENANT",
         "LIVE",
+        "CAP",
+        "HELD",
         "WAITING",
         "OLDEST_WAIT",
         "LET_IN",
@@ -63,9 +65,13 @@ fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
             .as_f64()
             .map_or("-".to_string(), |r| format!("{r}"));
         crate::outln!(
-            "{:<24} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
+            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
             crate::telemetry::escape_controls(t["tenant"].as_str().unwrap_or("-")),
             t["live_instances"].as_u64().unwrap_or(0),
+            t["live_instance_cap"]
+                .as_u64()
+                .map_or("-".to_string(), |c| c.to_string()),
+            t["held_at_cap"].as_u64().unwrap_or(0),
             t["waiting_inputs"].as_u64().unwrap_or(0),
             t["oldest_wait_s"].as_f64().unwrap_or(0.0),
             t["inputs_let_in"].as_u64().unwrap_or(0),

@@ -251,6 +251,7 @@ fn input_of(
         traceparent: None,
         header_bytes: 0,
         refused: None,
+        live_cap: None,
         source: h.source.clone(),
         stored_ms,
     };

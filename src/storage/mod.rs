@@ -44,7 +44,7 @@ pub use read::StoreStats;
 pub use tables::Tables;
 
 /// The named tables of the store (DESIGN §5 keyspaces).
-pub const TABLES: [&str; 11] = [
+pub const TABLES: [&str; 12] = [
     "saga",
     "outbox",
     "checkpoint",
@@ -56,6 +56,7 @@ pub const TABLES: [&str; 11] = [
     "history",
     "index",
     "live",
+    "capped",
 ];
 
 /// A handle to the open store; cheap to clone.

@@ -345,6 +345,8 @@ impl Store {
         tables.rebuild_index(|k| how.of(k) == p)?;
         // So are the partition's counts of running instances (`tables/live.rs`).
         tables.recount_live(how.partitions, |t, s, c| how.of([t, s, c]), |q| q == p)?;
+        // And its queue of keys held at a cap, from the held letters it brought.
+        tables.rebuild_capped(|t, s, c| how.of([t, s, c]), |q| q == p)?;
         let checkpoints = txn.open_table(Some("checkpoint"))?;
         let key = how.checkpoint_key(p);
         if header.checkpoint == 0 {

@@ -69,6 +69,12 @@ pub struct RawInput {
     pub refused: Option<String>,
     /// `stream:seq`, for dead letters.
     pub source: String,
+    /// Set on a routed copy of a tenant with a cap on running instances
+    /// (`tenancy.live_instance_caps`, header `Runner-Live-Cap`): the cap in force when its
+    /// router copied it. An input that would start an instance is held at the partition's
+    /// part of it (`worker/cap.rs`); carried by the input, so every replay of the inbox
+    /// decides the same way.
+    pub live_cap: Option<u64>,
     /// When the broker stored the input, ms since the epoch: the JetStream timestamp of the
     /// message read (fixed per stream sequence, so a re-read gets the same value); for a
     /// routed copy, its source message's (header `Runner-Source-Time`, the copy's own
@@ -291,6 +297,7 @@ mod tests {
             traceparent: None,
             header_bytes: 0,
             refused: None,
+            live_cap: None,
             source: "AGG:1".into(),
             stored_ms: None,
         }

@@ -312,6 +312,7 @@ fn apply_in(
         } else {
             p.input(t, raw)?;
         }
+        p.release_freed(t)?;
         last = *seq;
     }
     if last > cp {

@@ -79,6 +79,7 @@
 
 pub mod admission;
 mod admit;
+pub mod cap;
 mod commit;
 mod consume;
 pub mod control;

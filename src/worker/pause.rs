@@ -48,11 +48,40 @@ pub fn hold(
     route: &Route,
     at_ms: u64,
 ) -> Result<(), StorageError> {
+    let why = Held {
+        kind: kind::TENANT_PAUSED,
+        reason: format!("tenant `{tenant}` is paused; held until it is resumed"),
+        live_cap: None,
+    };
+    hold_as(tx, raw, tenant, route, at_ms, why).map(drop)
+}
+
+/// Why an input is held whole: its letter's kind and reason, and for an input held at a
+/// cap on running instances, that cap (`worker/cap.rs`).
+pub struct Held {
+    /// `tenant_paused` or `tenant_capped`.
+    pub kind: &'static str,
+    /// For a person.
+    pub reason: String,
+    /// The cap it came with, when held at one.
+    pub live_cap: Option<u64>,
+}
+
+/// Holds `raw`, routed to `route`, whole as a letter of `why`'s kind, and parks its key
+/// when nothing parks it yet; returns the letter's id.
+pub fn hold_as(
+    tx: &Tables<'_, RW>,
+    raw: &RawInput,
+    tenant: &str,
+    route: &Route,
+    at_ms: u64,
+    why: Held,
+) -> Result<u64, StorageError> {
     let letter = tx.push_dead_letter(DeadLetter {
         id: 0,
         tenant: tenant.to_string(),
-        kind: kind::TENANT_PAUSED.to_string(),
-        reason: format!("tenant `{tenant}` is paused; held until it is resumed"),
+        kind: why.kind.to_string(),
+        reason: why.reason,
         subject: raw.subject.clone(),
         source: raw.source.clone(),
         body: String::from_utf8_lossy(&raw.body).into_owned(),
@@ -65,6 +94,7 @@ pub fn hold(
         status: DeadLetterStatus::Pending,
         // Released later, it is applied within the time bound it arrived with.
         stored_ms: raw.stored_ms,
+        live_cap: why.live_cap,
     })?;
     if tx
         .parked_by(tenant, &route.saga, &route.correlation_id)?
@@ -72,7 +102,7 @@ pub fn hold(
     {
         tx.park(tenant, &route.saga, &route.correlation_id, letter.id)?;
     }
-    Ok(())
+    Ok(letter.id)
 }
 
 /// Holds again, whole, a held input whose release came behind an input of its key that
@@ -89,9 +119,19 @@ pub fn hold_again(
         traceparent: dl.traceparent.clone(),
         header_bytes: 0,
         refused: None,
+        live_cap: None,
         source: dl.source.clone(),
         stored_ms: dl.stored_ms,
     };
+    if dl.kind == kind::TENANT_CAPPED {
+        // Held at a cap: it stays so, with its cap (released by its key's operator now).
+        let why = Held {
+            kind: kind::TENANT_CAPPED,
+            reason: dl.reason.clone(),
+            live_cap: dl.live_cap,
+        };
+        return hold_as(tx, &raw, &dl.tenant, route, at_ms, why).map(drop);
+    }
     hold(tx, &raw, &dl.tenant, route, at_ms)
 }
 

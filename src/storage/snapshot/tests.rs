@@ -502,3 +502,66 @@ fn running_instances_are_counted_once_and_again_for_an_imported_partition() {
     })
     .expect("read");
 }
+
+#[test]
+fn a_partitions_queue_of_keys_held_at_a_cap_is_remade_where_it_is_imported() {
+    let (_a_dir, a) = store();
+    // o-1 and o-5 (partition 1) held at a cap, o-5 with a second input behind it; o-2
+    // (partition 2) too.
+    let mut held = BTreeMap::new();
+    a.write_blocking(|t| {
+        for corr in ["o-5", "o-1", "o-5", "o-2"] {
+            let mut d = DeadLetter::sample(Some(corr), "tenant_capped");
+            d.live_cap = Some(3);
+            let id = t.push_dead_letter(d)?.id;
+            let p = by_last_digit("acme", "order", corr, 4);
+            match t.parked_by("acme", "order", corr)? {
+                None => {
+                    t.park("acme", "order", corr, id)?;
+                    t.push_capped("acme", p, id)?;
+                    held.insert(corr, id);
+                }
+                Some(first) => {
+                    t.behind_capped("acme", p, first, id)?;
+                }
+            }
+        }
+        Ok(())
+    })
+    .expect("hold");
+    let first = a
+        .read_blocking(|t| t.oldest_capped("acme", 1))
+        .expect("read")
+        .expect("o-5's key");
+    assert_eq!(first.first, held["o-5"]);
+    assert_eq!(first.behind.len(), 1);
+    let snap = a.export_partition(&how(4), 1).expect("export");
+    let (_b_dir, b) = store();
+    // The importer holds letters of its own, so the imported ones are renumbered.
+    b.write_blocking(|t| {
+        for _ in 0..5 {
+            t.push_dead_letter(DeadLetter::sample(None, "undecodable"))?;
+        }
+        Ok(())
+    })
+    .expect("own letters");
+    b.import_partition(&how(4), 1, &snap).expect("import");
+    b.read_blocking(|t| {
+        let k = t.oldest_capped("acme", 1)?.expect("o-5's key, first held");
+        let d = t.dead_letter("acme", k.first)?.expect("its letter");
+        assert_eq!(d.correlation_id.as_deref(), Some("o-5"));
+        assert_eq!(d.live_cap, Some(3));
+        assert_eq!(t.parked_by("acme", "order", "o-5")?, Some(k.first));
+        assert_eq!(k.behind.len(), 1);
+        let behind = t.dead_letter("acme", k.behind[0])?.expect("held behind");
+        assert_eq!(behind.correlation_id.as_deref(), Some("o-5"));
+        assert!(t.oldest_capped("acme", 2)?.is_none(), "p2 was not imported");
+        assert_eq!(
+            t.capped_by_tenant(|p| p == 1)?,
+            BTreeMap::from([("acme".to_string(), 3)]),
+            "o-5, the input behind it, and o-1"
+        );
+        Ok(())
+    })
+    .expect("read");
+}

@@ -72,6 +72,10 @@ pub struct DeadLetter {
     /// before it was recorded (a redrive then bounds by `at_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_ms: Option<u64>,
+    /// On an input held at its tenant's cap on running instances (kind `tenant_capped`):
+    /// the cap it came with, which its release is measured by (`worker/cap.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_cap: Option<u64>,
 }
 
 #[cfg(test)]
@@ -95,6 +99,7 @@ impl DeadLetter {
             at_ms: 5,
             status: DeadLetterStatus::Pending,
             stored_ms: None,
+            live_cap: None,
         }
     }
 }

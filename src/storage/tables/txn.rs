@@ -26,6 +26,7 @@ pub struct Tables<'t, K: TransactionKind> {
     pub(super) history: Table<'t>,
     pub(super) index: Table<'t>,
     pub(super) live: Table<'t>,
+    pub(super) capped: Table<'t>,
     /// The outbox sequence last assigned in this transaction (read once, then counted here).
     pub(super) outbox_seq: Cell<Option<u64>>,
 }
@@ -46,6 +47,7 @@ impl<'t, K: TransactionKind> Tables<'t, K> {
             history: txn.open_table(Some("history"))?,
             index: txn.open_table(Some("index"))?,
             live: txn.open_table(Some("live"))?,
+            capped: txn.open_table(Some("capped"))?,
             outbox_seq: Cell::new(None),
         })
     }

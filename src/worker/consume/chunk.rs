@@ -100,6 +100,7 @@ pub(super) fn read_chunk<E>(
                         // A routed copy's headers are the router's; it counted the original's.
                         header_bytes: 0,
                         refused: routed(headers::ROUTED_REFUSAL),
+                        live_cap: routed(headers::LIVE_CAP).and_then(|v| v.parse().ok()),
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
                         // The broker's time of the input (a routed copy: of its source),

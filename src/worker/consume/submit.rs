@@ -118,6 +118,7 @@ mod tests {
                 traceparent: None,
                 header_bytes: 0,
                 refused: None,
+                live_cap: None,
                 source: format!("s:{seq}"),
                 stored_ms: None,
             },

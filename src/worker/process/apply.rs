@@ -28,7 +28,7 @@ use crate::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
 use crate::telemetry::otel;
 use crate::worker::admission::{self, envelope_malformed};
-use crate::worker::pause;
+use crate::worker::{cap, pause};
 
 /// Why an input's outputs cannot all be written: together they pass what one transaction
 /// writes ([`Limits::max_output_bytes`]), or one of them, with the headers it will be
@@ -94,6 +94,15 @@ impl Processor<'_> {
         }));
         match result {
             Ok(Ok(applied)) => {
+                // A new running instance: within its tenant's cap, or held (`cap.rs`).
+                if instance.is_none() && !applied.instance.status.is_final() && !redrive {
+                    let place = self.place();
+                    if !cap::admits(tx, tenant, place, raw.live_cap, self)? {
+                        let cap = raw.live_cap.unwrap_or_default();
+                        self.tally.note(saga, "held");
+                        return cap::hold(tx, raw, tenant, route, place, cap, self.now_ms);
+                    }
+                }
                 return self.transition(
                     tx,
                     raw,
@@ -198,6 +207,15 @@ impl Processor<'_> {
                 pause::hold(tx, raw, tenant, route, self.now_ms)?;
                 return Ok(false);
             }
+            if let Some(first) = first
+                && cap::parks(tx, tenant, first)?
+            {
+                // Every later input of a key held at a cap waits whole behind it (`cap.rs`).
+                self.tally.note(saga, "held");
+                let place = self.place();
+                cap::hold_behind(tx, raw, tenant, route, place, first, self.now_ms)?;
+                return Ok(false);
+            }
             if let Some(first) = first {
                 let why = format!("key is parked behind dead letter {first}");
                 self.dead_letter(tx, raw, tenant, kind::PARKED, why, Some(route))?;
@@ -264,6 +282,10 @@ impl Processor<'_> {
             before.map(|i| i.status),
             applied.instance.status,
         )?;
+        if before.is_some_and(|i| !i.status.is_final()) && applied.instance.status.is_final() {
+            // One of the tenant's running instances ended: a key held at its cap may go.
+            self.freed.push(tenant.to_string());
+        }
         self.push_outputs(tx, tenant, traceparent, outputs)?;
         write_timers(tx, tenant, route, &applied)?;
         if !event_id.is_empty() {

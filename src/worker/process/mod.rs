@@ -39,6 +39,7 @@ use crate::deadletter::{self, Poison, Refused};
 use crate::manifest::Catalog;
 use crate::saga::Route;
 use crate::storage::{Result, Tables};
+use crate::worker::cap;
 
 mod apply;
 mod input;
@@ -66,6 +67,9 @@ pub struct Processor<'a> {
     pub scope: Scope,
     /// Paused tenants, whose inputs are held (`pause.rs`); read inside the transaction.
     pub paused: Arc<BTreeSet<String>>,
+    /// Tenants an instance of which ended in this partition since the last
+    /// [`Processor::release_freed`]: their keys held at a cap may go (`cap.rs`).
+    freed: Vec<String>,
 }
 
 /// The partition a [`Processor`] applies inputs of: only routes whose key
@@ -119,6 +123,27 @@ impl<'a> Processor<'a> {
             tally: Tally::default(),
             scope,
             paused: Arc::default(),
+            freed: Vec::new(),
+        }
+    }
+
+    /// Applies the keys held at a cap that the instances ended since the last call let go
+    /// (`worker/cap.rs`), and what those free in turn. Called after each input of a batch.
+    pub fn release_freed(&mut self, tx: &Tables<'_, RW>) -> Result<()> {
+        while let Some(tenant) = self.freed.pop() {
+            if self.paused.contains(&tenant) {
+                continue;
+            }
+            cap::release(tx, &tenant, self.place(), |c| c, self)?;
+        }
+        Ok(())
+    }
+
+    /// This partition, for `cap.rs`.
+    fn place(&self) -> cap::Place {
+        cap::Place {
+            partition: self.scope.partition,
+            partitions: self.scope.count,
         }
     }
 
@@ -226,6 +251,7 @@ mod tests {
             traceparent: None,
             header_bytes: 0,
             refused: None,
+            live_cap: None,
             source: "AGGREGATE_EVENTS:7".into(),
             stored_ms: None,
         };

@@ -23,6 +23,7 @@ impl Reapply for Processor<'_> {
             traceparent: dl.traceparent.clone(),
             header_bytes: 0,
             refused: None,
+            live_cap: None,
             source: format!("redrive:{}", dl.id),
             // The broker's time kept with the letter (older letters: when it was recorded),
             // so a redrive, however late, applies the input within the bound it had.
@@ -44,7 +45,7 @@ impl Reapply for Processor<'_> {
                     saga: saga.clone(),
                     correlation_id: corr.clone(),
                 };
-                if hold && dl.kind == kind::TENANT_PAUSED {
+                if hold && (dl.kind == kind::TENANT_PAUSED || dl.kind == kind::TENANT_CAPPED) {
                     // Held again behind an input of its key that failed: still whole.
                     self.tally.note(saga, "held");
                     pause::hold_again(tx, dl, &route, self.now_ms)?;

@@ -54,6 +54,7 @@ impl Processor<'_> {
             traceparent: None,
             header_bytes: 0,
             refused: None,
+            live_cap: None,
             source: "timer".into(),
             stored_ms: None, // its time is its due time, which the engine computed
         };

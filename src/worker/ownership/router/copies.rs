@@ -103,6 +103,7 @@ pub(super) async fn send(
     let catalog = state.catalog();
     let limits = Limits::from_config(&state.config).with_max_payload(state.broker.max_payload());
     let max_bytes = usize::try_from(state.config.saga.max_batch_bytes.get()).unwrap_or(usize::MAX);
+    let tenancy = state.limits.get();
     let mut copies: Vec<BatchMessage> = Vec::new();
     let mut bytes = 0usize;
     // Per tenant, the last input of this call in `copies` or covered without a copy.
@@ -124,6 +125,7 @@ pub(super) async fn send(
         let traceparent = raw.traceparent.clone();
         let payload = raw.body.clone();
         let stored_ms = raw.stored_ms.unwrap_or_default();
+        let live_cap = tenancy.live_instance_caps.get(&tenant).copied();
         // The routing is a span of its own (when spans are exported); the copies name it.
         let hop = otel::hop(
             "saga.route",
@@ -149,6 +151,11 @@ pub(super) async fn send(
             // time by it, on every replay of the inbox the same (not by the copy's own time,
             // which a router's lag would move).
             h.insert(headers::ROUTED_SOURCE_TIME, stored_ms.to_string().as_str());
+            // The tenant's cap on running instances, in force now, travels with the copy:
+            // its owner holds a new instance by it, the same on every replay (`worker/cap.rs`).
+            if let Some(cap) = live_cap {
+                h.insert(headers::LIVE_CAP, cap.to_string().as_str());
+            }
             if let Some(tp) = onward {
                 h.insert(headers::TRACEPARENT_HEADER, tp);
             }

@@ -44,6 +44,7 @@ impl Waiting {
                 traceparent: headers::traceparent(msg.headers.as_ref()),
                 header_bytes: headers::block_bytes(msg.headers.as_ref()),
                 refused: None,
+                live_cap: None,
                 source: format!("{stream}:{seq}"),
                 stored_ms: Some(headers::stored_ms(&info)),
             },

@@ -1,0 +1,209 @@
+//! The `capped` table: per tenant and partition, the keys whose inputs are held at the
+//! tenant's cap on running instances, oldest first (`worker/cap.rs` decides; this is where it
+//! keeps its queue).
+//!
+//! Key `tenant 0 partition:u16 first:u64`, where `first` is the id of the held letter that
+//! parks the key (ids increase, so key order is arrival order). Value: the ids of the
+//! letters held behind it, in arrival order (`u64` each).
+//!
+//! **Guarantees.**
+//! - **Derived, never the only record.** Each row mirrors `tenant_capped` letters, which hold
+//!   the inputs whole; [`Tables::rebuild_capped`] remakes a partition's rows from them, which
+//!   a partition restored from a snapshot does (snapshots carry the letters, not this queue).
+//! - **Oldest first, per partition.** [`Tables::oldest_capped`] is one seek.
+
+use std::collections::BTreeMap;
+
+use libmdbx::{RW, TransactionKind, WriteFlags};
+
+use super::keys::{push_parts, u64_of};
+use super::txn::Tables;
+use crate::storage::error::{Result, StorageError};
+use crate::storage::tables::{DeadLetter, DeadLetterStatus};
+
+/// The kind of letter this table queues (`crate::deadletter::kind::TENANT_CAPPED`).
+const CAPPED: &str = "tenant_capped";
+
+fn prefix(tenant: &str, partition: u32) -> Result<Vec<u8>> {
+    let p = u16::try_from(partition)
+        .map_err(|_| StorageError::Corrupt(format!("partition {partition} is over 65535")))?;
+    let mut k = Vec::with_capacity(tenant.len() + 11);
+    push_parts(&mut k, &[tenant]);
+    k.push(0);
+    k.extend_from_slice(&p.to_be_bytes());
+    Ok(k)
+}
+
+fn key(tenant: &str, partition: u32, first: u64) -> Result<Vec<u8>> {
+    let mut k = prefix(tenant, partition)?;
+    k.extend_from_slice(&first.to_be_bytes());
+    Ok(k)
+}
+
+/// The tenant, partition and first letter of a `capped` key.
+fn parts(k: &[u8]) -> Result<(String, u32, u64)> {
+    let bad = || StorageError::Corrupt("capped key: malformed".into());
+    let i = k
+        .len()
+        .checked_sub(11)
+        .filter(|&i| k[i] == 0)
+        .ok_or_else(bad)?;
+    let tenant = std::str::from_utf8(&k[..i]).map_err(|_| bad())?;
+    let p = u32::from(u16::from_be_bytes([k[i + 1], k[i + 2]]));
+    Ok((tenant.to_string(), p, u64_of(&k[i + 3..], "capped key")?))
+}
+
+fn ids(v: &[u8]) -> Result<Vec<u64>> {
+    v.chunks(8).map(|c| u64_of(c, "capped ids")).collect()
+}
+
+/// One key held at a cap: the letter that parks it and those held behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CappedKey {
+    /// The id of the letter that parks the key.
+    pub first: u64,
+    /// The ids of the letters held behind it, oldest first.
+    pub behind: Vec<u64>,
+}
+
+impl<K: TransactionKind> Tables<'_, K> {
+    /// The oldest key of `tenant` held at its cap in `partition`.
+    pub fn oldest_capped(&self, tenant: &str, partition: u32) -> Result<Option<CappedKey>> {
+        let pre = prefix(tenant, partition)?;
+        let mut cur = self.txn.cursor(&self.capped)?;
+        let Some(item) = cur.iter_from::<Vec<u8>, Vec<u8>>(&pre).next() else {
+            return Ok(None);
+        };
+        let (k, v) = item?;
+        if !k.starts_with(&pre) || k.len() != pre.len() + 8 {
+            return Ok(None);
+        }
+        Ok(Some(CappedKey {
+            first: parts(&k)?.2,
+            behind: ids(&v)?,
+        }))
+    }
+
+    /// Inputs held at a cap per tenant (each key's first and those behind it), over the
+    /// partitions `mine` accepts.
+    pub fn capped_by_tenant(&self, mine: impl Fn(u32) -> bool) -> Result<BTreeMap<String, u64>> {
+        let mut out = BTreeMap::new();
+        let mut cur = self.txn.cursor(&self.capped)?;
+        for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
+            let (k, v) = item?;
+            let (tenant, p, _) = parts(&k)?;
+            if mine(p) {
+                *out.entry(tenant).or_insert(0) += 1 + (v.len() / 8) as u64;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Tables<'_, RW> {
+    /// Queues a key of `tenant` in `partition`, parked by letter `first`.
+    pub fn push_capped(&self, tenant: &str, partition: u32, first: u64) -> Result<()> {
+        let k = key(tenant, partition, first)?;
+        Ok(self
+            .txn
+            .put(&self.capped, k, [] as [u8; 0], WriteFlags::UPSERT)?)
+    }
+
+    /// Adds letter `id` behind the key parked by `first`; false when no such key is queued.
+    pub fn behind_capped(&self, tenant: &str, partition: u32, first: u64, id: u64) -> Result<bool> {
+        let k = key(tenant, partition, first)?;
+        let Some(mut v) = self.txn.get::<Vec<u8>>(&self.capped, &k)? else {
+            return Ok(false);
+        };
+        v.extend_from_slice(&id.to_be_bytes());
+        self.txn.put(&self.capped, k, v, WriteFlags::UPSERT)?;
+        Ok(true)
+    }
+
+    /// Takes the key parked by `first` off the queue.
+    pub fn drop_capped(&self, tenant: &str, partition: u32, first: u64) -> Result<()> {
+        self.txn
+            .del(&self.capped, key(tenant, partition, first)?, None)?;
+        Ok(())
+    }
+
+    /// Remakes the queue of the partitions `only` accepts from the pending `tenant_capped`
+    /// letters, placing a letter's key with `of`; returns the keys queued.
+    pub fn rebuild_capped(
+        &self,
+        of: impl Fn(&str, &str, &str) -> u32,
+        only: impl Fn(u32) -> bool,
+    ) -> Result<usize> {
+        let stale: Vec<Vec<u8>> = {
+            let mut cur = self.txn.cursor(&self.capped)?;
+            let mut stale = Vec::new();
+            for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
+                let (k, _) = item?;
+                if only(parts(&k)?.1) {
+                    stale.push(k);
+                }
+            }
+            stale
+        };
+        for k in stale {
+            self.txn.del(&self.capped, k, None)?;
+        }
+        // Per key, its held letters in id order (the letters are read in key order,
+        // `tenant 0 id`, so each tenant's come oldest first).
+        let mut keys: BTreeMap<(String, u32, String, String), Vec<u64>> = BTreeMap::new();
+        for d in self.dead_letters()? {
+            let DeadLetter {
+                tenant,
+                kind,
+                status,
+                saga: Some(saga),
+                correlation_id: Some(corr),
+                id,
+                ..
+            } = d
+            else {
+                continue;
+            };
+            if kind != CAPPED || status != DeadLetterStatus::Pending {
+                continue;
+            }
+            let p = of(&tenant, &saga, &corr);
+            if only(p) {
+                keys.entry((tenant, p, saga, corr)).or_default().push(id);
+            }
+        }
+        let mut queued = 0;
+        for ((tenant, p, saga, corr), letters) in keys {
+            // Only a key a capped letter parks is queued; one parked by something else (a
+            // failure during a release) waits for its operator.
+            let Some(first) = self.parked_by(&tenant, &saga, &corr)? else {
+                continue;
+            };
+            if letters.first() != Some(&first) {
+                continue;
+            }
+            let mut v = Vec::with_capacity(letters.len() * 8);
+            for id in &letters[1..] {
+                v.extend_from_slice(&id.to_be_bytes());
+            }
+            self.txn
+                .put(&self.capped, key(&tenant, p, first)?, v, WriteFlags::UPSERT)?;
+            queued += 1;
+        }
+        Ok(queued)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_reads_back_and_orders_by_arrival() {
+        let k = key("acme", 3, 42).expect("key");
+        assert_eq!(parts(&k).expect("parts"), ("acme".to_string(), 3, 42));
+        assert!(key("acme", 3, 9).expect("key") < key("acme", 3, 10).expect("key"));
+        assert!(parts(b"short").is_err());
+        assert_eq!(ids(&[0, 0, 0, 0, 0, 0, 0, 7]).expect("ids"), vec![7]);
+    }
+}

@@ -1,0 +1,187 @@
+//! Caps on running instances per tenant (`tenancy.live_instance_caps`): an input that would
+//! start one more instance of a tenant at its cap is held whole, and applied when one of the
+//! tenant's instances ends.
+//!
+//! **Where the cap is decided.** In the commit of the partition that owns the new instance's
+//! key, from that partition's own state and log, so every owner that applies the same inputs
+//! decides the same way (a successor replaying the inbox holds exactly what its predecessor
+//! held, and its fenced relay's watermark never hides an output the predecessor did not
+//! publish):
+//! - the cap an input is measured by travels with it: its router stamps the cap in force on
+//!   the copy (header `Runner-Live-Cap`), so a cap reloaded later applies to inputs copied
+//!   later, and a replay reads the same stamp;
+//! - each of the P partitions lets the tenant run at most its part of the cap,
+//!   ⌈cap ÷ P⌉ ([`allowance`]), counted exactly in the store (`storage/tables/live.rs`).
+//!   The deployment therefore runs at most P·⌈cap ÷ P⌉ of the tenant's instances, within
+//!   P − 1 of the cap; a tenant whose keys spread over the partitions gets close to it before
+//!   any input is held.
+//!
+//! **What holding does.** The input is kept whole as a letter of kind `tenant_capped` that
+//! parks its key, and the key joins the partition's queue for the tenant
+//! (`storage/tables/capped.rs`). Every later input of that key is held whole behind it, so
+//! the key's order is kept; other keys of the tenant, and other tenants, go on. A held input
+//! is counted as `runner_saga_transitions_total{outcome="held"}` and shown per tenant by
+//! `GET /admin/tenants` (`held_at_cap`). Nothing is dropped or failed.
+//!
+//! **Release.** When one of the tenant's instances in the partition ends, the oldest held
+//! key is applied, its inputs in arrival order, while the tenant runs fewer than the
+//! allowance of the cap that key came with. An input that would start an instance first
+//! releases what the cap it came with lets go (a raised cap), or everything held (its
+//! tenant has no cap any more), so held keys go before newer ones. A paused tenant's held
+//! keys wait for its resume and the next end.
+
+use libmdbx::RW;
+
+use super::admission::RawInput;
+use super::pause::{self, Held};
+use crate::deadletter::{self, DeadLetterError, Reapply, kind};
+use crate::saga::Route;
+use crate::storage::tables::DeadLetterStatus;
+use crate::storage::{Result, Tables};
+
+/// Running instances a tenant with cap `cap` may have in each of `partitions` partitions:
+/// ⌈cap ÷ partitions⌉, at least 1.
+pub fn allowance(cap: u64, partitions: u32) -> u64 {
+    cap.div_ceil(u64::from(partitions.max(1))).max(1)
+}
+
+/// The partition being applied: which, and of how many.
+#[derive(Debug, Clone, Copy)]
+pub struct Place {
+    /// The partition.
+    pub partition: u32,
+    /// P.
+    pub partitions: u32,
+}
+
+/// Whether an input of `tenant` that starts an instance in `place` goes on, measured by the
+/// cap `cap` it came with (`None`: no cap). Releases first what that cap lets go, oldest
+/// key first, through `worker`.
+pub fn admits(
+    tx: &Tables<'_, RW>,
+    tenant: &str,
+    place: Place,
+    cap: Option<u64>,
+    worker: &mut impl Reapply,
+) -> Result<bool> {
+    release(tx, tenant, place, |_| cap, worker)?;
+    Ok(match cap {
+        None => true,
+        Some(c) => tx.live(tenant, place.partition)? < allowance(c, place.partitions),
+    })
+}
+
+/// Holds `raw`, which would start an instance of `tenant` at `route` over its cap `cap`: a
+/// `tenant_capped` letter that parks the key, queued for release.
+pub fn hold(
+    tx: &Tables<'_, RW>,
+    raw: &RawInput,
+    tenant: &str,
+    route: &Route,
+    place: Place,
+    cap: u64,
+    at_ms: u64,
+) -> Result<()> {
+    let why = Held {
+        kind: kind::TENANT_CAPPED,
+        reason: format!(
+            "tenant `{tenant}` runs its cap of {cap} instances (at most {} in partition {}); \
+             held until one of them ends",
+            allowance(cap, place.partitions),
+            place.partition
+        ),
+        live_cap: Some(cap),
+    };
+    let first = pause::hold_as(tx, raw, tenant, route, at_ms, why)?;
+    tx.push_capped(tenant, place.partition, first)
+}
+
+/// Whether the letter `first` that parks a key of `tenant` holds it at a cap (so a later
+/// input of the key is held whole behind it: [`hold_behind`]).
+pub fn parks(tx: &Tables<'_, RW>, tenant: &str, first: u64) -> Result<bool> {
+    Ok(tx
+        .dead_letter(tenant, first)?
+        .is_some_and(|d| d.kind == kind::TENANT_CAPPED && d.status == DeadLetterStatus::Pending))
+}
+
+/// Holds `raw` whole behind the key parked at a cap by letter `first`.
+pub fn hold_behind(
+    tx: &Tables<'_, RW>,
+    raw: &RawInput,
+    tenant: &str,
+    route: &Route,
+    place: Place,
+    first: u64,
+    at_ms: u64,
+) -> Result<()> {
+    let why = Held {
+        kind: kind::TENANT_CAPPED,
+        reason: format!("held behind letter {first}, an input held at the tenant's cap"),
+        live_cap: None,
+    };
+    let id = pause::hold_as(tx, raw, tenant, route, at_ms, why)?;
+    tx.behind_capped(tenant, place.partition, first, id)?;
+    Ok(())
+}
+
+/// Applies `tenant`'s held keys in `place`, oldest first, while it runs fewer than the
+/// allowance of `limit(cap the key came with)` (`None`: no limit); returns the keys applied.
+pub fn release(
+    tx: &Tables<'_, RW>,
+    tenant: &str,
+    place: Place,
+    limit: impl Fn(Option<u64>) -> Option<u64>,
+    worker: &mut impl Reapply,
+) -> Result<usize> {
+    let mut released = 0;
+    while let Some(key) = tx.oldest_capped(tenant, place.partition)? {
+        let first = tx
+            .dead_letter(tenant, key.first)?
+            .filter(|d| d.status == DeadLetterStatus::Pending);
+        let Some(first) = first else {
+            // Released another way (an operator's redrive): nothing left to hold.
+            tx.drop_capped(tenant, place.partition, key.first)?;
+            continue;
+        };
+        if let Some(cap) = limit(first.live_cap)
+            && tx.live(tenant, place.partition)? >= allowance(cap, place.partitions)
+        {
+            break;
+        }
+        let mut letters = vec![first];
+        for id in key.behind {
+            if let Some(d) = tx
+                .dead_letter(tenant, id)?
+                .filter(|d| d.status == DeadLetterStatus::Pending)
+            {
+                letters.push(d);
+            }
+        }
+        tx.drop_capped(tenant, place.partition, key.first)?;
+        match deadletter::replay_key(tx, letters, worker)? {
+            Ok(_) => released += 1,
+            // Held inputs are kept whole, so this cannot be; were it so, the key stays
+            // parked for its operator rather than be applied in part.
+            Err(DeadLetterError::Storage(e)) => return Err(e),
+            Err(e) => {
+                tracing::warn!(message = "A key held at its tenant's cap was left parked.", tenant = %tenant, error = %e)
+            }
+        }
+    }
+    Ok(released)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::allowance;
+
+    #[test]
+    fn each_partition_runs_its_part_of_the_cap_rounded_up() {
+        assert_eq!(allowance(10, 1), 10);
+        assert_eq!(allowance(10, 4), 3);
+        assert_eq!(allowance(8, 4), 2);
+        assert_eq!(allowance(1, 64), 1);
+        assert_eq!(allowance(1000, 64), 16);
+        assert_eq!(allowance(5, 0), 5);
+    }
+}
