@@ -473,7 +473,8 @@ pub fn label_of(tenancy: &crate::config::TenancyConfig, tenant: &str) -> String 
         || tenancy.allowed.iter().any(|t| t == tenant)
         || tenancy.weights.contains_key(tenant)
         || tenancy.rate_limits.contains_key(tenant)
-        || tenancy.effect_rate_limits.contains_key(tenant);
+        || tenancy.effect_rate_limits.contains_key(tenant)
+        || tenancy.live_instance_caps.contains_key(tenant);
     if named { tenant } else { "other" }.to_string()
 }
 

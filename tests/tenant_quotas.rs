@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::jobs::{called, finished, tenant_row};
-use common::metrics::metric;
+use common::metrics::{metric, metric_or_zero};
 use common::upstream::{Reply, Upstream};
 use common::{NatsServer, RunnerProc, jetstream, jobs, read_stream};
 use serde_json::json;
@@ -306,6 +306,22 @@ async fn a_cap_on_running_instances_holds_a_tenants_new_sagas_until_its_others_e
     )
     .await;
     assert_eq!(held, 8.0, "each held input is counted");
+    // The same, on the tenant's gauges (set every two seconds from the store).
+    let gauges = common::eventually(Duration::from_secs(10), || async {
+        metric_or_zero(&admin, "runner_tenant_held_at_cap{tenant=\"a\"}").await == 8.0
+            && metric_or_zero(&admin, "runner_tenant_live_instances{tenant=\"a\"}").await == 3.0
+    })
+    .await;
+    assert!(gauges, "runner_tenant_held_at_cap / live_instances of a");
+    assert!(
+        metric(
+            &admin,
+            "runner_tenant_oldest_held_at_cap_seconds{tenant=\"a\"}"
+        )
+        .await
+            > 0.0,
+        "the oldest held input's age"
+    );
 
     // A raised cap, reloaded, goes with A's inputs copied after it: the next trigger first
     // lets the oldest held keys in, up to the new cap, then waits its turn.
@@ -352,5 +368,16 @@ async fn a_cap_on_running_instances_holds_a_tenants_new_sagas_until_its_others_e
     let a = row("a").await;
     assert_eq!(a["live_instances"], 0, "{a}");
     assert_eq!(a["held_at_cap"], 0, "{a}");
+    let cleared = common::eventually(Duration::from_secs(10), || async {
+        metric(&admin, "runner_tenant_held_at_cap{tenant=\"a\"}").await == 0.0
+            && metric(
+                &admin,
+                "runner_tenant_oldest_held_at_cap_seconds{tenant=\"a\"}",
+            )
+            .await
+                == 0.0
+    })
+    .await;
+    assert!(cleared, "the gauges go back to 0 once nothing is held");
     runner.stop();
 }

@@ -140,7 +140,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
                 "tenant": t,
                 "live_instances": live.get(t).copied().unwrap_or(0),
                 "live_instance_cap": tenancy.live_instance_caps.get(t),
-                "held_at_cap": held.get(t).copied().unwrap_or(0),
+                "held_at_cap": held.get(t).map_or(0, |h| h.inputs),
                 "waiting_inputs": u.waiting_inputs,
                 "oldest_wait_s": u.oldest_wait_s,
                 "inputs_let_in": u.inputs_let_in,

@@ -106,6 +106,12 @@ pub struct Metrics {
     pub tenant_effect_calls: IntCounterVec,
     /// See [`names::TENANT_EFFECT_RATE_LIMITED_TOTAL`].
     pub tenant_effect_rate_limited: IntCounterVec,
+    /// See [`names::TENANT_LIVE_INSTANCES`].
+    pub tenant_live: IntGaugeVec,
+    /// See [`names::TENANT_HELD_AT_CAP`].
+    pub tenant_held_at_cap: IntGaugeVec,
+    /// See [`names::TENANT_OLDEST_HELD_AT_CAP_SECONDS`].
+    pub tenant_oldest_held_at_cap: prometheus::GaugeVec,
     /// See [`names::PARTITIONS_OWNED`].
     pub partitions_owned: IntGauge,
     /// See [`names::PARTITION_EPOCH`].
@@ -224,6 +230,9 @@ impl Metrics {
             tenant_applied: tenant.applied,
             tenant_effect_calls: tenant.effect_calls,
             tenant_effect_rate_limited: tenant.effect_rate_limited,
+            tenant_live: tenant.live,
+            tenant_held_at_cap: tenant.held_at_cap,
+            tenant_oldest_held_at_cap: tenant.oldest_held_at_cap,
             partitions_owned: ownership.partitions_owned,
             partition_epoch: ownership.partition_epoch,
             partition_lag: ownership.partition_lag,

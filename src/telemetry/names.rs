@@ -66,6 +66,12 @@ pub const SAGA_ADMISSION_WAIT_SECONDS: &str = "runner_saga_admission_wait_second
 pub const TENANT_WAITING_INPUTS: &str = "runner_tenant_waiting_inputs";
 /// How long the oldest of a tenant's waiting new inputs has waited, seconds.
 pub const TENANT_OLDEST_WAIT_SECONDS: &str = "runner_tenant_oldest_wait_seconds";
+/// Running saga instances, by tenant, in the partitions this node owns.
+pub const TENANT_LIVE_INSTANCES: &str = "runner_tenant_live_instances";
+/// Inputs held at a tenant's cap on running instances, in the partitions this node owns.
+pub const TENANT_HELD_AT_CAP: &str = "runner_tenant_held_at_cap";
+/// How long the oldest input held at a tenant's cap has been held, seconds.
+pub const TENANT_OLDEST_HELD_AT_CAP_SECONDS: &str = "runner_tenant_oldest_held_at_cap_seconds";
 /// New inputs let into the saga inbox, by tenant.
 pub const TENANT_INPUTS_TOTAL: &str = "runner_tenant_inputs_total";
 /// Turns a tenant with new inputs waiting passed at its rate limit (`tenancy.rate_limits`).

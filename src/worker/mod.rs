@@ -92,6 +92,7 @@ pub mod replay;
 mod sweep;
 pub mod tally;
 mod timers;
+mod usage;
 
 use std::sync::Arc;
 
@@ -106,7 +107,8 @@ pub use commit::apply_inputs;
 pub use consume::{Source, sources};
 
 /// Spawns a router per source stream, partition ownership (each owned partition's consumer
-/// loop and fenced relay), the timer loop and the dedupe sweep on `tracker`; all stop when
+/// loop and fenced relay), the timer loop, the tenant usage gauges and the dedupe sweep on
+/// `tracker`; all stop when
 /// `cancel` fires, after handing over what they hold.
 pub fn spawn(
     tracker: &TaskTracker,
@@ -140,5 +142,6 @@ pub fn spawn(
         cancel.clone(),
     ));
     tracker.spawn(timers::run(state.clone(), cancel.clone()));
+    tracker.spawn(usage::run(state.clone(), cancel.clone()));
     tracker.spawn(sweep::run(state, cancel));
 }

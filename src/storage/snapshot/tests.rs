@@ -556,11 +556,10 @@ fn a_partitions_queue_of_keys_held_at_a_cap_is_remade_where_it_is_imported() {
         let behind = t.dead_letter("acme", k.behind[0])?.expect("held behind");
         assert_eq!(behind.correlation_id.as_deref(), Some("o-5"));
         assert!(t.oldest_capped("acme", 2)?.is_none(), "p2 was not imported");
-        assert_eq!(
-            t.capped_by_tenant(|p| p == 1)?,
-            BTreeMap::from([("acme".to_string(), 3)]),
-            "o-5, the input behind it, and o-1"
-        );
+        let held = t.capped_by_tenant(|p| p == 1)?;
+        assert_eq!(held.len(), 1);
+        assert_eq!(held["acme"].inputs, 3, "o-5, the input behind it, and o-1");
+        assert_eq!(held["acme"].oldest, k.first);
         Ok(())
     })
     .expect("read");

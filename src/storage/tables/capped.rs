@@ -66,6 +66,15 @@ pub struct CappedKey {
     pub behind: Vec<u64>,
 }
 
+/// A tenant's inputs held at its cap, over some partitions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldAtCap {
+    /// Inputs held: each key's first and those behind it.
+    pub inputs: u64,
+    /// The id of the letter of the oldest key held (ids increase with time).
+    pub oldest: u64,
+}
+
 impl<K: TransactionKind> Tables<'_, K> {
     /// The oldest key of `tenant` held at its cap in `partition`.
     pub fn oldest_capped(&self, tenant: &str, partition: u32) -> Result<Option<CappedKey>> {
@@ -85,15 +94,23 @@ impl<K: TransactionKind> Tables<'_, K> {
     }
 
     /// Inputs held at a cap per tenant (each key's first and those behind it), over the
-    /// partitions `mine` accepts.
-    pub fn capped_by_tenant(&self, mine: impl Fn(u32) -> bool) -> Result<BTreeMap<String, u64>> {
-        let mut out = BTreeMap::new();
+    /// partitions `mine` accepts, with the id of the tenant's oldest held key's letter.
+    pub fn capped_by_tenant(
+        &self,
+        mine: impl Fn(u32) -> bool,
+    ) -> Result<BTreeMap<String, HeldAtCap>> {
+        let mut out: BTreeMap<String, HeldAtCap> = BTreeMap::new();
         let mut cur = self.txn.cursor(&self.capped)?;
         for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
             let (k, v) = item?;
-            let (tenant, p, _) = parts(&k)?;
+            let (tenant, p, first) = parts(&k)?;
             if mine(p) {
-                *out.entry(tenant).or_insert(0) += 1 + (v.len() / 8) as u64;
+                let e = out.entry(tenant).or_insert(HeldAtCap {
+                    inputs: 0,
+                    oldest: first,
+                });
+                e.inputs += 1 + (v.len() / 8) as u64;
+                e.oldest = e.oldest.min(first);
             }
         }
         Ok(out)

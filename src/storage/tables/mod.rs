@@ -40,7 +40,7 @@ pub mod saga;
 pub mod timers;
 pub mod txn;
 
-pub use capped::CappedKey;
+pub use capped::{CappedKey, HeldAtCap};
 pub use deadletter::{DeadLetter, DeadLetterStatus};
 pub use dedupe::dedupe_key;
 pub use history::{HISTORY_KEEP, HistoryEntry};

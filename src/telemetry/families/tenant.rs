@@ -1,8 +1,10 @@
 //! Tenants at the door of the saga inbox: new inputs read and waiting to go in (by tenant),
 //! how long the oldest has waited, what went in, and the turns a tenant passed at its rate
 //! limit; what was applied for each; and at the effect worker, each tenant's calls per
-//! effect and the turns it passed at its effect rate limit. The `tenant` label is bounded: a tenant named in `[tenancy]` (allowed, weights,
-//! rate limits, the default tenant) has its own series, every other tenant counts as
+//! effect and the turns it passed at its effect rate limit; its running instances, and the
+//! inputs held at its cap on them and the oldest's age. The `tenant` label is bounded: a
+//! tenant named in `[tenancy]` (allowed, weights, rate limits, caps, the default tenant) has
+//! its own series, every other tenant counts as
 //! `other` (`crate::fair::Usage`).
 
 use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts, Registry};
@@ -19,6 +21,9 @@ pub(in crate::telemetry) struct Tenant {
     pub(in crate::telemetry) applied: IntCounterVec,
     pub(in crate::telemetry) effect_calls: IntCounterVec,
     pub(in crate::telemetry) effect_rate_limited: IntCounterVec,
+    pub(in crate::telemetry) live: IntGaugeVec,
+    pub(in crate::telemetry) held_at_cap: IntGaugeVec,
+    pub(in crate::telemetry) oldest_held_at_cap: GaugeVec,
 }
 
 /// Defines and registers in `r` the collectors of [`Tenant`].
@@ -73,7 +78,40 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         "Turns a tenant with effect commands waiting passed at its effect rate limit.",
         &["tenant", "effect"],
     )?;
+    let live = reg(
+        r,
+        IntGaugeVec::new(
+            Opts::new(
+                names::TENANT_LIVE_INSTANCES,
+                "Running saga instances in the partitions this node owns.",
+            ),
+            &["tenant"],
+        )?,
+    )?;
+    let held_at_cap = reg(
+        r,
+        IntGaugeVec::new(
+            Opts::new(
+                names::TENANT_HELD_AT_CAP,
+                "Inputs held at the tenant's cap on running instances (tenancy.live_instance_caps), in the partitions this node owns.",
+            ),
+            &["tenant"],
+        )?,
+    )?;
+    let oldest_held_at_cap = reg(
+        r,
+        GaugeVec::new(
+            Opts::new(
+                names::TENANT_OLDEST_HELD_AT_CAP_SECONDS,
+                "How long the oldest input held at the tenant's cap has been held, seconds.",
+            ),
+            &["tenant"],
+        )?,
+    )?;
     // Every tenant not named in `[tenancy]` counts here: its series exist from the start.
+    live.with_label_values(&["other"]).set(0);
+    held_at_cap.with_label_values(&["other"]).set(0);
+    oldest_held_at_cap.with_label_values(&["other"]).set(0.0);
     waiting.with_label_values(&["other"]).set(0);
     oldest_wait.with_label_values(&["other"]).set(0.0);
     inputs.with_label_values(&["other"]);
@@ -87,5 +125,8 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         applied,
         effect_calls,
         effect_rate_limited,
+        live,
+        held_at_cap,
+        oldest_held_at_cap,
     })
 }
