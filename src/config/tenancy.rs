@@ -35,8 +35,8 @@ pub struct TenancyConfig {
     pub effect_rate_limits: BTreeMap<String, BTreeMap<String, f64>>,
     /// Per tenant, the most saga instances it may have running (1 to 1e12). Each of the
     /// `partitions.count` partitions lets the tenant start instances while it runs fewer
-    /// than its part, ⌈cap ÷ partitions⌉, so the deployment never runs more than about the
-    /// cap. An input that would start one more is held whole, with every later input of its
+    /// than its part, ⌈cap ÷ partitions⌉ (at least one), so the deployment runs at most
+    /// partitions × that. An input that would start one more is held whole, with every later input of its
     /// key, and applied in order when one of the tenant's instances in that partition ends;
     /// none is dropped.
     pub live_instance_caps: BTreeMap<String, u64>,

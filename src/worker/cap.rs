@@ -12,9 +12,9 @@
 //!   later, and a replay reads the same stamp;
 //! - each of the P partitions lets the tenant run at most its part of the cap,
 //!   ⌈cap ÷ P⌉ ([`allowance`]), counted exactly in the store (`storage/tables/live.rs`).
-//!   The deployment therefore runs at most P·⌈cap ÷ P⌉ of the tenant's instances, within
-//!   P − 1 of the cap; a tenant whose keys spread over the partitions gets close to it before
-//!   any input is held.
+//!   The deployment therefore runs at most P·⌈cap ÷ P⌉ of the tenant's instances: within
+//!   P − 1 of the cap, and P for a cap below P (each partition lets one run). A tenant whose
+//!   keys spread over the partitions gets close to the cap before any input is held.
 //!
 //! **What holding does.** The input is kept whole as a letter of kind `tenant_capped` that
 //! parks its key, and the key joins the partition's queue for the tenant
@@ -26,9 +26,12 @@
 //! **Release.** When one of the tenant's instances in the partition ends, the oldest held
 //! key is applied, its inputs in arrival order, while the tenant runs fewer than the
 //! allowance of the cap that key came with. An input that would start an instance first
-//! releases what the cap it came with lets go (a raised cap), or everything held (its
-//! tenant has no cap any more), so held keys go before newer ones. A paused tenant's held
-//! keys wait for its resume and the next end.
+//! releases what the cap it came with lets go (a raised cap), so held keys go before newer
+//! ones; at most [`MOST_PER_RELEASE`] keys per input. A cap removed lets no held key in at
+//! once: they go as the tenant's instances end (to let them in sooner, raise the cap first). A paused tenant's held keys wait for its resume, which releases them.
+//! Every other way an input is applied again (an operator's redrive, a resume's release) is
+//! measured against the cap like a new input: a start over it is held again, and the inputs
+//! of its key behind it with it.
 
 use libmdbx::RW;
 
@@ -38,6 +41,10 @@ use crate::deadletter::{self, DeadLetterError, Reapply, kind};
 use crate::saga::Route;
 use crate::storage::tables::DeadLetterStatus;
 use crate::storage::{Result, Tables};
+
+/// Most held keys one release applies: a cap removed or raised far lets the rest go at the
+/// tenant's next inputs and ends, so one input's transaction stays bounded.
+pub const MOST_PER_RELEASE: usize = 64;
 
 /// Running instances a tenant with cap `cap` may have in each of `partitions` partitions:
 /// ⌈cap ÷ partitions⌉, at least 1.
@@ -55,8 +62,9 @@ pub struct Place {
 }
 
 /// Whether an input of `tenant` that starts an instance in `place` goes on, measured by the
-/// cap `cap` it came with (`None`: no cap). Releases first what that cap lets go, oldest
-/// key first, through `worker`.
+/// cap `cap` it came with. Releases first what that cap lets go, oldest key first, through
+/// `worker`. An input that came with no cap goes on and releases nothing: it may be of a
+/// tenant without a cap, or one applied again from a letter that kept none.
 pub fn admits(
     tx: &Tables<'_, RW>,
     tenant: &str,
@@ -64,11 +72,11 @@ pub fn admits(
     cap: Option<u64>,
     worker: &mut impl Reapply,
 ) -> Result<bool> {
-    release(tx, tenant, place, |_| cap, worker)?;
-    Ok(match cap {
-        None => true,
-        Some(c) => tx.live(tenant, place.partition)? < allowance(c, place.partitions),
-    })
+    let Some(cap) = cap else {
+        return Ok(true);
+    };
+    release(tx, tenant, place, |_| Some(cap), worker)?;
+    Ok(tx.live(tenant, place.partition)? < allowance(cap, place.partitions))
 }
 
 /// Holds `raw`, which would start an instance of `tenant` at `route` over its cap `cap`: a
@@ -92,8 +100,16 @@ pub fn hold(
         ),
         live_cap: Some(cap),
     };
+    let parked = tx
+        .parked_by(tenant, &route.saga, &route.correlation_id)?
+        .is_some();
     let first = pause::hold_as(tx, raw, tenant, route, at_ms, why)?;
-    tx.push_capped(tenant, place.partition, first)
+    if !parked {
+        tx.push_capped(tenant, place.partition, first)?;
+    }
+    // (A key parked by a failure keeps this input behind that letter, for its operator's
+    // redrive: queued here it would be released out of its order.)
+    Ok(())
 }
 
 /// Whether the letter `first` that parks a key of `tenant` holds it at a cap (so a later
@@ -134,7 +150,9 @@ pub fn release(
     worker: &mut impl Reapply,
 ) -> Result<usize> {
     let mut released = 0;
-    while let Some(key) = tx.oldest_capped(tenant, place.partition)? {
+    while released < MOST_PER_RELEASE
+        && let Some(key) = tx.oldest_capped(tenant, place.partition)?
+    {
         let first = tx
             .dead_letter(tenant, key.first)?
             .filter(|d| d.status == DeadLetterStatus::Pending);

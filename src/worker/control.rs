@@ -207,6 +207,8 @@ impl Processor<'_> {
             inputs = released.inputs,
             kept = released.kept
         );
+        // What ended while the tenant was paused let no key held at its cap go: now it may.
+        self.freed(tenant);
         Ok(())
     }
 }

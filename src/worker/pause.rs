@@ -94,7 +94,8 @@ pub fn hold_as(
         status: DeadLetterStatus::Pending,
         // Released later, it is applied within the time bound it arrived with.
         stored_ms: raw.stored_ms,
-        live_cap: why.live_cap,
+        // The cap it came with, so it is measured by it when applied later (`cap.rs`).
+        live_cap: why.live_cap.or(raw.live_cap),
     })?;
     if tx
         .parked_by(tenant, &route.saga, &route.correlation_id)?
@@ -119,19 +120,10 @@ pub fn hold_again(
         traceparent: dl.traceparent.clone(),
         header_bytes: 0,
         refused: None,
-        live_cap: None,
+        live_cap: dl.live_cap,
         source: dl.source.clone(),
         stored_ms: dl.stored_ms,
     };
-    if dl.kind == kind::TENANT_CAPPED {
-        // Held at a cap: it stays so, with its cap (released by its key's operator now).
-        let why = Held {
-            kind: kind::TENANT_CAPPED,
-            reason: dl.reason.clone(),
-            live_cap: dl.live_cap,
-        };
-        return hold_as(tx, &raw, &dl.tenant, route, at_ms, why).map(drop);
-    }
     hold(tx, &raw, &dl.tenant, route, at_ms)
 }
 

@@ -45,7 +45,12 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
                 let live = t.live_by_tenant(mine)?;
                 let mut held = BTreeMap::new();
                 for (tenant, h) in t.capped_by_tenant(mine)? {
-                    let since = t.dead_letter(&tenant, h.oldest)?.map(|d| d.at_ms);
+                    // (A row whose letter was applied another way is dropped at the next
+                    // release; it has no age.)
+                    let since = t
+                        .dead_letter(&tenant, h.oldest)?
+                        .filter(|d| d.status == crate::storage::tables::DeadLetterStatus::Pending)
+                        .map(|d| d.at_ms);
                     held.insert(tenant, (h.inputs, since));
                 }
                 Ok((live, held))

@@ -72,8 +72,9 @@ pub struct DeadLetter {
     /// before it was recorded (a redrive then bounds by `at_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stored_ms: Option<u64>,
-    /// On an input held at its tenant's cap on running instances (kind `tenant_capped`):
-    /// the cap it came with, which its release is measured by (`worker/cap.rs`).
+    /// On an input held whole (kinds `tenant_capped`, `tenant_paused`): the cap on its
+    /// tenant's running instances it came with, which it is measured by when applied later
+    /// (`worker/cap.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live_cap: Option<u64>,
 }

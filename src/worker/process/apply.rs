@@ -95,13 +95,14 @@ impl Processor<'_> {
         match result {
             Ok(Ok(applied)) => {
                 // A new running instance: within its tenant's cap, or held (`cap.rs`).
-                if instance.is_none() && !applied.instance.status.is_final() && !redrive {
+                if instance.is_none()
+                    && !applied.instance.status.is_final()
+                    && !self.cap_admits(tx, raw, tenant)?
+                {
+                    let cap = raw.live_cap.unwrap_or_default();
+                    self.tally.note(saga, "held");
                     let place = self.place();
-                    if !cap::admits(tx, tenant, place, raw.live_cap, self)? {
-                        let cap = raw.live_cap.unwrap_or_default();
-                        self.tally.note(saga, "held");
-                        return cap::hold(tx, raw, tenant, route, place, cap, self.now_ms);
-                    }
+                    return cap::hold(tx, raw, tenant, route, place, cap, self.now_ms);
                 }
                 return self.transition(
                     tx,
@@ -197,23 +198,25 @@ impl Processor<'_> {
             return Ok(false);
         }
         if !redrive {
+            let first = tx.parked_by(tenant, saga, corr)?;
+            if let Some(first) = first
+                && cap::parks(tx, tenant, first)?
+            {
+                // Every later input of a key held at a cap waits whole behind it, in its
+                // queue (`cap.rs`), also while its tenant is paused: its release applies
+                // the key's inputs in order, and does not run while the tenant is paused.
+                self.tally.note(saga, "held");
+                let place = self.place();
+                cap::hold_behind(tx, raw, tenant, route, place, first, self.now_ms)?;
+                return Ok(false);
+            }
             // A paused tenant's inputs, and every later input of a key a pause parks, are
             // held whole until the resume releases them (`pause.rs`).
-            let first = tx.parked_by(tenant, saga, corr)?;
             if self.paused.contains(tenant)
                 || first.map_or(Ok(false), |f| pause::parked_by_pause(tx, tenant, f))?
             {
                 self.tally.note(saga, "held");
                 pause::hold(tx, raw, tenant, route, self.now_ms)?;
-                return Ok(false);
-            }
-            if let Some(first) = first
-                && cap::parks(tx, tenant, first)?
-            {
-                // Every later input of a key held at a cap waits whole behind it (`cap.rs`).
-                self.tally.note(saga, "held");
-                let place = self.place();
-                cap::hold_behind(tx, raw, tenant, route, place, first, self.now_ms)?;
                 return Ok(false);
             }
             if let Some(first) = first {

@@ -70,6 +70,9 @@ pub struct Processor<'a> {
     /// Tenants an instance of which ended in this partition since the last
     /// [`Processor::release_freed`]: their keys held at a cap may go (`cap.rs`).
     freed: Vec<String>,
+    /// Set while `cap.rs` applies held keys: the inputs it applies were measured against the
+    /// cap when it let them go.
+    releasing: bool,
 }
 
 /// The partition a [`Processor`] applies inputs of: only routes whose key
@@ -124,6 +127,7 @@ impl<'a> Processor<'a> {
             scope,
             paused: Arc::default(),
             freed: Vec::new(),
+            releasing: false,
         }
     }
 
@@ -131,12 +135,36 @@ impl<'a> Processor<'a> {
     /// (`worker/cap.rs`), and what those free in turn. Called after each input of a batch.
     pub fn release_freed(&mut self, tx: &Tables<'_, RW>) -> Result<()> {
         while let Some(tenant) = self.freed.pop() {
+            // A paused tenant's held keys wait: its resume calls this again.
             if self.paused.contains(&tenant) {
                 continue;
             }
-            cap::release(tx, &tenant, self.place(), |c| c, self)?;
+            self.releasing = true;
+            let released = cap::release(tx, &tenant, self.place(), |c| c, self);
+            self.releasing = false;
+            released?;
         }
         Ok(())
+    }
+
+    /// Notes that `tenant`'s keys held at its cap in this partition may go now.
+    pub(crate) fn freed(&mut self, tenant: &str) {
+        self.freed.push(tenant.to_string());
+    }
+
+    /// Whether a new instance about to start in this partition goes on under its tenant's
+    /// cap (`cap.rs`), releasing first what the cap it came with lets go. Inputs `cap.rs`
+    /// applies itself were measured when it let them go; every other input, a redrive or a
+    /// resume's release included, is measured here.
+    fn cap_admits(&mut self, tx: &Tables<'_, RW>, raw: &RawInput, tenant: &str) -> Result<bool> {
+        if self.releasing {
+            return Ok(true);
+        }
+        self.releasing = true;
+        let place = self.place();
+        let admitted = cap::admits(tx, tenant, place, raw.live_cap, self);
+        self.releasing = false;
+        admitted
     }
 
     /// This partition, for `cap.rs`.

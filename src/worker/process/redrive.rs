@@ -3,8 +3,9 @@
 //! [`Reapply`] is how [`crate::deadletter`] hands a letter back to the processor. Guarantees
 //! kept here: the letter is applied with the broker time kept with it, so a redrive, however
 //! late, applies the input within the time bound it had; an input held for a pause is held
-//! again whole when an input of its key ahead of it failed; a letter that names no instance
-//! goes through admission and routing again like a new input.
+//! again whole when an input of its key ahead of it failed, or was held at its tenant's cap
+//! (`worker/cap.rs`: a redrive or a resume is measured against the cap like any input); a
+//! letter that names no instance goes through admission and routing again like a new input.
 
 use libmdbx::RW;
 use serde_json::Value as Json;
@@ -13,7 +14,7 @@ use super::{Processor, RawInput, split_subject};
 use crate::deadletter::{DeadLetter, Reapply, kind};
 use crate::saga::{Input, Route};
 use crate::storage::{Result, Tables};
-use crate::worker::{admission, pause};
+use crate::worker::{admission, cap, pause};
 
 impl Reapply for Processor<'_> {
     fn reapply(&mut self, tx: &Tables<'_, RW>, dl: &DeadLetter, hold: bool) -> Result<bool> {
@@ -23,7 +24,7 @@ impl Reapply for Processor<'_> {
             traceparent: dl.traceparent.clone(),
             header_bytes: 0,
             refused: None,
-            live_cap: None,
+            live_cap: dl.live_cap,
             source: format!("redrive:{}", dl.id),
             // The broker's time kept with the letter (older letters: when it was recorded),
             // so a redrive, however late, applies the input within the bound it had.
@@ -45,13 +46,38 @@ impl Reapply for Processor<'_> {
                     saga: saga.clone(),
                     correlation_id: corr.clone(),
                 };
+                let place = self.place();
                 if hold && (dl.kind == kind::TENANT_PAUSED || dl.kind == kind::TENANT_CAPPED) {
-                    // Held again behind an input of its key that failed: still whole.
+                    // Held again behind an input of its key that failed or was held: still
+                    // whole, and in the key's queue when a cap holds the key (`cap.rs`).
                     self.tally.note(saga, "held");
-                    pause::hold_again(tx, dl, &route, self.now_ms)?;
+                    let kept = RawInput {
+                        source: dl.source.clone(),
+                        live_cap: dl.live_cap,
+                        ..raw
+                    };
+                    match tx.parked_by(&dl.tenant, saga, corr)? {
+                        Some(first) if cap::parks(tx, &dl.tenant, first)? => {
+                            let at = self.now_ms;
+                            cap::hold_behind(tx, &kept, &dl.tenant, &route, place, first, at)?;
+                        }
+                        _ if dl.kind == kind::TENANT_CAPPED => {
+                            let cap = dl.live_cap.unwrap_or_default();
+                            cap::hold(tx, &kept, &dl.tenant, &route, place, cap, self.now_ms)?;
+                        }
+                        _ => pause::hold_again(tx, dl, &route, self.now_ms)?,
+                    }
                 } else {
+                    if dl.kind == kind::TENANT_CAPPED {
+                        // Applied now, by whoever: no longer queued at the cap.
+                        tx.drop_capped(&dl.tenant, place.partition, dl.id)?;
+                    }
                     self.route(tx, &raw, &dl.tenant, &input, &route, !hold)?;
                 }
+                // The key was unparked for this replay: parked again, by a failure or a hold
+                // (a start over its tenant's cap), the inputs behind it must wait too.
+                return Ok(self.tally.dead_letters.len() > failed_before
+                    || tx.parked_by(&dl.tenant, saga, corr)?.is_some());
             }
             _ => self.input(tx, &raw)?,
         }
