@@ -18,9 +18,11 @@ pub fn is_effect_command(dl: &DeadLetter) -> bool {
 /// What a redrive needs from the saga worker: applying one dead-lettered input again.
 pub trait Reapply {
     /// Applies the input kept in `letter` again, inside `tx`. With `hold`, an earlier input
-    /// of this redrive failed again, so this one must be held behind it (dead-lettered as
-    /// [`kind::PARKED`]) rather than applied. Returns whether the input was dead-lettered
-    /// again.
+    /// of this redrive parked its key again (it failed again, or was held at its tenant's
+    /// cap), so this one must be held behind it (dead-lettered as [`kind::PARKED`], or held
+    /// whole when it was held whole) rather than applied. Returns whether its key is parked
+    /// again after it (for a letter that names no instance: whether it was dead-lettered
+    /// again).
     fn reapply(
         &mut self,
         tx: &Tables<'_, RW>,
@@ -114,7 +116,7 @@ pub fn replay_key(
     let mut processed = Vec::with_capacity(entries.len());
     let mut failed = false;
     for mut e in entries {
-        // After a failure in this replay, later held inputs are held again.
+        // Once the key is parked again in this replay, later held inputs are held again.
         failed |= worker.reapply(t, &e, failed)?;
         e.status = DeadLetterStatus::Redriven;
         e.attempts += 1;

@@ -62,20 +62,24 @@ pub struct Place {
 }
 
 /// Whether an input of `tenant` that starts an instance in `place` goes on, measured by the
-/// cap `cap` it came with. Releases first what that cap lets go, oldest key first, through
-/// `worker`. An input that came with no cap goes on and releases nothing: it may be of a
-/// tenant without a cap, or one applied again from a letter that kept none.
+/// cap `cap` it came with. With `release`, lets go first what that cap allows of the held
+/// keys, oldest first, through `worker`. An input that came with no cap goes on and releases
+/// nothing: it may be of a tenant without a cap, or one applied again from a letter that
+/// kept none.
 pub fn admits(
     tx: &Tables<'_, RW>,
     tenant: &str,
     place: Place,
     cap: Option<u64>,
+    release_first: bool,
     worker: &mut impl Reapply,
 ) -> Result<bool> {
     let Some(cap) = cap else {
         return Ok(true);
     };
-    release(tx, tenant, place, |_| Some(cap), worker)?;
+    if release_first {
+        release(tx, tenant, place, |_| Some(cap), worker)?;
+    }
     Ok(tx.live(tenant, place.partition)? < allowance(cap, place.partitions))
 }
 

@@ -162,7 +162,10 @@ impl<'a> Processor<'a> {
         }
         self.releasing = true;
         let place = self.place();
-        let admitted = cap::admits(tx, tenant, place, raw.live_cap, self);
+        // A paused tenant's held keys wait for its resume, whatever is applied meanwhile (an
+        // operator's redrive): this input is measured, nothing is released.
+        let release = !self.paused.contains(tenant);
+        let admitted = cap::admits(tx, tenant, place, raw.live_cap, release, self);
         self.releasing = false;
         admitted
     }

@@ -75,9 +75,10 @@ impl Reapply for Processor<'_> {
                     self.route(tx, &raw, &dl.tenant, &input, &route, !hold)?;
                 }
                 // The key was unparked for this replay: parked again, by a failure or a hold
-                // (a start over its tenant's cap), the inputs behind it must wait too.
-                return Ok(self.tally.dead_letters.len() > failed_before
-                    || tx.parked_by(&dl.tenant, saga, corr)?.is_some());
+                // (a start over its tenant's cap), the inputs behind it must wait too. A
+                // failure that parks nothing (a duplicate event id, say), or a dead letter
+                // of another key applied meanwhile (a release of held keys), holds nothing.
+                return Ok(tx.parked_by(&dl.tenant, saga, corr)?.is_some());
             }
             _ => self.input(tx, &raw)?,
         }
