@@ -158,3 +158,39 @@ fn history_keeps_the_last_transitions_in_order() {
     let ns: Vec<u64> = h.iter().map(|e| e.n).collect();
     assert_eq!(ns, (25 - HISTORY_KEEP + 1..=25).collect::<Vec<_>>());
 }
+
+#[test]
+fn a_held_key_keeps_the_letters_behind_it_in_order_one_row_each() {
+    let (_dir, s) = temp_store();
+    s.write_blocking(|t| {
+        t.push_capped("acme", 1, 10)?;
+        t.push_capped("acme", 1, 12)?;
+        for id in [11, 13, 14] {
+            let first = if id == 11 { 10 } else { 12 };
+            assert!(t.behind_capped("acme", 1, first, id)?);
+        }
+        assert!(!t.behind_capped("acme", 1, 99, 100)?, "no such key queued");
+        t.push_capped("acme", 2, 5)?;
+        Ok(())
+    })
+    .expect("queue");
+    s.read_blocking(|t| {
+        let k = t.oldest_capped("acme", 1)?.expect("key 10");
+        assert_eq!((k.first, k.behind), (10, vec![11]));
+        let held = t.capped_by_tenant(|p| p == 1)?;
+        assert_eq!(held["acme"].inputs, 5);
+        assert_eq!(held["acme"].oldest, 10);
+        Ok(())
+    })
+    .expect("read");
+    s.write_blocking(|t| t.drop_capped("acme", 1, 10))
+        .expect("drop");
+    s.read_blocking(|t| {
+        let k = t.oldest_capped("acme", 1)?.expect("key 12");
+        assert_eq!((k.first, k.behind), (12, vec![13, 14]));
+        assert_eq!(t.oldest_capped("acme", 2)?.map(|k| k.first), Some(5));
+        assert!(t.oldest_capped("acme", 3)?.is_none());
+        Ok(())
+    })
+    .expect("read");
+}

@@ -2,9 +2,11 @@
 //! tenant's cap on running instances, oldest first (`worker/cap.rs` decides; this is where it
 //! keeps its queue).
 //!
-//! Key `tenant 0 partition:u16 first:u64`, where `first` is the id of the held letter that
-//! parks the key (ids increase, so key order is arrival order). Value: the ids of the
-//! letters held behind it, in arrival order (`u64` each).
+//! A queued key is the row `tenant 0 partition:u16 first:u64`, where `first` is the id of the
+//! held letter that parks the key (ids increase, so key order is arrival order); each letter
+//! held behind it is a row `tenant 0 partition:u16 first:u64 id:u64`, right after it in key
+//! order. Values are empty. Holding one more input behind a key writes one row, however many
+//! wait there already.
 //!
 //! **Guarantees.**
 //! - **Derived, never the only record.** Each row mirrors `tenant_capped` letters, which hold
@@ -40,21 +42,34 @@ fn key(tenant: &str, partition: u32, first: u64) -> Result<Vec<u8>> {
     Ok(k)
 }
 
-/// The tenant, partition and first letter of a `capped` key.
-fn parts(k: &[u8]) -> Result<(String, u32, u64)> {
-    let bad = || StorageError::Corrupt("capped key: malformed".into());
-    let i = k
-        .len()
-        .checked_sub(11)
-        .filter(|&i| k[i] == 0)
-        .ok_or_else(bad)?;
-    let tenant = std::str::from_utf8(&k[..i]).map_err(|_| bad())?;
-    let p = u32::from(u16::from_be_bytes([k[i + 1], k[i + 2]]));
-    Ok((tenant.to_string(), p, u64_of(&k[i + 3..], "capped key")?))
+/// What one `capped` row says: the tenant, the partition, the key's first letter and, for a
+/// row of a letter held behind it, that letter.
+#[derive(Debug, PartialEq, Eq)]
+struct Row {
+    tenant: String,
+    partition: u32,
+    first: u64,
+    behind: Option<u64>,
 }
 
-fn ids(v: &[u8]) -> Result<Vec<u64>> {
-    v.chunks(8).map(|c| u64_of(c, "capped ids")).collect()
+fn parts(k: &[u8]) -> Result<Row> {
+    let bad = || StorageError::Corrupt("capped key: malformed".into());
+    // Tenants hold no 0x00 byte: the first one ends the tenant.
+    let i = k.iter().position(|&b| b == 0).ok_or_else(bad)?;
+    let tenant = std::str::from_utf8(&k[..i]).map_err(|_| bad())?;
+    let rest = &k[i + 1..];
+    if rest.len() != 10 && rest.len() != 18 {
+        return Err(bad());
+    }
+    Ok(Row {
+        tenant: tenant.to_string(),
+        partition: u32::from(u16::from_be_bytes([rest[0], rest[1]])),
+        first: u64_of(&rest[2..10], "capped key")?,
+        behind: rest
+            .get(10..18)
+            .map(|b| u64_of(b, "capped key"))
+            .transpose()?,
+    })
 }
 
 /// One key held at a cap: the letter that parks it and those held behind it.
@@ -80,17 +95,30 @@ impl<K: TransactionKind> Tables<'_, K> {
     pub fn oldest_capped(&self, tenant: &str, partition: u32) -> Result<Option<CappedKey>> {
         let pre = prefix(tenant, partition)?;
         let mut cur = self.txn.cursor(&self.capped)?;
-        let Some(item) = cur.iter_from::<Vec<u8>, Vec<u8>>(&pre).next() else {
-            return Ok(None);
-        };
-        let (k, v) = item?;
-        if !k.starts_with(&pre) || k.len() != pre.len() + 8 {
-            return Ok(None);
+        let mut key: Option<CappedKey> = None;
+        for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&pre) {
+            let (k, _) = item?;
+            if !k.starts_with(&pre) {
+                break;
+            }
+            let row = parts(&k)?;
+            match (&mut key, row.behind) {
+                (None, None) => {
+                    key = Some(CappedKey {
+                        first: row.first,
+                        behind: Vec::new(),
+                    })
+                }
+                (None, Some(_)) => {
+                    return Err(StorageError::Corrupt(
+                        "capped: a letter queued behind no key".into(),
+                    ));
+                }
+                (Some(q), Some(id)) if row.first == q.first => q.behind.push(id),
+                (Some(_), _) => break,
+            }
         }
-        Ok(Some(CappedKey {
-            first: parts(&k)?.2,
-            behind: ids(&v)?,
-        }))
+        Ok(key)
     }
 
     /// Inputs held at a cap per tenant (each key's first and those behind it), over the
@@ -102,15 +130,15 @@ impl<K: TransactionKind> Tables<'_, K> {
         let mut out: BTreeMap<String, HeldAtCap> = BTreeMap::new();
         let mut cur = self.txn.cursor(&self.capped)?;
         for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
-            let (k, v) = item?;
-            let (tenant, p, first) = parts(&k)?;
-            if mine(p) {
-                let e = out.entry(tenant).or_insert(HeldAtCap {
+            let (k, _) = item?;
+            let row = parts(&k)?;
+            if mine(row.partition) {
+                let e = out.entry(row.tenant).or_insert(HeldAtCap {
                     inputs: 0,
-                    oldest: first,
+                    oldest: row.first,
                 });
-                e.inputs += 1 + (v.len() / 8) as u64;
-                e.oldest = e.oldest.min(first);
+                e.inputs += 1;
+                e.oldest = e.oldest.min(row.first);
             }
         }
         Ok(out)
@@ -128,19 +156,33 @@ impl Tables<'_, RW> {
 
     /// Adds letter `id` behind the key parked by `first`; false when no such key is queued.
     pub fn behind_capped(&self, tenant: &str, partition: u32, first: u64, id: u64) -> Result<bool> {
-        let k = key(tenant, partition, first)?;
-        let Some(mut v) = self.txn.get::<Vec<u8>>(&self.capped, &k)? else {
+        let mut k = key(tenant, partition, first)?;
+        if self.txn.get::<Vec<u8>>(&self.capped, &k)?.is_none() {
             return Ok(false);
-        };
-        v.extend_from_slice(&id.to_be_bytes());
-        self.txn.put(&self.capped, k, v, WriteFlags::UPSERT)?;
+        }
+        k.extend_from_slice(&id.to_be_bytes());
+        self.txn
+            .put(&self.capped, k, [] as [u8; 0], WriteFlags::UPSERT)?;
         Ok(true)
     }
 
-    /// Takes the key parked by `first` off the queue.
+    /// Takes the key parked by `first` off the queue, with the letters behind it.
     pub fn drop_capped(&self, tenant: &str, partition: u32, first: u64) -> Result<()> {
-        self.txn
-            .del(&self.capped, key(tenant, partition, first)?, None)?;
+        let k = key(tenant, partition, first)?;
+        let mut rows: Vec<Vec<u8>> = Vec::new();
+        {
+            let mut cur = self.txn.cursor(&self.capped)?;
+            for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&k) {
+                let (r, _) = item?;
+                if !r.starts_with(&k) {
+                    break;
+                }
+                rows.push(r);
+            }
+        }
+        for r in rows {
+            self.txn.del(&self.capped, r, None)?;
+        }
         Ok(())
     }
 
@@ -156,7 +198,7 @@ impl Tables<'_, RW> {
             let mut stale = Vec::new();
             for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
                 let (k, _) = item?;
-                if only(parts(&k)?.1) {
+                if only(parts(&k)?.partition) {
                     stale.push(k);
                 }
             }
@@ -199,12 +241,10 @@ impl Tables<'_, RW> {
             if letters.first() != Some(&first) {
                 continue;
             }
-            let mut v = Vec::with_capacity(letters.len() * 8);
+            self.push_capped(&tenant, p, first)?;
             for id in &letters[1..] {
-                v.extend_from_slice(&id.to_be_bytes());
+                self.behind_capped(&tenant, p, first, *id)?;
             }
-            self.txn
-                .put(&self.capped, key(&tenant, p, first)?, v, WriteFlags::UPSERT)?;
             queued += 1;
         }
         Ok(queued)
@@ -218,9 +258,19 @@ mod tests {
     #[test]
     fn a_key_reads_back_and_orders_by_arrival() {
         let k = key("acme", 3, 42).expect("key");
-        assert_eq!(parts(&k).expect("parts"), ("acme".to_string(), 3, 42));
+        let row = |behind| Row {
+            tenant: "acme".to_string(),
+            partition: 3,
+            first: 42,
+            behind,
+        };
+        assert_eq!(parts(&k).expect("parts"), row(None));
+        let mut b = k.clone();
+        b.extend_from_slice(&7u64.to_be_bytes());
+        assert_eq!(parts(&b).expect("parts"), row(Some(7)));
+        // A key's letters behind it sort right after it, before the next key.
+        assert!(k < b && b < key("acme", 3, 43).expect("key"));
         assert!(key("acme", 3, 9).expect("key") < key("acme", 3, 10).expect("key"));
         assert!(parts(b"short").is_err());
-        assert_eq!(ids(&[0, 0, 0, 0, 0, 0, 0, 7]).expect("ids"), vec![7]);
     }
 }

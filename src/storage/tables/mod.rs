@@ -15,7 +15,7 @@
 //! | `deadletter` | `t 0 id:u64` | [`DeadLetter`] as JSON | [`deadletter`] |
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` | [`deadletter`] |
 //! | `index` | `s t 0 saga 0 state 0 started_ms:u64 correlation_id` and `a t 0 saga 0 started_ms:u64 correlation_id` | empty: instances by state and by age | [`index`] |
-//! | `capped` | `t 0 partition:u16 first_id:u64` | ids of the letters held behind letter `first_id`, `u64` each: keys held at the tenant's cap on running instances, oldest first | [`capped`] |
+//! | `capped` | `t 0 partition:u16 first_id:u64`, and `… first_id:u64 id:u64` for each letter held behind it | empty: keys held at the tenant's cap on running instances, oldest first | [`capped`] |
 //! | `live` | `t 0 partition:u16` | running instances of the tenant in the partition, `u64` | [`live`] |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` | [`outbox`], [`deadletter`] |
 //! | `history` | as the ring keys above | history written by earlier versions (read, no longer written) | [`history`] |
