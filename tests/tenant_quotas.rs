@@ -123,16 +123,15 @@ fn write_config(path: &std::path::Path, tenancy: &str) {
     .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
-    const JOBS: usize = 60;
-    let nats = NatsServer::start();
-    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
-    let manifests = jobs::manifests(&upstream);
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("runner.toml");
-    write_config(&config, "rate_limits = { a = 1.0 }");
-    let runner = RunnerProc::start(
+/// A combined runner reading the config file `config` (which a test rewrites and reloads),
+/// with `partitions` partitions.
+fn combined_on(
+    config: &std::path::Path,
+    nats: &NatsServer,
+    manifests: &tempfile::TempDir,
+    partitions: &str,
+) -> RunnerProc {
+    RunnerProc::start(
         &[
             "--config",
             config.to_str().unwrap(),
@@ -143,8 +142,20 @@ async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
             "--manifest",
             manifests.path().to_str().unwrap(),
         ],
-        &[("RUNNER__PARTITIONS__COUNT", "8")],
-    );
+        &[("RUNNER__PARTITIONS__COUNT", partitions)],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_reload_without_a_restart_and_a_bad_file_changes_nothing() {
+    const JOBS: usize = 60;
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let manifests = jobs::manifests(&upstream);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runner.toml");
+    write_config(&config, "rate_limits = { a = 1.0 }");
+    let runner = combined_on(&config, &nats, &manifests, "8");
     let js = jetstream(&nats.url()).await;
     let admin = runner.admin.clone();
     let reload = || {
@@ -239,20 +250,8 @@ async fn a_cap_on_running_instances_holds_a_tenants_new_sagas_until_its_others_e
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("runner.toml");
     write_config(&config, "live_instance_caps = { a = 3 }");
-    let runner = RunnerProc::start(
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--mode",
-            "combined",
-            "--nats-url",
-            &nats.url(),
-            "--manifest",
-            manifests.path().to_str().unwrap(),
-        ],
-        // One partition, whose part of the cap is the whole cap.
-        &[("RUNNER__PARTITIONS__COUNT", "1")],
-    );
+    // One partition, whose part of the cap is the whole cap.
+    let runner = combined_on(&config, &nats, &manifests, "1");
     let js = jetstream(&nats.url()).await;
     let admin = runner.admin.clone();
     let row = |t: &'static str| {

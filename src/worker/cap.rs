@@ -28,7 +28,8 @@
 //! allowance of the cap that key came with. An input that would start an instance first
 //! releases what the cap it came with lets go (a raised cap), so held keys go before newer
 //! ones; at most [`MOST_PER_RELEASE`] keys per input. A cap removed lets no held key in at
-//! once: they go as the tenant's instances end (to let them in sooner, raise the cap first). A paused tenant's held keys wait for its resume, which releases them.
+//! once: they go as the tenant's instances end (to let them in sooner, raise the cap
+//! first). A paused tenant's held keys wait for its resume, which releases them.
 //! Every other way an input is applied again (an operator's redrive, a resume's release) is
 //! measured against the cap like a new input: a start over it is held again, and the inputs
 //! of its key behind it with it.
@@ -78,7 +79,7 @@ pub fn admits(
         return Ok(true);
     };
     if release_first {
-        release(tx, tenant, place, |_| Some(cap), worker)?;
+        release(tx, tenant, place, Some(cap), worker)?;
     }
     Ok(tx.live(tenant, place.partition)? < allowance(cap, place.partitions))
 }
@@ -145,12 +146,13 @@ pub fn hold_behind(
 }
 
 /// Applies `tenant`'s held keys in `place`, oldest first, while it runs fewer than the
-/// allowance of `limit(cap the key came with)` (`None`: no limit); returns the keys applied.
+/// allowance of `cap`, or, without one, of the cap each key came with; returns the keys
+/// applied.
 pub fn release(
     tx: &Tables<'_, RW>,
     tenant: &str,
     place: Place,
-    limit: impl Fn(Option<u64>) -> Option<u64>,
+    cap: Option<u64>,
     worker: &mut impl Reapply,
 ) -> Result<usize> {
     let mut released = 0;
@@ -165,7 +167,7 @@ pub fn release(
             tx.drop_capped(tenant, place.partition, key.first)?;
             continue;
         };
-        if let Some(cap) = limit(first.live_cap)
+        if let Some(cap) = cap.or(first.live_cap)
             && tx.live(tenant, place.partition)? >= allowance(cap, place.partitions)
         {
             break;

@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use libmdbx::{RW, TransactionKind, WriteFlags};
 
-use super::keys::{push_parts, u64_of};
+use super::keys::{split_tenant_partition, tenant_partition, u64_of};
 use super::txn::Tables;
 use crate::storage::error::{Result, StorageError};
 use crate::storage::tables::{DeadLetter, DeadLetterStatus};
@@ -26,18 +26,8 @@ use crate::storage::tables::{DeadLetter, DeadLetterStatus};
 /// The kind of letter this table queues (`crate::deadletter::kind::TENANT_CAPPED`).
 const CAPPED: &str = "tenant_capped";
 
-fn prefix(tenant: &str, partition: u32) -> Result<Vec<u8>> {
-    let p = u16::try_from(partition)
-        .map_err(|_| StorageError::Corrupt(format!("partition {partition} is over 65535")))?;
-    let mut k = Vec::with_capacity(tenant.len() + 11);
-    push_parts(&mut k, &[tenant]);
-    k.push(0);
-    k.extend_from_slice(&p.to_be_bytes());
-    Ok(k)
-}
-
 fn key(tenant: &str, partition: u32, first: u64) -> Result<Vec<u8>> {
-    let mut k = prefix(tenant, partition)?;
+    let mut k = tenant_partition(tenant, partition)?;
     k.extend_from_slice(&first.to_be_bytes());
     Ok(k)
 }
@@ -53,20 +43,16 @@ struct Row {
 }
 
 fn parts(k: &[u8]) -> Result<Row> {
-    let bad = || StorageError::Corrupt("capped key: malformed".into());
-    // Tenants hold no 0x00 byte: the first one ends the tenant.
-    let i = k.iter().position(|&b| b == 0).ok_or_else(bad)?;
-    let tenant = std::str::from_utf8(&k[..i]).map_err(|_| bad())?;
-    let rest = &k[i + 1..];
-    if rest.len() != 10 && rest.len() != 18 {
-        return Err(bad());
+    let (tenant, partition, rest) = split_tenant_partition(k, "capped")?;
+    if rest.len() != 8 && rest.len() != 16 {
+        return Err(StorageError::Corrupt("capped: malformed key".into()));
     }
     Ok(Row {
         tenant: tenant.to_string(),
-        partition: u32::from(u16::from_be_bytes([rest[0], rest[1]])),
-        first: u64_of(&rest[2..10], "capped key")?,
+        partition,
+        first: u64_of(&rest[..8], "capped key")?,
         behind: rest
-            .get(10..18)
+            .get(8..16)
             .map(|b| u64_of(b, "capped key"))
             .transpose()?,
     })
@@ -93,7 +79,7 @@ pub struct HeldAtCap {
 impl<K: TransactionKind> Tables<'_, K> {
     /// The oldest key of `tenant` held at its cap in `partition`.
     pub fn oldest_capped(&self, tenant: &str, partition: u32) -> Result<Option<CappedKey>> {
-        let pre = prefix(tenant, partition)?;
+        let pre = tenant_partition(tenant, partition)?;
         let mut cur = self.txn.cursor(&self.capped)?;
         let mut key: Option<CappedKey> = None;
         for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&pre) {

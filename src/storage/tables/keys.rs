@@ -24,6 +24,36 @@ pub(super) fn push_parts(k: &mut Vec<u8>, parts: &[&str]) {
     }
 }
 
+/// The start of a key of a tenant's row in one partition (tables `live` and `capped`):
+/// `tenant 0 partition:u16`.
+pub(super) fn tenant_partition(tenant: &str, partition: u32) -> Result<Vec<u8>> {
+    let p = u16::try_from(partition)
+        .map_err(|_| StorageError::Corrupt(format!("partition {partition} is over 65535")))?;
+    let mut k = Vec::with_capacity(tenant.len() + 3);
+    push_parts(&mut k, &[tenant]);
+    k.push(0);
+    k.extend_from_slice(&p.to_be_bytes());
+    Ok(k)
+}
+
+/// The tenant, the partition and what follows them in a key that starts with
+/// [`tenant_partition`]; `what` names the table in the error.
+pub(super) fn split_tenant_partition<'k>(
+    k: &'k [u8],
+    what: &str,
+) -> Result<(&'k str, u32, &'k [u8])> {
+    let bad = || StorageError::Corrupt(format!("{what}: malformed key"));
+    // Tenants hold no 0x00 byte: the first one ends the tenant.
+    let i = k.iter().position(|&b| b == 0).ok_or_else(bad)?;
+    let tenant = std::str::from_utf8(&k[..i]).map_err(|_| bad())?;
+    let p = k.get(i + 1..i + 3).ok_or_else(bad)?;
+    Ok((
+        tenant,
+        u32::from(u16::from_be_bytes([p[0], p[1]])),
+        &k[i + 3..],
+    ))
+}
+
 /// Key of a saga instance (also of its parked marker).
 pub fn instance_key(tenant: &str, saga: &str, correlation_id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(tenant.len() + saga.len() + correlation_id.len() + 2);

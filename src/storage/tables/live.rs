@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 
 use libmdbx::{RW, TransactionKind, WriteFlags};
 
-use super::keys::{push_parts, u64_of};
+use super::keys::{split_tenant_partition, tenant_partition, u64_of};
 use super::txn::Tables;
 use crate::saga::Status;
 use crate::storage::error::{Result, StorageError};
@@ -31,28 +31,12 @@ use crate::storage::error::{Result, StorageError};
 /// `meta` entry: the partition count the `live` table was last counted for in full.
 const LIVE_COUNTED_FOR: &str = "live_counted_for";
 
-fn key(tenant: &str, partition: u32) -> Result<Vec<u8>> {
-    let p = u16::try_from(partition)
-        .map_err(|_| StorageError::Corrupt(format!("partition {partition} is over 65535")))?;
-    let mut k = Vec::with_capacity(tenant.len() + 3);
-    push_parts(&mut k, &[tenant]);
-    k.push(0);
-    k.extend_from_slice(&p.to_be_bytes());
-    Ok(k)
-}
-
 /// The tenant and partition of a `live` key.
 fn parts(k: &[u8]) -> Result<(String, u32)> {
-    let split = k.len().checked_sub(3).filter(|&i| k[i] == 0);
-    let Some(i) = split else {
-        return Err(StorageError::Corrupt("live count: malformed key".into()));
-    };
-    let tenant = std::str::from_utf8(&k[..i])
-        .map_err(|_| StorageError::Corrupt("live count: tenant is not UTF-8".into()))?;
-    Ok((
-        tenant.to_string(),
-        u32::from(u16::from_be_bytes([k[i + 1], k[i + 2]])),
-    ))
+    match split_tenant_partition(k, "live count")? {
+        (tenant, p, []) => Ok((tenant.to_string(), p)),
+        _ => Err(StorageError::Corrupt("live count: malformed key".into())),
+    }
 }
 
 /// The fields of a stored instance a count reads.
@@ -65,7 +49,9 @@ struct Head {
 impl<K: TransactionKind> Tables<'_, K> {
     /// Running instances of `tenant` in `partition`.
     pub fn live(&self, tenant: &str, partition: u32) -> Result<u64> {
-        let v: Option<Vec<u8>> = self.txn.get(&self.live, key(tenant, partition)?)?;
+        let v: Option<Vec<u8>> = self
+            .txn
+            .get(&self.live, tenant_partition(tenant, partition)?)?;
         v.map(|b| u64_of(&b, "live count"))
             .transpose()
             .map(|o| o.unwrap_or(0))
@@ -107,7 +93,7 @@ impl Tables<'_, RW> {
     }
 
     fn set_live(&self, tenant: &str, partition: u32, n: u64) -> Result<()> {
-        let k = key(tenant, partition)?;
+        let k = tenant_partition(tenant, partition)?;
         if n == 0 {
             self.txn.del(&self.live, k, None)?;
         } else {
@@ -202,9 +188,9 @@ mod tests {
 
     #[test]
     fn a_key_reads_back_as_its_tenant_and_partition() {
-        let k = key("acme", 513).expect("a key");
+        let k = tenant_partition("acme", 513).expect("a key");
         assert_eq!(parts(&k).expect("its parts"), ("acme".to_string(), 513));
-        assert!(key("acme", 70_000).is_err());
+        assert!(tenant_partition("acme", 70_000).is_err());
         assert!(parts(b"x").is_err());
     }
 }

@@ -140,7 +140,7 @@ impl<'a> Processor<'a> {
                 continue;
             }
             self.releasing = true;
-            let released = cap::release(tx, &tenant, self.place(), |c| c, self);
+            let released = cap::release(tx, &tenant, self.place(), None, self);
             self.releasing = false;
             released?;
         }
