@@ -32,6 +32,7 @@ fn deposit(account: u64, n: u64, seq: u64) -> RawInput {
         header_bytes: 0,
         refused: None,
         live_cap: None,
+        timer_cap: None,
         source: format!("AGG:{seq}"),
         stored_ms: None,
     }

@@ -79,6 +79,7 @@ pub fn envelope(data: &[u8]) {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: "FUZZ:1".into(),
             stored_ms: Some(STORED_MS),
         };
@@ -172,6 +173,7 @@ pub fn effect_command(data: &[u8]) {
         header_bytes: 0,
         refused: None,
         live_cap: None,
+        timer_cap: None,
         source: "FUZZ:1".into(),
         stored_ms: Some(STORED_MS),
     };

@@ -76,6 +76,12 @@ impl Limits {
             &next.live_instance_caps,
             &mut applied,
         );
+        diff(
+            "tenancy.pending_timer_caps",
+            &old.pending_timer_caps,
+            &next.pending_timer_caps,
+            &mut applied,
+        );
         let tenants: std::collections::BTreeSet<&String> = old
             .effect_rate_limits
             .keys()

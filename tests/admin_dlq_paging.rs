@@ -49,6 +49,7 @@ fn letter(tenant: &str, id: u64, body: String, reason: String, redriven: bool) -
         at_ms: runner::clock::now_ms(),
         stored_ms: None,
         live_cap: None,
+        timer_cap: None,
         status: if redriven {
             DeadLetterStatus::Redriven
         } else {

@@ -27,6 +27,7 @@ fn raw(subject: String, body: Vec<u8>, seq: usize) -> RawInput {
         header_bytes: 0,
         refused: None,
         live_cap: None,
+        timer_cap: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
         stored_ms: None,
     }

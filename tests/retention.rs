@@ -80,6 +80,7 @@ fn order(tenant: &str, id: &str, items: serde_json::Value, seq: u64) -> RawInput
         header_bytes: 0,
         refused: None,
         live_cap: None,
+        timer_cap: None,
         source: format!("AGGREGATE_EVENTS:{seq}"),
         stored_ms: None,
     }
@@ -124,6 +125,7 @@ fn finished_instances_and_old_dead_letters_go_and_what_must_stay_stays() {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: "AGGREGATE_EVENTS:4".into(),
             stored_ms: None,
         },

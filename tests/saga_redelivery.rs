@@ -28,6 +28,7 @@ fn deposit(account: &str, n: u64, event_id: &str, seq: u64) -> (u64, RawInput) {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: format!("AGGREGATE_EVENTS:{seq}"),
             stored_ms: None,
         },

@@ -1,8 +1,9 @@
-//! Caps on running instances (`tenancy.live_instance_caps`, `worker/cap.rs`) applied by the
-//! saga worker's [`Processor`] to a real libmdbx store, input by input, with the cases a
-//! pause, a resume and a held key's later inputs make: the cap holds however an input is
-//! applied, a held key's inputs go in their order, and nothing stays held when its turn has
-//! come. (`tenant_quotas.rs` runs the cap end to end with the real binary.)
+//! Caps on running instances and pending timers (`tenancy.live_instance_caps`,
+//! `tenancy.pending_timer_caps`, `worker/cap.rs`) applied by the saga worker's [`Processor`]
+//! to a real libmdbx store, input by input, with the cases a pause, a resume, timers firing
+//! and a held key's later inputs make: a cap holds however an input is applied, a held key's
+//! inputs go in their order, the counts stay exact, and nothing stays held when its turn has
+//! come. (`tenant_quotas.rs` runs the caps end to end with the real binary.)
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
@@ -13,7 +14,7 @@ use runner::deadletter::kind;
 use runner::manifest::{Catalog, load_str};
 use runner::saga::Status;
 use runner::storage::Store;
-use runner::storage::tables::DeadLetterStatus;
+use runner::storage::tables::{Counted, DeadLetterStatus, TimerEntry};
 use runner::worker::process::{Limits, Processor, RawInput, Scope};
 use serde_json::json;
 
@@ -31,6 +32,28 @@ sagas:
         on:
           Closed: { goto: shut }
       shut: { terminal: true }
+"#;
+
+/// A lock that expires an hour after it is armed unless disarmed first; `Snooze` sets a
+/// second timer on a running lock.
+const LOCK: &str = r#"format: 1
+sagas:
+  - name: lock
+    version: 1
+    triggers: [{ subject: aggregate.Lock.*, correlation: event.aggregate_id, start: true }]
+    initial_state: idle
+    states:
+      idle:
+        on:
+          Armed: { goto: armed, timers: [{ name: expire, delay_ms: 3600000 }] }
+      armed:
+        on:
+          Snooze: { timers: [{ name: nudge, delay_ms: 600000 }] }
+          Disarmed: { goto: off, cancel_timers: [expire, nudge] }
+          timer.expire: { goto: expired, cancel_timers: [nudge] }
+          timer.nudge: { goto: armed }
+      off: { terminal: true }
+      expired: { terminal: true }
 "#;
 
 /// One partition and tenant `a` capped at one running door.
@@ -51,7 +74,10 @@ impl World {
             ..StorageConfig::default()
         })
         .unwrap();
-        let catalog = load_str(&[("door.yaml", DOOR)]).catalog.unwrap();
+        let loaded = load_str(&[("door.yaml", DOOR), ("lock.yaml", LOCK)]);
+        let catalog = loaded
+            .catalog
+            .unwrap_or_else(|| panic!("{:?}", loaded.diagnostics));
         let limits = Limits {
             allowed_tenants: Vec::new(),
             max_message_bytes: 1 << 20,
@@ -87,25 +113,97 @@ impl World {
             .unwrap();
     }
 
-    /// Door `id` of tenant `a` had `event`, routed with the cap of one.
+    /// Door `id` of tenant `a` had `event`, routed with a cap of one running door.
     fn door(&mut self, id: &str, event: &str) {
+        self.event("Door", id, event, Some(1), None);
+    }
+
+    /// Lock `id` of tenant `a` had `event`, routed with a cap of one pending timer.
+    fn lock(&mut self, id: &str, event: &str) {
+        self.event("Lock", id, event, None, Some(1));
+    }
+
+    fn event(
+        &mut self,
+        aggregate: &str,
+        id: &str,
+        event: &str,
+        live_cap: Option<u64>,
+        timer_cap: Option<u64>,
+    ) {
         self.seq += 1;
         let body = json!({
             "v": 1, "event_id": format!("ev-{}", self.seq), "tenant_id": "a",
-            "event_type": event, "aggregate_type": "Door", "aggregate_id": id,
+            "event_type": event, "aggregate_type": aggregate, "aggregate_id": id,
             "timestamp_ms": 1_800_000_000_000u64 + self.seq, "payload": {}, "metadata": {},
         });
         let raw = RawInput {
-            subject: format!("tenant.a.aggregate.Door.{id}"),
+            subject: format!("tenant.a.aggregate.{aggregate}.{id}"),
             body: serde_json::to_vec(&body).unwrap().into(),
             traceparent: None,
             header_bytes: 0,
             refused: None,
-            live_cap: Some(1),
+            live_cap,
+            timer_cap,
             source: format!("TEST:{}", self.seq),
             stored_ms: None,
         };
         self.apply(raw, false);
+    }
+
+    /// Fires the pending timer `name` of lock `id`, as its partition's log delivers it.
+    fn fire(&mut self, id: &str, name: &str) {
+        let timer = self
+            .timers()
+            .into_iter()
+            .find(|t| t.correlation_id == id && t.name == name)
+            .unwrap_or_else(|| panic!("no timer {name} of {id}"));
+        self.fire_timer(&timer);
+    }
+
+    /// Delivers a firing of `timer`, pending or not, as the partition's log does.
+    fn fire_timer(&mut self, timer: &TimerEntry) {
+        self.seq += 1;
+        let raw = RawInput {
+            subject: runner::worker::process::TIMER_SUBJECT.into(),
+            body: serde_json::to_vec(&timer).unwrap().into(),
+            traceparent: None,
+            header_bytes: 0,
+            refused: None,
+            live_cap: None,
+            timer_cap: None,
+            source: format!("TEST:{}", self.seq),
+            stored_ms: None,
+        };
+        let (catalog, limits) = (&self.catalog, &self.limits);
+        self.store
+            .write_blocking(|t| {
+                let mut p = Processor::new(catalog, limits, 1_800_000_000_000, Scope::whole());
+                p.fired_timer(t, &raw)?;
+                p.release_freed(t)
+            })
+            .unwrap();
+    }
+
+    /// Every pending timer, from the schedule itself.
+    fn timers(&self) -> Vec<TimerEntry> {
+        self.store
+            .read_blocking(|t| t.due_timers(u64::MAX, usize::MAX))
+            .unwrap()
+    }
+
+    /// Pending timers of `a` as counted, checked against the schedule's rows.
+    fn counted_timers(&self) -> u64 {
+        let n = self
+            .store
+            .read_blocking(|t| t.counted("a", 0, Counted::Timers))
+            .unwrap();
+        assert_eq!(
+            n,
+            self.timers().len() as u64,
+            "the count is the schedule's rows"
+        );
+        n
     }
 
     fn pause(&mut self) {
@@ -124,6 +222,7 @@ impl World {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: format!("TEST:{}", self.seq),
             stored_ms: Some(1_800_000_000_000),
         };
@@ -131,8 +230,12 @@ impl World {
     }
 
     fn status(&self, id: &str) -> Option<Status> {
+        self.status_of("door", id)
+    }
+
+    fn status_of(&self, saga: &str, id: &str) -> Option<Status> {
         self.store
-            .read_blocking(|t| t.instance("a", "door", id))
+            .read_blocking(|t| t.instance("a", saga, id))
             .unwrap()
             .map(|i| i.status)
     }
@@ -215,4 +318,63 @@ fn a_resume_applies_held_starts_under_the_cap_and_holds_the_rest_at_it() {
     assert_eq!(w.status("d4"), Some(Status::Running), "then d4 went in");
     assert_eq!(w.live(), 1);
     assert!(w.pending().is_empty(), "{:?}", w.pending());
+}
+
+#[test]
+fn a_cap_on_pending_timers_holds_new_locks_until_a_timer_fires_or_is_cancelled() {
+    let mut w = World::new();
+    w.lock("l1", "Armed");
+    assert_eq!(w.counted_timers(), 1);
+    w.lock("l2", "Armed");
+    assert_eq!(
+        w.status_of("lock", "l2"),
+        None,
+        "l2 would set a second timer: held"
+    );
+    w.lock("l2", "Disarmed");
+    w.lock("l3", "Armed");
+    let held: Vec<String> = w.pending().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(
+        held,
+        ["l2", "l2", "l3"],
+        "held whole, l2's disarm behind its arm"
+    );
+    // A running lock is never held for its own timers: it may pass the cap.
+    w.lock("l1", "Snooze");
+    assert_eq!(
+        w.counted_timers(),
+        2,
+        "l1 set its second timer past the cap"
+    );
+    // l1 expires: its timer fired and its snooze cancelled, so l2 goes (armed, then
+    // disarmed: its timer set and cancelled), and l3 after it, in the same release.
+    w.fire("l1", "expire");
+    assert_eq!(w.status_of("lock", "l1"), Some(Status::Completed));
+    assert_eq!(
+        w.status_of("lock", "l2"),
+        Some(Status::Completed),
+        "armed, then disarmed"
+    );
+    assert_eq!(w.status_of("lock", "l3"), Some(Status::Running));
+    assert_eq!(w.counted_timers(), 1, "only l3's timer is pending");
+    assert!(w.pending().is_empty(), "{:?}", w.pending());
+    // At the cap again: the next lock waits for l3's disarm, a cancelled timer.
+    w.lock("l4", "Armed");
+    assert_eq!(w.status_of("lock", "l4"), None);
+    w.lock("l3", "Disarmed");
+    assert_eq!(w.status_of("lock", "l4"), Some(Status::Running));
+    assert_eq!(w.counted_timers(), 1);
+    assert!(w.pending().is_empty(), "{:?}", w.pending());
+}
+
+#[test]
+fn a_timer_that_fired_already_is_not_counted_twice() {
+    let mut w = World::new();
+    w.lock("l1", "Armed");
+    let timer = w.timers().remove(0);
+    w.fire("l1", "expire");
+    assert_eq!(w.counted_timers(), 0);
+    // The same firing read again (a replay of the partition's log): ignored, count kept.
+    w.fire_timer(&timer);
+    assert_eq!(w.counted_timers(), 0);
 }

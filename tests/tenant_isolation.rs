@@ -60,6 +60,7 @@ fn raw(subject: String, body: &Json, seq: u64) -> RawInput {
         header_bytes: 0,
         refused: None,
         live_cap: None,
+        timer_cap: None,
         source: format!("TEST:{seq}"),
         stored_ms: None,
     }
@@ -205,6 +206,7 @@ fn run(seed: u64, allowed: &[&str]) {
                     header_bytes: 0,
                     refused: None,
                     live_cap: None,
+                    timer_cap: None,
                     source: format!("TEST:{seq}"),
                     stored_ms: None,
                 });

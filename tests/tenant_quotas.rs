@@ -8,7 +8,10 @@
 //!   limits in force stay;
 //! - a cap on running instances (`tenancy.live_instance_caps`) runs exactly the cap and
 //!   holds the rest whole, in order, until others end, a reloaded cap included; and it
-//!   holds the same across a replica's death and its partition's take-over.
+//!   holds the same across a replica's death and its partition's take-over;
+//! - a cap on pending timers (`tenancy.pending_timer_caps`) starts new sagas only while the
+//!   tenant has fewer timers pending than the cap, holds the rest whole until timers fire,
+//!   and lets every one of them run, once.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -482,4 +485,126 @@ async fn a_cap_holds_across_a_take_over_and_nothing_held_is_lost() {
     let calls: BTreeSet<String> = called(&upstream, "a").into_iter().collect();
     assert_eq!(calls.len(), JOBS as usize, "every job called: {calls:?}");
     second.stop();
+}
+
+/// The `nap` saga: it starts on `JobStarted`, sleeps `delay_ms` on a timer, then sends its
+/// job's `Finish` command.
+fn nap_manifests(delay_ms: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let nap = format!(
+        r#"format: 1
+sagas:
+  - name: nap
+    version: 1
+    triggers:
+      - {{ subject: aggregate.Job.*, event_type: JobStarted, correlation: event.aggregate_id, start: true }}
+    data: {{ job: "${{ event.aggregate_id }}" }}
+    initial_state: new
+    states:
+      new:
+        on:
+          JobStarted: {{ timers: [{{ name: wake, delay_ms: {delay_ms} }}], goto: napping }}
+      napping:
+        on:
+          timer.wake:
+            emit: [{{ command: {{ aggregate_type: Job, command: Finish, aggregate_id: "${{ state.job }}", payload: {{}} }} }}]
+            goto: done
+      done: {{ terminal: true }}
+"#
+    );
+    std::fs::write(dir.path().join("nap.yaml"), nap).unwrap();
+    dir
+}
+
+/// A cap on pending timers (`tenancy.pending_timer_caps`): A, capped at three, starts three
+/// naps and holds its other three whole while their timers are pending; B, uncapped, naps
+/// meanwhile; A's count never passes the cap, `runner tenants list` shows it against the
+/// cap, and as A's timers fire the held naps start, every one finishing once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_on_pending_timers_holds_a_tenants_new_sagas_until_its_timers_fire() {
+    let nats = NatsServer::start();
+    let manifests = nap_manifests(6000);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runner.toml");
+    write_config(&config, "pending_timer_caps = { a = 3 }");
+    let runner = combined_on(&config, &nats, &manifests, "1");
+    let js = jetstream(&nats.url()).await;
+    let admin = runner.admin.clone();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // The saga's time is the event's: naps are timed from now.
+    for (tenant, n) in [("a", 6), ("b", 2)] {
+        for i in 0..n {
+            let id = format!("{tenant}-{i}");
+            let ev = common::aggregate_event(tenant, "Job", &id, "JobStarted", now + i, json!({}));
+            common::publish_json(&js, &format!("tenant.{tenant}.aggregate.Job.{id}"), &ev).await;
+        }
+    }
+    let at_cap = common::eventually(Duration::from_secs(5), || async {
+        let a = tenant_row(&admin, "a").await;
+        a["pending_timers"] == 3 && a["held_at_cap"] == 3
+    })
+    .await;
+    let a = tenant_row(&admin, "a").await;
+    assert!(at_cap, "{a}");
+    assert_eq!(a["live_instances"], 3, "{a}");
+    assert_eq!(a["pending_timer_cap"], 3, "{a}");
+    let b = tenant_row(&admin, "b").await;
+    assert_eq!(b["pending_timers"], 2, "B is not held by A's cap: {b}");
+    assert_eq!(b["held_at_cap"], 0, "{b}");
+    let gauges = common::eventually(Duration::from_secs(5), || async {
+        metric_or_zero(&admin, "runner_tenant_pending_timers{tenant=\"a\"}").await == 3.0
+            && metric_or_zero(&admin, "runner_tenant_held_at_cap{tenant=\"a\"}").await == 3.0
+    })
+    .await;
+    assert!(gauges, "runner_tenant_pending_timers / held_at_cap of a");
+    let (code, out) = common::run_to_exit(
+        &["tenants", "--admin", &admin, "list"],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("TIMERS") && out.contains("TIMER_CAP"), "{out}");
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("a "))
+        .unwrap_or_default();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        cells.get(3..5),
+        Some(&["3", "3"][..]),
+        "TIMERS, TIMER_CAP: {out}"
+    );
+
+    // As A's timers fire, its held naps start, oldest first; the count stays within the
+    // cap whenever it is read, and every nap finishes once.
+    let most = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done = common::eventually(Duration::from_secs(60), || {
+        let (admin, js, most) = (admin.clone(), js.clone(), most.clone());
+        async move {
+            let a = tenant_row(&admin, "a").await;
+            let pending = a["pending_timers"].as_u64().unwrap();
+            most.fetch_max(pending, std::sync::atomic::Ordering::Relaxed);
+            finished(&js, "a").await.len() == 6 && finished(&js, "b").await.len() == 2
+        }
+    })
+    .await;
+    assert!(done, "a finished {}", finished(&js, "a").await.len());
+    let most = most.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(most <= 3, "A had {most} timers pending, over its cap of 3");
+    let mut jobs: Vec<String> = finished(&js, "a")
+        .await
+        .iter()
+        .map(|m| m.subject.rsplit('.').next().unwrap().to_string())
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    assert_eq!(jobs.len(), 6, "each of A's naps finished once: {jobs:?}");
+    let a = tenant_row(&admin, "a").await;
+    assert_eq!(a["pending_timers"], 0, "{a}");
+    assert_eq!(a["held_at_cap"], 0, "{a}");
+    assert_eq!(a["live_instances"], 0, "{a}");
+    runner.stop();
 }

@@ -113,7 +113,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
             .store
             .read(move |t| {
                 let mine = |p| owned.contains_key(&p);
-                Ok((t.live_by_tenant(mine)?, t.capped_by_tenant(mine)?))
+                Ok((t.counts_by_tenant(mine)?, t.capped_by_tenant(mine)?))
             })
             .await;
         match read {
@@ -127,6 +127,7 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
     names.extend(live.keys().cloned());
     names.extend(held.keys().cloned());
     names.extend(tenancy.live_instance_caps.keys().cloned());
+    names.extend(tenancy.pending_timer_caps.keys().cloned());
     names.extend(tenancy.weights.keys().cloned());
     names.extend(tenancy.rate_limits.keys().cloned());
     names.extend(tenancy.effect_rate_limits.keys().cloned());
@@ -138,8 +139,10 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
             let u = usage.get(t).cloned().unwrap_or_default();
             json!({
                 "tenant": t,
-                "live_instances": live.get(t).copied().unwrap_or(0),
+                "live_instances": live.get(t).map_or(0, |c| c.live),
                 "live_instance_cap": tenancy.live_instance_caps.get(t),
+                "pending_timers": live.get(t).map_or(0, |c| c.timers),
+                "pending_timer_cap": tenancy.pending_timer_caps.get(t),
                 "held_at_cap": held.get(t).map_or(0, |h| h.inputs),
                 "waiting_inputs": u.waiting_inputs,
                 "oldest_wait_s": u.oldest_wait_s,

@@ -37,6 +37,9 @@ pub const ROUTED_SOURCE_TIME: &str = "Runner-Source-Time";
 /// holds a new instance at (`worker/cap.rs`), on every replay of the inbox alike.
 pub const LIVE_CAP: &str = "Runner-Live-Cap";
 
+/// Likewise, the tenant's cap on pending timers (`tenancy.pending_timer_caps`, decimal).
+pub const TIMER_CAP: &str = "Runner-Timer-Cap";
+
 /// On a routed input in the saga inbox: the router refused it at admission, `<kind>: <why>`;
 /// the partition's owner dead-letters it with that reason instead of admitting it again.
 pub const ROUTED_REFUSAL: &str = "Runner-Refused";

@@ -40,6 +40,14 @@ pub struct TenancyConfig {
     /// key, and applied in order when one of the tenant's instances in that partition ends;
     /// none is dropped.
     pub live_instance_caps: BTreeMap<String, u64>,
+    /// Per tenant, the most pending timers at which it may still start new saga instances
+    /// (1 to 1e12), counted per partition like `live_instance_caps` (⌈cap ÷ partitions⌉
+    /// each). While a partition holds the tenant's part of the cap in pending timers, an
+    /// input that would start an instance there is held whole, with every later input of
+    /// its key, and applied in order once one of those timers fires or is cancelled (or an
+    /// instance ends). Running instances are never held for their own timers (holding them
+    /// could stop the very timers that free room), so they may set timers past the cap.
+    pub pending_timer_caps: BTreeMap<String, u64>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
     /// tenant's inputs pass another tenant's backlog.
@@ -55,6 +63,7 @@ impl Default for TenancyConfig {
             rate_limits: BTreeMap::new(),
             effect_rate_limits: BTreeMap::new(),
             live_instance_caps: BTreeMap::new(),
+            pending_timer_caps: BTreeMap::new(),
             read_ahead: 100_000,
         }
     }
@@ -112,12 +121,17 @@ impl TenancyConfig {
                 per_second(&key, *r, "calls")?;
             }
         }
-        for (t, cap) in &self.live_instance_caps {
-            let key = format!("tenancy.live_instance_caps.{t}");
-            if let Err(e) = check(t, Rule::TENANT) {
-                return invalid(&key, format!("is not a subject token: {e}"));
+        for (name, caps) in [
+            ("live_instance_caps", &self.live_instance_caps),
+            ("pending_timer_caps", &self.pending_timer_caps),
+        ] {
+            for (t, cap) in caps {
+                let key = format!("tenancy.{name}.{t}");
+                if let Err(e) = check(t, Rule::TENANT) {
+                    return invalid(&key, format!("is not a subject token: {e}"));
+                }
+                range(&key, *cap, 1, 1_000_000_000_000)?;
             }
-            range(&key, *cap, 1, 1_000_000_000_000)?;
         }
         range("tenancy.read_ahead", self.read_ahead, 1, 10_000_000)?;
         Ok(())

@@ -110,6 +110,7 @@ mod tests {
             status: DeadLetterStatus::Pending,
             stored_ms: None,
             live_cap: None,
+            timer_cap: None,
         });
         assert_eq!(saga.subject, effect.subject);
         assert_eq!(saga.msg_id, "dl:AGGREGATE_EVENTS:7:order:3");

@@ -55,6 +55,7 @@ pub fn letter_of(p: Refused<'_>) -> DeadLetter {
         status: DeadLetterStatus::Pending,
         stored_ms: None,
         live_cap: None,
+        timer_cap: None,
     }
 }
 

@@ -48,10 +48,12 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
 fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
     let tenants = v["tenants"].as_array().cloned().unwrap_or_default();
     crate::outln!(
-        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
+        "{:<24} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
         "TENANT",
         "LIVE",
         "CAP",
+        "TIMERS",
+        "TIMER_CAP",
         "HELD",
         "WAITING",
         "OLDEST_WAIT",
@@ -60,17 +62,18 @@ fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
         "RATE/S",
         "PAUSED"
     )?;
+    let cap = |v: &serde_json::Value| v.as_u64().map_or("-".to_string(), |c| c.to_string());
     for t in &tenants {
         let rate = t["rate_limit_per_s"]
             .as_f64()
             .map_or("-".to_string(), |r| format!("{r}"));
         crate::outln!(
-            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
+            "{:<24} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
             crate::telemetry::escape_controls(t["tenant"].as_str().unwrap_or("-")),
             t["live_instances"].as_u64().unwrap_or(0),
-            t["live_instance_cap"]
-                .as_u64()
-                .map_or("-".to_string(), |c| c.to_string()),
+            cap(&t["live_instance_cap"]),
+            t["pending_timers"].as_u64().unwrap_or(0),
+            cap(&t["pending_timer_cap"]),
             t["held_at_cap"].as_u64().unwrap_or(0),
             t["waiting_inputs"].as_u64().unwrap_or(0),
             t["oldest_wait_s"].as_f64().unwrap_or(0.0),

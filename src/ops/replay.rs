@@ -252,6 +252,7 @@ fn input_of(
         header_bytes: 0,
         refused: None,
         live_cap: None,
+        timer_cap: None,
         source: h.source.clone(),
         stored_ms,
     };

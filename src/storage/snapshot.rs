@@ -344,7 +344,7 @@ impl Store {
         let tables = Tables::open(&txn)?;
         tables.rebuild_index(|k| how.of(k) == p)?;
         // So are the partition's counts of running instances (`tables/live.rs`).
-        tables.recount_live(how.partitions, |t, s, c| how.of([t, s, c]), |q| q == p)?;
+        tables.recount(how.partitions, |t, s, c| how.of([t, s, c]), |q| q == p)?;
         // And its queue of keys held at a cap, from the held letters it brought.
         tables.rebuild_capped(|t, s, c| how.of([t, s, c]), |q| q == p)?;
         let checkpoints = txn.open_table(Some("checkpoint"))?;

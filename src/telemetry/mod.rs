@@ -108,6 +108,8 @@ pub struct Metrics {
     pub tenant_effect_rate_limited: IntCounterVec,
     /// See [`names::TENANT_LIVE_INSTANCES`].
     pub tenant_live: IntGaugeVec,
+    /// `runner_tenant_pending_timers`.
+    pub tenant_timers: IntGaugeVec,
     /// See [`names::TENANT_HELD_AT_CAP`].
     pub tenant_held_at_cap: IntGaugeVec,
     /// See [`names::TENANT_OLDEST_HELD_AT_CAP_SECONDS`].
@@ -231,6 +233,7 @@ impl Metrics {
             tenant_effect_calls: tenant.effect_calls,
             tenant_effect_rate_limited: tenant.effect_rate_limited,
             tenant_live: tenant.live,
+            tenant_timers: tenant.timers,
             tenant_held_at_cap: tenant.held_at_cap,
             tenant_oldest_held_at_cap: tenant.oldest_held_at_cap,
             partitions_owned: ownership.partitions_owned,

@@ -68,7 +68,10 @@ pub const TENANT_WAITING_INPUTS: &str = "runner_tenant_waiting_inputs";
 pub const TENANT_OLDEST_WAIT_SECONDS: &str = "runner_tenant_oldest_wait_seconds";
 /// Running saga instances, by tenant, in the partitions this node owns.
 pub const TENANT_LIVE_INSTANCES: &str = "runner_tenant_live_instances";
-/// Inputs held at a tenant's cap on running instances, in the partitions this node owns.
+/// Pending saga timers, by tenant, in the partitions this node owns.
+pub const TENANT_PENDING_TIMERS: &str = "runner_tenant_pending_timers";
+/// Inputs held at a tenant's cap (on running instances or pending timers), in the
+/// partitions this node owns.
 pub const TENANT_HELD_AT_CAP: &str = "runner_tenant_held_at_cap";
 /// How long the oldest input held at a tenant's cap has been held, seconds.
 pub const TENANT_OLDEST_HELD_AT_CAP_SECONDS: &str = "runner_tenant_oldest_held_at_cap_seconds";

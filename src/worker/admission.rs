@@ -75,6 +75,9 @@ pub struct RawInput {
     /// part of it (`worker/cap.rs`); carried by the input, so every replay of the inbox
     /// decides the same way.
     pub live_cap: Option<u64>,
+    /// Likewise for a cap on pending timers (`tenancy.pending_timer_caps`, header
+    /// `Runner-Timer-Cap`).
+    pub timer_cap: Option<u64>,
     /// When the broker stored the input, ms since the epoch: the JetStream timestamp of the
     /// message read (fixed per stream sequence, so a re-read gets the same value); for a
     /// routed copy, its source message's (header `Runner-Source-Time`, the copy's own
@@ -83,6 +86,39 @@ pub struct RawInput {
     /// `saga.max_clock_skew` of it ([`time_bound`]). `None`: no broker time (a timer firing,
     /// whose time is Runner's own; tests), the input's timestamp is applied as it is.
     pub stored_ms: Option<u64>,
+}
+
+/// The caps an input is measured by when it would start an instance (`worker/cap.rs`): the
+/// ones in force when its router copied it, or that a held input kept.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caps {
+    /// On running instances (`tenancy.live_instance_caps`).
+    pub live: Option<u64>,
+    /// On pending timers (`tenancy.pending_timer_caps`).
+    pub timers: Option<u64>,
+}
+
+impl Caps {
+    /// The caps `raw` came with.
+    pub fn of(raw: &RawInput) -> Self {
+        Self {
+            live: raw.live_cap,
+            timers: raw.timer_cap,
+        }
+    }
+
+    /// The caps a held input kept.
+    pub fn kept(dl: &crate::storage::tables::DeadLetter) -> Self {
+        Self {
+            live: dl.live_cap,
+            timers: dl.timer_cap,
+        }
+    }
+
+    /// Whether neither cap is set.
+    pub fn none(&self) -> bool {
+        self.live.is_none() && self.timers.is_none()
+    }
 }
 
 /// Settings the processor needs.
@@ -298,6 +334,7 @@ mod tests {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: "AGG:1".into(),
             stored_ms: None,
         }

@@ -1,20 +1,24 @@
-//! Caps on running instances per tenant (`tenancy.live_instance_caps`): an input that would
-//! start one more instance of a tenant at its cap is held whole, and applied when one of the
-//! tenant's instances ends.
+//! Caps per tenant on running instances (`tenancy.live_instance_caps`) and on pending
+//! timers (`tenancy.pending_timer_caps`): an input that would start one more instance of a
+//! tenant at either cap is held whole, and applied when the tenant is under both again.
 //!
-//! **Where the cap is decided.** In the commit of the partition that owns the new instance's
+//! **Where a cap is decided.** In the commit of the partition that owns the new instance's
 //! key, from that partition's own state and log, so every owner that applies the same inputs
 //! decides the same way (a successor replaying the inbox holds exactly what its predecessor
 //! held, and its fenced relay's watermark never hides an output the predecessor did not
 //! publish):
-//! - the cap an input is measured by travels with it: its router stamps the cap in force on
-//!   the copy (header `Runner-Live-Cap`), so a cap reloaded later applies to inputs copied
-//!   later, and a replay reads the same stamp;
-//! - each of the P partitions lets the tenant run at most its part of the cap,
+//! - the caps an input is measured by travel with it: its router stamps the caps in force
+//!   on the copy (headers `Runner-Live-Cap`, `Runner-Timer-Cap`), so a cap reloaded later
+//!   applies to inputs copied later, and a replay reads the same stamps;
+//! - each of the P partitions lets the tenant reach at most its part of a cap,
 //!   ⌈cap ÷ P⌉ ([`allowance`]), counted exactly in the store (`storage/tables/live.rs`).
 //!   The deployment therefore runs at most P·⌈cap ÷ P⌉ of the tenant's instances: within
 //!   P − 1 of the cap, and P for a cap below P (each partition lets one run). A tenant whose
 //!   keys spread over the partitions gets close to the cap before any input is held.
+//! - **Only starts are held.** The timer cap holds new instances, never a running one's
+//!   inputs: a running instance held for its own timers could wait on the very timers that
+//!   would free room. Running instances may therefore set timers past the cap; the tenant
+//!   starts nothing new until enough of them fire or are cancelled.
 //!
 //! **What holding does.** The input is kept whole as a letter of kind `tenant_capped` that
 //! parks its key, and the key joins the partition's queue for the tenant
@@ -23,24 +27,25 @@
 //! is counted as `runner_saga_transitions_total{outcome="held"}` and shown per tenant by
 //! `GET /admin/tenants` (`held_at_cap`). Nothing is dropped or failed.
 //!
-//! **Release.** When one of the tenant's instances in the partition ends, the oldest held
-//! key is applied, its inputs in arrival order, while the tenant runs fewer than the
-//! allowance of the cap that key came with. An input that would start an instance first
-//! releases what the cap it came with lets go (a raised cap), so held keys go before newer
-//! ones; at most [`MOST_PER_RELEASE`] keys per input. A cap removed lets no held key in at
-//! once: they go as the tenant's instances end (to let them in sooner, raise the cap
-//! first). A paused tenant's held keys wait for its resume, which releases them.
+//! **Release.** When one of the tenant's instances in the partition ends, or one of its
+//! timers there fires or is cancelled, the oldest held key is applied, its inputs in
+//! arrival order, while the tenant is under the allowances of the caps that key came with.
+//! An input that would start an instance first releases what the caps it came with let go
+//! (a raised cap), so held keys go before newer ones; at most [`MOST_PER_RELEASE`] keys per
+//! input. A cap removed lets no held key in at once: they go as the tenant's instances end
+//! and timers fire (to let them in sooner, raise the cap first). A paused tenant's held keys
+//! wait for its resume, which releases them.
 //! Every other way an input is applied again (an operator's redrive, a resume's release) is
-//! measured against the cap like a new input: a start over it is held again, and the inputs
-//! of its key behind it with it.
+//! measured against the caps like a new input: a start over one is held again, and the
+//! inputs of its key behind it with it.
 
 use libmdbx::RW;
 
-use super::admission::RawInput;
+use super::admission::{Caps, RawInput};
 use super::pause::{self, Held};
 use crate::deadletter::{self, DeadLetterError, Reapply, kind};
 use crate::saga::Route;
-use crate::storage::tables::DeadLetterStatus;
+use crate::storage::tables::{Counted, DeadLetterStatus};
 use crate::storage::{Result, Tables};
 
 /// Most held keys one release applies: a cap removed or raised far lets the rest go at the
@@ -62,48 +67,85 @@ pub struct Place {
     pub partitions: u32,
 }
 
+/// A cap a tenant has reached in a partition, with its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reached {
+    /// As many running instances as the partition's part of this cap.
+    Live(u64),
+    /// As many pending timers as the partition's part of this cap.
+    Timers(u64),
+}
+
+/// The first of `caps` that `tenant` has reached in `place`, if any.
+fn reached(tx: &Tables<'_, RW>, tenant: &str, place: Place, caps: Caps) -> Result<Option<Reached>> {
+    let at = |cap: u64, what| -> Result<bool> {
+        Ok(tx.counted(tenant, place.partition, what)? >= allowance(cap, place.partitions))
+    };
+    if let Some(cap) = caps.live
+        && at(cap, Counted::Live)?
+    {
+        return Ok(Some(Reached::Live(cap)));
+    }
+    if let Some(cap) = caps.timers
+        && at(cap, Counted::Timers)?
+    {
+        return Ok(Some(Reached::Timers(cap)));
+    }
+    Ok(None)
+}
+
 /// Whether an input of `tenant` that starts an instance in `place` goes on, measured by the
-/// cap `cap` it came with. With `release`, lets go first what that cap allows of the held
-/// keys, oldest first, through `worker`. An input that came with no cap goes on and releases
-/// nothing: it may be of a tenant without a cap, or one applied again from a letter that
-/// kept none.
+/// caps `caps` it came with. With `release`, lets go first what those caps allow of the
+/// held keys, oldest first, through `worker`. An input that came with no cap goes on and
+/// releases nothing: it may be of a tenant without a cap, or one applied again from a
+/// letter that kept none.
 pub fn admits(
     tx: &Tables<'_, RW>,
     tenant: &str,
     place: Place,
-    cap: Option<u64>,
+    caps: Caps,
     release_first: bool,
     worker: &mut impl Reapply,
 ) -> Result<bool> {
-    let Some(cap) = cap else {
+    if caps.none() {
         return Ok(true);
-    };
-    if release_first {
-        release(tx, tenant, place, Some(cap), worker)?;
     }
-    Ok(tx.live(tenant, place.partition)? < allowance(cap, place.partitions))
+    if release_first {
+        release(tx, tenant, place, Some(caps), worker)?;
+    }
+    Ok(reached(tx, tenant, place, caps)?.is_none())
 }
 
-/// Holds `raw`, which would start an instance of `tenant` at `route` over its cap `cap`: a
-/// `tenant_capped` letter that parks the key, queued for release.
+/// Holds `raw`, which would start an instance of `tenant` at `route` over one of its caps
+/// `caps`: a `tenant_capped` letter that parks the key, queued for release.
 pub fn hold(
     tx: &Tables<'_, RW>,
     raw: &RawInput,
     tenant: &str,
     route: &Route,
     place: Place,
-    cap: u64,
+    caps: Caps,
     at_ms: u64,
 ) -> Result<()> {
+    let (p, part) = (place.partition, |cap| allowance(cap, place.partitions));
+    let reason = match reached(tx, tenant, place, caps)? {
+        Some(Reached::Live(cap)) => format!(
+            "tenant `{tenant}` runs its cap of {cap} instances (at most {} in partition {p}); \
+             held until one of them ends",
+            part(cap)
+        ),
+        Some(Reached::Timers(cap)) => format!(
+            "tenant `{tenant}` has its cap of {cap} timers pending (at most {} in partition \
+             {p}); held until one of them fires or is cancelled",
+            part(cap)
+        ),
+        // Held again as it was (a release behind a key held anew): its caps decide later.
+        None => format!("tenant `{tenant}` was at a cap in partition {p}; held in order"),
+    };
     let why = Held {
         kind: kind::TENANT_CAPPED,
-        reason: format!(
-            "tenant `{tenant}` runs its cap of {cap} instances (at most {} in partition {}); \
-             held until one of them ends",
-            allowance(cap, place.partitions),
-            place.partition
-        ),
-        live_cap: Some(cap),
+        reason,
+        caps,
     };
     let parked = tx
         .parked_by(tenant, &route.saga, &route.correlation_id)?
@@ -138,21 +180,21 @@ pub fn hold_behind(
     let why = Held {
         kind: kind::TENANT_CAPPED,
         reason: format!("held behind letter {first}, an input held at the tenant's cap"),
-        live_cap: None,
+        caps: Caps::default(),
     };
     let id = pause::hold_as(tx, raw, tenant, route, at_ms, why)?;
     tx.behind_capped(tenant, place.partition, first, id)?;
     Ok(())
 }
 
-/// Applies `tenant`'s held keys in `place`, oldest first, while it runs fewer than the
-/// allowance of `cap`, or, without one, of the cap each key came with; returns the keys
+/// Applies `tenant`'s held keys in `place`, oldest first, while it is under the
+/// allowances of `caps`, or, without them, of the caps each key came with; returns the keys
 /// applied.
 pub fn release(
     tx: &Tables<'_, RW>,
     tenant: &str,
     place: Place,
-    cap: Option<u64>,
+    caps: Option<Caps>,
     worker: &mut impl Reapply,
 ) -> Result<usize> {
     let mut released = 0;
@@ -167,9 +209,8 @@ pub fn release(
             tx.drop_capped(tenant, place.partition, key.first)?;
             continue;
         };
-        if let Some(cap) = cap.or(first.live_cap)
-            && tx.live(tenant, place.partition)? >= allowance(cap, place.partitions)
-        {
+        let caps = caps.unwrap_or_else(|| Caps::kept(&first));
+        if reached(tx, tenant, place, caps)?.is_some() {
             break;
         }
         let mut letters = vec![first];

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use libmdbx::RW;
 use serde::Serialize;
 
-use super::admission::RawInput;
+use super::admission::{Caps, RawInput};
 use crate::deadletter::{self, DeadLetterError, Reapply, kind};
 use crate::saga::Route;
 use crate::storage::tables::{DeadLetter, DeadLetterStatus};
@@ -51,7 +51,7 @@ pub fn hold(
     let why = Held {
         kind: kind::TENANT_PAUSED,
         reason: format!("tenant `{tenant}` is paused; held until it is resumed"),
-        live_cap: None,
+        caps: Caps::default(),
     };
     hold_as(tx, raw, tenant, route, at_ms, why).map(drop)
 }
@@ -63,8 +63,8 @@ pub struct Held {
     pub kind: &'static str,
     /// For a person.
     pub reason: String,
-    /// The cap it came with, when held at one.
-    pub live_cap: Option<u64>,
+    /// The caps it came with, when held at one.
+    pub caps: Caps,
 }
 
 /// Holds `raw`, routed to `route`, whole as a letter of `why`'s kind, and parks its key
@@ -95,7 +95,8 @@ pub fn hold_as(
         // Released later, it is applied within the time bound it arrived with.
         stored_ms: raw.stored_ms,
         // The cap it came with, so it is measured by it when applied later (`cap.rs`).
-        live_cap: why.live_cap.or(raw.live_cap),
+        live_cap: why.caps.live.or(raw.live_cap),
+        timer_cap: why.caps.timers.or(raw.timer_cap),
     })?;
     if tx
         .parked_by(tenant, &route.saga, &route.correlation_id)?
@@ -121,6 +122,7 @@ pub fn hold_again(
         header_bytes: 0,
         refused: None,
         live_cap: dl.live_cap,
+        timer_cap: dl.timer_cap,
         source: dl.source.clone(),
         stored_ms: dl.stored_ms,
     };

@@ -1,5 +1,6 @@
 //! What each tenant holds on this node's partitions, for the metrics: its running saga
-//! instances (`runner_tenant_live_instances`), the inputs held at its cap on them
+//! instances (`runner_tenant_live_instances`), its pending timers
+//! (`runner_tenant_pending_timers`), the inputs held at its caps on them
 //! (`runner_tenant_held_at_cap`) and how long the oldest has been held
 //! (`runner_tenant_oldest_held_at_cap_seconds`).
 //!
@@ -21,10 +22,12 @@ use crate::runtime::AppState;
 /// How often the gauges are set.
 const EVERY: Duration = Duration::from_secs(2);
 
-/// Per label: running instances, inputs held at a cap, and the oldest held input's age, s.
+/// Per label: running instances, pending timers, inputs held at a cap, and the oldest held
+/// input's age, s.
 #[derive(Default)]
 struct Row {
     live: u64,
+    timers: u64,
     held: u64,
     oldest_s: f64,
 }
@@ -42,7 +45,7 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
             .store
             .read(move |t| {
                 let mine = |p| owned.contains_key(&p);
-                let live = t.live_by_tenant(mine)?;
+                let live = t.counts_by_tenant(mine)?;
                 let mut held = BTreeMap::new();
                 for (tenant, h) in t.capped_by_tenant(mine)? {
                     // (A row whose letter was applied another way is dropped at the next
@@ -67,7 +70,9 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         let now = crate::clock::now_ms();
         let mut rows: BTreeMap<String, Row> = BTreeMap::new();
         for (t, n) in live {
-            rows.entry(label_of(&tenancy, &t)).or_default().live += n;
+            let row = rows.entry(label_of(&tenancy, &t)).or_default();
+            row.live += n.live;
+            row.timers += n.timers;
         }
         for (t, (n, since)) in held {
             let row = rows.entry(label_of(&tenancy, &t)).or_default();
@@ -78,6 +83,7 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         let m = &state.metrics;
         for gone in shown.iter().filter(|l| !rows.contains_key(*l)) {
             m.tenant_live.with_label_values(&[gone]).set(0);
+            m.tenant_timers.with_label_values(&[gone]).set(0);
             m.tenant_held_at_cap.with_label_values(&[gone]).set(0);
             m.tenant_oldest_held_at_cap
                 .with_label_values(&[gone])
@@ -87,6 +93,9 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
             m.tenant_live
                 .with_label_values(&[label])
                 .set(i64::try_from(row.live).unwrap_or(i64::MAX));
+            m.tenant_timers
+                .with_label_values(&[label])
+                .set(i64::try_from(row.timers).unwrap_or(i64::MAX));
             m.tenant_held_at_cap
                 .with_label_values(&[label])
                 .set(i64::try_from(row.held).unwrap_or(i64::MAX));

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use super::*;
 use crate::config::StorageConfig;
 use crate::saga::{Instance, Status};
-use crate::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
+use crate::storage::tables::{Counted, HistoryEntry, OutboxRecord, TenantCounts, TimerEntry};
 
 /// Places `o-<n>` in partition `n mod partitions` (readable in tests; the deployment's
 /// function is the server's FNV hash, which lives above the storage layer).
@@ -449,23 +449,33 @@ fn writes_a_successor_could_not_redo_are_counted_and_the_others_are_not() {
 }
 
 #[test]
-fn running_instances_are_counted_once_and_again_for_an_imported_partition() {
+fn running_instances_and_timers_are_counted_once_and_again_for_an_imported_partition() {
     // `fill` writes instances as an older store did, without counting them.
     let (_a_dir, a) = source();
     let of = |t: &str, s: &str, c: &str| by_last_digit(t, s, c, 4);
     let counted = a
-        .write_blocking(|t| t.count_live_if_missing(4, of))
+        .write_blocking(|t| t.count_if_missing(4, of))
         .expect("count");
     assert_eq!(counted, Some(8), "o-0 … o-7 run");
     assert_eq!(
-        a.write_blocking(|t| t.count_live_if_missing(4, of))
+        a.write_blocking(|t| t.count_if_missing(4, of))
             .expect("again"),
         None,
         "counted once for four partitions"
     );
+    // A partition's pending timers, as its schedule rows show them.
+    let rows = |t: &Tables<'_, _>, p: u32| -> crate::storage::Result<u64> {
+        Ok(t.due_timers(u64::MAX, usize::MAX)?
+            .iter()
+            .filter(|e| of(&e.tenant, &e.saga, &e.correlation_id) == p)
+            .count() as u64)
+    };
     a.read_blocking(|t| {
         for p in 0..4 {
             assert_eq!(t.live("acme", p)?, 2, "two per partition");
+            let timers = t.counted("acme", p, Counted::Timers)?;
+            assert!(timers > 0, "fill sets a timer per instance");
+            assert_eq!(timers, rows(t, p)?, "p{p}'s timers");
         }
         assert_eq!(t.live("other", 0)?, 0);
         Ok(())
@@ -487,16 +497,24 @@ fn running_instances_are_counted_once_and_again_for_an_imported_partition() {
     for corr in ["o-1", "o-9", "o-2"] {
         fill(&b, corr, "new", false);
     }
-    b.write_blocking(|t| t.count_live_if_missing(4, of))
+    b.write_blocking(|t| t.count_if_missing(4, of))
         .expect("count");
     assert_eq!(b.read_blocking(|t| t.live("acme", 1)).expect("p1"), 2);
     b.import_partition(&how(4), 1, &snap).expect("import");
     b.read_blocking(|t| {
         assert_eq!(t.live("acme", 1)?, 1, "o-1 runs, o-5 completed, o-9 gone");
         assert_eq!(t.live("acme", 2)?, 1, "p2 untouched");
+        for p in [1, 2] {
+            assert_eq!(
+                t.counted("acme", p, Counted::Timers)?,
+                rows(t, p)?,
+                "p{p}'s timers"
+            );
+        }
+        let timers = rows(t, 1)? + rows(t, 2)?;
         assert_eq!(
-            t.live_by_tenant(|p| p == 1 || p == 2)?,
-            BTreeMap::from([("acme".to_string(), 2)])
+            t.counts_by_tenant(|p| p == 1 || p == 2)?,
+            BTreeMap::from([("acme".to_string(), TenantCounts { live: 2, timers })])
         );
         Ok(())
     })

@@ -77,6 +77,9 @@ pub struct DeadLetter {
     /// (`worker/cap.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live_cap: Option<u64>,
+    /// Likewise, the cap on its tenant's pending timers it came with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timer_cap: Option<u64>,
 }
 
 #[cfg(test)]
@@ -101,6 +104,7 @@ impl DeadLetter {
             status: DeadLetterStatus::Pending,
             stored_ms: None,
             live_cap: None,
+            timer_cap: None,
         }
     }
 }

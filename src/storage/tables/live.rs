@@ -1,41 +1,83 @@
-//! The `live` table: how many saga instances each tenant has running, per partition.
+//! The `live` table: per tenant and partition, how many saga instances run and how many
+//! timers are pending.
 //!
-//! Key `tenant 0 partition:u16`, value the count as a big-endian `u64` (a row at zero is
-//! deleted). An instance is *live* while its status is `running`: once it completes,
-//! fails, is compensated or waits for an operator it no longer counts.
+//! Key `tenant 0 partition:u16` for running instances, the same followed by `T` for
+//! pending timers; value the count as a big-endian `u64` (a row at zero is deleted). An
+//! instance is *live* while its status is `running`: once it completes, fails, is
+//! compensated or waits for an operator it no longer counts. A timer is *pending* while its
+//! row is in the schedule (`timers.rs`): set and not yet fired or cancelled.
 //!
 //! **Guarantees.**
-//! - **Exact, in the same commit.** The count moves in the transaction that writes the
-//!   instance ([`Tables::count_live`], called by the saga worker for every transition), so
-//!   a committed count is the number of committed running instances, never ahead of or
+//! - **Exact, in the same commit.** A count moves in the transaction that writes the
+//!   instance ([`Tables::count_live`], called by the saga worker for every transition) or
+//!   the schedule row ([`Tables::count_timers`], for every timer set, cancelled or fired),
+//!   so a committed count is the number of committed rows it describes, never ahead of or
 //!   behind them.
 //! - **Per partition, decided by the partition's own log.** A partition's counts are
 //!   changed only by applying that partition's inputs, so every owner that applies the
 //!   same inputs to the same snapshot reaches the same counts (what a per-partition limit
 //!   needs to decide the same way on a replay).
-//! - **Rebuilt where rows arrive whole.** A store written before this table existed is
-//!   counted once when partition ownership starts ([`Tables::count_live_if_missing`]), and
-//!   a partition restored from a snapshot is counted again from the rows it brought
-//!   ([`Tables::recount_live`]): snapshots carry instances, not counts, so a count can
-//!   never disagree with the rows it describes.
+//! - **Rebuilt where rows arrive whole.** A store written before a count existed is
+//!   counted once when partition ownership starts ([`Tables::count_if_missing`]), and a
+//!   partition restored from a snapshot is counted again from the rows it brought
+//!   ([`Tables::recount`]): snapshots carry instances and timers, not counts, so a count
+//!   can never disagree with the rows it describes.
 
 use std::collections::BTreeMap;
 
 use libmdbx::{RW, TransactionKind, WriteFlags};
 
-use super::keys::{split_tenant_partition, tenant_partition, u64_of};
+use super::keys::{json, split_tenant_partition, tenant_partition, u64_of};
+use super::timers::TimerEntry;
 use super::txn::Tables;
 use crate::saga::Status;
 use crate::storage::error::{Result, StorageError};
 
-/// `meta` entry: the partition count the `live` table was last counted for in full.
-const LIVE_COUNTED_FOR: &str = "live_counted_for";
+/// `meta` entry: the partition count the `live` table was last counted for in full (both
+/// counts; stores that kept only running instances wrote `live_counted_for`).
+const COUNTED_FOR: &str = "tenant_counts_for";
 
-/// The tenant and partition of a `live` key.
-fn parts(k: &[u8]) -> Result<(String, u32)> {
-    match split_tenant_partition(k, "live count")? {
-        (tenant, p, []) => Ok((tenant.to_string(), p)),
-        _ => Err(StorageError::Corrupt("live count: malformed key".into())),
+/// What a row of the `live` table counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counted {
+    /// Running instances.
+    Live,
+    /// Pending timers.
+    Timers,
+}
+
+impl Counted {
+    /// What follows the tenant and partition in the key.
+    fn suffix(self) -> &'static [u8] {
+        match self {
+            Counted::Live => b"",
+            Counted::Timers => b"T",
+        }
+    }
+}
+
+/// One tenant's counts over some partitions.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantCounts {
+    /// Running instances.
+    pub live: u64,
+    /// Pending timers.
+    pub timers: u64,
+}
+
+/// The key of `tenant`'s count of `what` in `partition`.
+fn key(tenant: &str, partition: u32, what: Counted) -> Result<Vec<u8>> {
+    let mut k = tenant_partition(tenant, partition)?;
+    k.extend_from_slice(what.suffix());
+    Ok(k)
+}
+
+/// The tenant, partition and kind of a `live` key.
+fn parts(k: &[u8]) -> Result<(String, u32, Counted)> {
+    match split_tenant_partition(k, "tenant count")? {
+        (tenant, p, []) => Ok((tenant.to_string(), p, Counted::Live)),
+        (tenant, p, b"T") => Ok((tenant.to_string(), p, Counted::Timers)),
+        _ => Err(StorageError::Corrupt("tenant count: malformed key".into())),
     }
 }
 
@@ -47,25 +89,36 @@ struct Head {
 }
 
 impl<K: TransactionKind> Tables<'_, K> {
-    /// Running instances of `tenant` in `partition`.
-    pub fn live(&self, tenant: &str, partition: u32) -> Result<u64> {
-        let v: Option<Vec<u8>> = self
-            .txn
-            .get(&self.live, tenant_partition(tenant, partition)?)?;
-        v.map(|b| u64_of(&b, "live count"))
+    /// `tenant`'s count of `what` in `partition`.
+    pub fn counted(&self, tenant: &str, partition: u32, what: Counted) -> Result<u64> {
+        let v: Option<Vec<u8>> = self.txn.get(&self.live, key(tenant, partition, what)?)?;
+        v.map(|b| u64_of(&b, "tenant count"))
             .transpose()
             .map(|o| o.unwrap_or(0))
     }
 
-    /// Running instances per tenant, over the partitions `mine` accepts.
-    pub fn live_by_tenant(&self, mine: impl Fn(u32) -> bool) -> Result<BTreeMap<String, u64>> {
-        let mut out = BTreeMap::new();
+    /// Running instances of `tenant` in `partition`.
+    pub fn live(&self, tenant: &str, partition: u32) -> Result<u64> {
+        self.counted(tenant, partition, Counted::Live)
+    }
+
+    /// Both counts per tenant, over the partitions `mine` accepts.
+    pub fn counts_by_tenant(
+        &self,
+        mine: impl Fn(u32) -> bool,
+    ) -> Result<BTreeMap<String, TenantCounts>> {
+        let mut out: BTreeMap<String, TenantCounts> = BTreeMap::new();
         let mut cur = self.txn.cursor(&self.live)?;
         for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
             let (k, v) = item?;
-            let (tenant, p) = parts(&k)?;
+            let (tenant, p, what) = parts(&k)?;
             if mine(p) {
-                *out.entry(tenant).or_insert(0) += u64_of(&v, "live count")?;
+                let n = u64_of(&v, "tenant count")?;
+                let c = out.entry(tenant).or_default();
+                match what {
+                    Counted::Live => c.live += n,
+                    Counted::Timers => c.timers += n,
+                }
             }
         }
         Ok(out)
@@ -89,11 +142,22 @@ impl Tables<'_, RW> {
         }
         let n = self.live(tenant, partition)?;
         let n = if is { n + 1 } else { n.saturating_sub(1) };
-        self.set_live(tenant, partition, n)
+        self.set_count(tenant, partition, Counted::Live, n)
     }
 
-    fn set_live(&self, tenant: &str, partition: u32, n: u64) -> Result<()> {
-        let k = tenant_partition(tenant, partition)?;
+    /// Moves `tenant`'s count of pending timers in `partition` by `set` timers added to
+    /// the schedule and `gone` taken from it (fired or cancelled).
+    pub fn count_timers(&self, tenant: &str, partition: u32, set: u64, gone: u64) -> Result<()> {
+        if set == gone {
+            return Ok(());
+        }
+        let n = self.counted(tenant, partition, Counted::Timers)?;
+        let n = (n + set).saturating_sub(gone);
+        self.set_count(tenant, partition, Counted::Timers, n)
+    }
+
+    fn set_count(&self, tenant: &str, partition: u32, what: Counted, n: u64) -> Result<()> {
+        let k = key(tenant, partition, what)?;
         if n == 0 {
             self.txn.del(&self.live, k, None)?;
         } else {
@@ -103,9 +167,10 @@ impl Tables<'_, RW> {
         Ok(())
     }
 
-    /// Counts again, from the stored instances, the partitions `only` accepts, of
-    /// `partitions`, placing an instance with `of`; returns the running instances counted.
-    pub fn recount_live(
+    /// Counts again, from the stored instances and timers, the partitions `only` accepts,
+    /// of `partitions`, placing an instance with `of`; returns the running instances
+    /// counted.
+    pub fn recount(
         &self,
         partitions: u32,
         of: impl Fn(&str, &str, &str) -> u32,
@@ -152,29 +217,44 @@ impl Tables<'_, RW> {
                 }
             }
         }
+        let mut timers: BTreeMap<(String, u32), u64> = BTreeMap::new();
+        {
+            let mut cur = self.txn.cursor(&self.schedule)?;
+            for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
+                let (_, v) = item?;
+                let t: TimerEntry = json(&v, "timer")?;
+                let p = of(&t.tenant, &t.saga, &t.correlation_id);
+                if p < partitions && only(p) {
+                    *timers.entry((t.tenant, p)).or_insert(0) += 1;
+                }
+            }
+        }
+        for ((tenant, p), n) in timers {
+            self.set_count(&tenant, p, Counted::Timers, n)?;
+        }
         let mut total = 0;
         for ((tenant, p), n) in counts {
             total += n;
-            self.set_live(&tenant, p, n)?;
+            self.set_count(&tenant, p, Counted::Live, n)?;
         }
         Ok(total)
     }
 
     /// Counts every partition once, when the table was never counted for `partitions`
-    /// partitions (a store written before it existed); returns the running instances
-    /// counted then, `None` when it was counted already.
-    pub fn count_live_if_missing(
+    /// partitions (a store written before its counts existed); returns the running
+    /// instances counted then, `None` when it was counted already.
+    pub fn count_if_missing(
         &self,
         partitions: u32,
         of: impl Fn(&str, &str, &str) -> u32,
     ) -> Result<Option<u64>> {
-        if self.meta(LIVE_COUNTED_FOR)? == u64::from(partitions) {
+        if self.meta(COUNTED_FOR)? == u64::from(partitions) {
             return Ok(None);
         }
-        let n = self.recount_live(partitions, of, |_| true)?;
+        let n = self.recount(partitions, of, |_| true)?;
         self.txn.put(
             &self.meta,
-            LIVE_COUNTED_FOR.as_bytes(),
+            COUNTED_FOR.as_bytes(),
             u64::from(partitions).to_be_bytes(),
             WriteFlags::UPSERT,
         )?;
@@ -188,8 +268,16 @@ mod tests {
 
     #[test]
     fn a_key_reads_back_as_its_tenant_and_partition() {
-        let k = tenant_partition("acme", 513).expect("a key");
-        assert_eq!(parts(&k).expect("its parts"), ("acme".to_string(), 513));
+        let k = key("acme", 513, Counted::Live).expect("a key");
+        assert_eq!(
+            parts(&k).expect("its parts"),
+            ("acme".to_string(), 513, Counted::Live)
+        );
+        let k = key("acme", 7, Counted::Timers).expect("a key");
+        assert_eq!(
+            parts(&k).expect("its parts"),
+            ("acme".to_string(), 7, Counted::Timers)
+        );
         assert!(tenant_partition("acme", 70_000).is_err());
         assert!(parts(b"x").is_err());
     }

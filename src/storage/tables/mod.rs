@@ -16,7 +16,7 @@
 //! | `parked` | `t 0 saga 0 correlation_id` | id of the dead letter that parked the key, `u64` | [`deadletter`] |
 //! | `index` | `s t 0 saga 0 state 0 started_ms:u64 correlation_id` and `a t 0 saga 0 started_ms:u64 correlation_id` | empty: instances by state and by age | [`index`] |
 //! | `capped` | `t 0 partition:u16 first_id:u64`, and `… first_id:u64 id:u64` for each letter held behind it | empty: keys held at the tenant's cap on running instances, oldest first | [`capped`] |
-//! | `live` | `t 0 partition:u16` | running instances of the tenant in the partition, `u64` | [`live`] |
+//! | `live` | `t 0 partition:u16` (+ `T` for timers) | running instances (pending timers) of the tenant in the partition, `u64` | [`live`] |
 //! | `meta` | name | counters (`outbox_seq`, `deadletter_id`), `u64` | [`outbox`], [`deadletter`] |
 //! | `history` | as the ring keys above | history written by earlier versions (read, no longer written) | [`history`] |
 //!
@@ -48,6 +48,7 @@ pub use index::{
     InstancePage, InstanceQuery, MAX_PAGE, decode_after, encode_after, is_continuation,
 };
 pub use keys::instance_key;
+pub use live::{Counted, TenantCounts};
 pub use outbox::{DEFAULT_PARTITION, OutboxRecord};
 pub use timers::TimerEntry;
 pub use txn::Tables;

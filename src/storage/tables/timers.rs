@@ -4,7 +4,8 @@
 //! Guarantee: the key starts with the due time, so the earliest timer is the first key and
 //! due timers are read in due order without an index. A timer is set and cancelled in the
 //! transaction of the transition that decides it, so a cancelled timer's row is gone
-//! before anything could fire it.
+//! before anything could fire it; the saga worker moves its tenant's count of pending
+//! timers (`live.rs`) in that same transaction.
 
 use libmdbx::{RW, TransactionKind, WriteFlags};
 use serde::{Deserialize, Serialize};
@@ -71,7 +72,16 @@ impl<K: TransactionKind> Tables<'_, K> {
         }
     }
 
-    /// Timers of one instance.
+    /// Whether `t` is still pending, exactly as scheduled (one lookup by its key).
+    pub fn timer_pending(&self, t: &TimerEntry) -> Result<bool> {
+        let v: Option<Vec<u8>> = self.txn.get(&self.schedule, t.key())?;
+        v.map(|b| json::<TimerEntry>(&b, "timer").map(|e| e == *t))
+            .transpose()
+            .map(|p| p.unwrap_or(false))
+    }
+
+    /// Timers of one instance (a scan of the whole schedule: for an operator's view, not
+    /// for the pipeline).
     pub fn timers_of(&self, tenant: &str, saga: &str, corr: &str) -> Result<Vec<TimerEntry>> {
         let mut cur = self.txn.cursor(&self.schedule)?;
         let mut out = Vec::new();
@@ -87,11 +97,13 @@ impl<K: TransactionKind> Tables<'_, K> {
 }
 
 impl Tables<'_, RW> {
-    /// Schedules a timer.
-    pub fn put_timer(&self, t: &TimerEntry) -> Result<()> {
-        Ok(self
-            .txn
-            .put(&self.schedule, t.key(), to_json(t)?, WriteFlags::UPSERT)?)
+    /// Schedules a timer; true if no row of its key was there (one more pending).
+    pub fn put_timer(&self, t: &TimerEntry) -> Result<bool> {
+        let k = t.key();
+        let was: Option<()> = self.txn.get(&self.schedule, &k)?;
+        self.txn
+            .put(&self.schedule, k, to_json(t)?, WriteFlags::UPSERT)?;
+        Ok(was.is_none())
     }
 
     /// Unschedules a timer; true if it was there.

@@ -22,6 +22,7 @@ pub(in crate::telemetry) struct Tenant {
     pub(in crate::telemetry) effect_calls: IntCounterVec,
     pub(in crate::telemetry) effect_rate_limited: IntCounterVec,
     pub(in crate::telemetry) live: IntGaugeVec,
+    pub(in crate::telemetry) timers: IntGaugeVec,
     pub(in crate::telemetry) held_at_cap: IntGaugeVec,
     pub(in crate::telemetry) oldest_held_at_cap: GaugeVec,
 }
@@ -88,12 +89,22 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
             &["tenant"],
         )?,
     )?;
+    let timers = reg(
+        r,
+        IntGaugeVec::new(
+            Opts::new(
+                names::TENANT_PENDING_TIMERS,
+                "Pending saga timers in the partitions this node owns.",
+            ),
+            &["tenant"],
+        )?,
+    )?;
     let held_at_cap = reg(
         r,
         IntGaugeVec::new(
             Opts::new(
                 names::TENANT_HELD_AT_CAP,
-                "Inputs held at the tenant's cap on running instances (tenancy.live_instance_caps), in the partitions this node owns.",
+                "Inputs held at the tenant's cap on running instances or pending timers (tenancy.live_instance_caps, tenancy.pending_timer_caps), in the partitions this node owns.",
             ),
             &["tenant"],
         )?,
@@ -110,6 +121,7 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
     )?;
     // Every tenant not named in `[tenancy]` counts here: its series exist from the start.
     live.with_label_values(&["other"]).set(0);
+    timers.with_label_values(&["other"]).set(0);
     held_at_cap.with_label_values(&["other"]).set(0);
     oldest_held_at_cap.with_label_values(&["other"]).set(0.0);
     waiting.with_label_values(&["other"]).set(0);
@@ -126,6 +138,7 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         effect_calls,
         effect_rate_limited,
         live,
+        timers,
         held_at_cap,
         oldest_held_at_cap,
     })

@@ -101,6 +101,7 @@ pub(super) fn read_chunk<E>(
                         header_bytes: 0,
                         refused: routed(headers::ROUTED_REFUSAL),
                         live_cap: routed(headers::LIVE_CAP).and_then(|v| v.parse().ok()),
+                        timer_cap: routed(headers::TIMER_CAP).and_then(|v| v.parse().ok()),
                         source: routed(headers::ROUTED_SOURCE)
                             .unwrap_or_else(|| format!("{stream}:{seq}")),
                         // The broker's time of the input (a routed copy: of its source),

@@ -119,6 +119,7 @@ mod tests {
                 header_bytes: 0,
                 refused: None,
                 live_cap: None,
+                timer_cap: None,
                 source: format!("s:{seq}"),
                 stored_ms: None,
             },

@@ -164,7 +164,7 @@ async fn count_live(state: &AppState) {
     let counted = state
         .store
         .write(move |t| {
-            t.count_live_if_missing(count, |tenant, saga, corr| {
+            t.count_if_missing(count, |tenant, saga, corr| {
                 crate::worker::partition::partition(tenant, saga, corr, count)
             })
         })

@@ -27,7 +27,7 @@ use crate::storage::tables::dedupe::{Applied, MarkerPlace, instance_fingerprint}
 use crate::storage::tables::{HistoryEntry, OutboxRecord, TimerEntry};
 use crate::storage::{Result, Tables};
 use crate::telemetry::otel;
-use crate::worker::admission::{self, envelope_malformed};
+use crate::worker::admission::{self, Caps, envelope_malformed};
 use crate::worker::{cap, pause};
 
 /// Why an input's outputs cannot all be written: together they pass what one transaction
@@ -99,10 +99,9 @@ impl Processor<'_> {
                     && !applied.instance.status.is_final()
                     && !self.cap_admits(tx, raw, tenant)?
                 {
-                    let cap = raw.live_cap.unwrap_or_default();
                     self.tally.note(saga, "held");
-                    let place = self.place();
-                    return cap::hold(tx, raw, tenant, route, place, cap, self.now_ms);
+                    let (place, caps) = (self.place(), Caps::of(raw));
+                    return cap::hold(tx, raw, tenant, route, place, caps, self.now_ms);
                 }
                 return self.transition(
                     tx,
@@ -285,12 +284,16 @@ impl Processor<'_> {
             before.map(|i| i.status),
             applied.instance.status,
         )?;
-        if before.is_some_and(|i| !i.status.is_final()) && applied.instance.status.is_final() {
-            // One of the tenant's running instances ended: a key held at its cap may go.
+        let ended =
+            before.is_some_and(|i| !i.status.is_final()) && applied.instance.status.is_final();
+        self.push_outputs(tx, tenant, traceparent, outputs)?;
+        let (set, gone) = write_timers(tx, tenant, route, &applied)?;
+        tx.count_timers(tenant, self.scope.partition, set, gone)?;
+        if ended || gone > set {
+            // One of the tenant's running instances ended, or it has fewer timers pending:
+            // a key held at a cap may go.
             self.freed.push(tenant.to_string());
         }
-        self.push_outputs(tx, tenant, traceparent, outputs)?;
-        write_timers(tx, tenant, route, &applied)?;
         if !event_id.is_empty() {
             let place = MarkerPlace {
                 partition: self.scope.partition,
@@ -357,33 +360,35 @@ impl Processor<'_> {
 }
 
 /// Writes a transition's timers to the schedule: the cancelled ones' rows deleted (so a
-/// cancelled timer never fires), then the ones it set.
+/// cancelled timer never fires), then the ones it set. Returns how many rows it added and
+/// how many it removed.
 fn write_timers(
     tx: &Tables<'_, RW>,
     tenant: &str,
     route: &Route,
     applied: &saga::Applied,
-) -> Result<()> {
+) -> Result<(u64, u64)> {
+    let (mut set, mut gone) = (0, 0);
     let (saga, corr) = (route.saga.as_str(), route.correlation_id.as_str());
     for c in &applied.timers_cancelled {
-        tx.delete_timer(&TimerEntry {
+        gone += u64::from(tx.delete_timer(&TimerEntry {
             tenant: tenant.to_string(),
             saga: saga.to_string(),
             correlation_id: corr.to_string(),
             name: c.name.clone(),
             timer_id: c.timer_id.clone(),
             due_ms: c.due_ms,
-        })?;
+        })?);
     }
     for s in &applied.timers_set {
-        tx.put_timer(&TimerEntry {
+        set += u64::from(tx.put_timer(&TimerEntry {
             tenant: tenant.to_string(),
             saga: saga.to_string(),
             correlation_id: corr.to_string(),
             name: s.name.clone(),
             timer_id: s.timer_id.clone(),
             due_ms: s.due_ms,
-        })?;
+        })?);
     }
-    Ok(())
+    Ok((set, gone))
 }

@@ -39,6 +39,7 @@ use crate::deadletter::{self, Poison, Refused};
 use crate::manifest::Catalog;
 use crate::saga::Route;
 use crate::storage::{Result, Tables};
+use crate::worker::admission::Caps;
 use crate::worker::cap;
 
 mod apply;
@@ -165,7 +166,7 @@ impl<'a> Processor<'a> {
         // A paused tenant's held keys wait for its resume, whatever is applied meanwhile (an
         // operator's redrive): this input is measured, nothing is released.
         let release = !self.paused.contains(tenant);
-        let admitted = cap::admits(tx, tenant, place, raw.live_cap, release, self);
+        let admitted = cap::admits(tx, tenant, place, Caps::of(raw), release, self);
         self.releasing = false;
         admitted
     }
@@ -283,6 +284,7 @@ mod tests {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: "AGGREGATE_EVENTS:7".into(),
             stored_ms: None,
         };

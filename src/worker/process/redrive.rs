@@ -14,6 +14,7 @@ use super::{Processor, RawInput, split_subject};
 use crate::deadletter::{DeadLetter, Reapply, kind};
 use crate::saga::{Input, Route};
 use crate::storage::{Result, Tables};
+use crate::worker::admission::Caps;
 use crate::worker::{admission, cap, pause};
 
 impl Reapply for Processor<'_> {
@@ -25,6 +26,7 @@ impl Reapply for Processor<'_> {
             header_bytes: 0,
             refused: None,
             live_cap: dl.live_cap,
+            timer_cap: dl.timer_cap,
             source: format!("redrive:{}", dl.id),
             // The broker's time kept with the letter (older letters: when it was recorded),
             // so a redrive, however late, applies the input within the bound it had.
@@ -54,6 +56,7 @@ impl Reapply for Processor<'_> {
                     let kept = RawInput {
                         source: dl.source.clone(),
                         live_cap: dl.live_cap,
+                        timer_cap: dl.timer_cap,
                         ..raw
                     };
                     match tx.parked_by(&dl.tenant, saga, corr)? {
@@ -62,8 +65,8 @@ impl Reapply for Processor<'_> {
                             cap::hold_behind(tx, &kept, &dl.tenant, &route, place, first, at)?;
                         }
                         _ if dl.kind == kind::TENANT_CAPPED => {
-                            let cap = dl.live_cap.unwrap_or_default();
-                            cap::hold(tx, &kept, &dl.tenant, &route, place, cap, self.now_ms)?;
+                            let caps = Caps::kept(dl);
+                            cap::hold(tx, &kept, &dl.tenant, &route, place, caps, self.now_ms)?;
                         }
                         _ => pause::hold_again(tx, dl, &route, self.now_ms)?,
                     }

@@ -24,11 +24,7 @@ impl Processor<'_> {
             tracing::warn!(message = "Unreadable timer firing ignored.", source = %raw.source);
             return Ok(());
         };
-        let pending = tx
-            .timers_of(&t.tenant, &t.saga, &t.correlation_id)?
-            .into_iter()
-            .any(|e| e == t);
-        if !pending {
+        if !tx.timer_pending(&t)? {
             self.tally.note(&t.saga, "ignored");
             return Ok(());
         }
@@ -39,7 +35,11 @@ impl Processor<'_> {
     pub fn timer(&mut self, tx: &Tables<'_, RW>, t: &TimerEntry) -> Result<()> {
         let span = tracing::debug_span!("saga_input", tenant = %t.tenant, source = "timer");
         let _entered = span.enter();
-        tx.delete_timer(t)?;
+        if tx.delete_timer(t)? {
+            tx.count_timers(&t.tenant, self.scope.partition, 0, 1)?;
+            // One timer fewer pending: a key held at its tenant's timer cap may go.
+            self.freed.push(t.tenant.clone());
+        }
         let input = Input::timer(
             &t.tenant,
             &t.saga,
@@ -55,6 +55,7 @@ impl Processor<'_> {
             header_bytes: 0,
             refused: None,
             live_cap: None,
+            timer_cap: None,
             source: "timer".into(),
             stored_ms: None, // its time is its due time, which the engine computed
         };

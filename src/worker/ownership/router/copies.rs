@@ -126,6 +126,7 @@ pub(super) async fn send(
         let payload = raw.body.clone();
         let stored_ms = raw.stored_ms.unwrap_or_default();
         let live_cap = tenancy.live_instance_caps.get(&tenant).copied();
+        let timer_cap = tenancy.pending_timer_caps.get(&tenant).copied();
         // The routing is a span of its own (when spans are exported); the copies name it.
         let hop = otel::hop(
             "saga.route",
@@ -151,10 +152,13 @@ pub(super) async fn send(
             // time by it, on every replay of the inbox the same (not by the copy's own time,
             // which a router's lag would move).
             h.insert(headers::ROUTED_SOURCE_TIME, stored_ms.to_string().as_str());
-            // The tenant's cap on running instances, in force now, travels with the copy:
-            // its owner holds a new instance by it, the same on every replay (`worker/cap.rs`).
+            // The tenant's caps, in force now, travel with the copy: its owner holds a new
+            // instance by them, the same on every replay (`worker/cap.rs`).
             if let Some(cap) = live_cap {
                 h.insert(headers::LIVE_CAP, cap.to_string().as_str());
+            }
+            if let Some(cap) = timer_cap {
+                h.insert(headers::TIMER_CAP, cap.to_string().as_str());
             }
             if let Some(tp) = onward {
                 h.insert(headers::TRACEPARENT_HEADER, tp);

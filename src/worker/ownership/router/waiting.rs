@@ -45,6 +45,7 @@ impl Waiting {
                 header_bytes: headers::block_bytes(msg.headers.as_ref()),
                 refused: None,
                 live_cap: None,
+                timer_cap: None,
                 source: format!("{stream}:{seq}"),
                 stored_ms: Some(headers::stored_ms(&info)),
             },
