@@ -64,6 +64,8 @@ struct World {
     limits: Limits,
     paused: Arc<BTreeSet<String>>,
     seq: u64,
+    /// The partition applied (of how many).
+    scope: Scope,
 }
 
 impl World {
@@ -93,6 +95,7 @@ impl World {
             limits,
             paused: Arc::default(),
             seq: 0,
+            scope: Scope::whole(),
         }
     }
 
@@ -101,7 +104,7 @@ impl World {
         let (catalog, limits, paused) = (&self.catalog, &self.limits, self.paused.clone());
         self.store
             .write_blocking(|t| {
-                let mut p = Processor::new(catalog, limits, 1_800_000_000_000, Scope::whole());
+                let mut p = Processor::new(catalog, limits, 1_800_000_000_000, self.scope);
                 p.paused = paused;
                 if control {
                     p.control(t, &raw)?;
@@ -178,7 +181,7 @@ impl World {
         let (catalog, limits) = (&self.catalog, &self.limits);
         self.store
             .write_blocking(|t| {
-                let mut p = Processor::new(catalog, limits, 1_800_000_000_000, Scope::whole());
+                let mut p = Processor::new(catalog, limits, 1_800_000_000_000, self.scope);
                 p.fired_timer(t, &raw)?;
                 p.release_freed(t)
             })
@@ -196,7 +199,7 @@ impl World {
     fn counted_timers(&self) -> u64 {
         let n = self
             .store
-            .read_blocking(|t| t.counted("a", 0, Counted::Timers))
+            .read_blocking(|t| t.counted("a", self.scope.partition, Counted::Timers))
             .unwrap();
         assert_eq!(
             n,
@@ -377,4 +380,65 @@ fn a_timer_that_fired_already_is_not_counted_twice() {
     // The same firing read again (a replay of the partition's log): ignored, count kept.
     w.fire_timer(&timer);
     assert_eq!(w.counted_timers(), 0);
+}
+
+#[test]
+fn a_timer_cap_removed_since_a_key_was_held_does_not_let_it_in_at_once() {
+    let mut w = World::new();
+    w.event("Lock", "l1", "Armed", Some(5), Some(1));
+    w.event("Lock", "l2", "Armed", Some(5), Some(1));
+    assert_eq!(w.status_of("lock", "l2"), None, "held at the timer cap");
+    // The timer cap is removed; the instance cap stays. A new start goes (nothing caps it
+    // at timers now), but l2 keeps the cap it was held at until a timer fires.
+    w.event("Lock", "l3", "Armed", Some(5), None);
+    assert_eq!(w.status_of("lock", "l3"), Some(Status::Running));
+    assert_eq!(w.status_of("lock", "l2"), None, "still held by its own cap");
+    assert_eq!(w.counted_timers(), 2);
+    w.lock("l1", "Disarmed");
+    w.lock("l3", "Disarmed");
+    assert_eq!(
+        w.status_of("lock", "l2"),
+        Some(Status::Running),
+        "under its cap again: let in"
+    );
+    assert!(w.pending().is_empty(), "{:?}", w.pending());
+}
+
+#[test]
+fn each_partition_holds_its_part_of_the_timer_cap_under_its_own_count() {
+    let mut w = World::new();
+    // Partition 2 of 4, with a cap of 8: 2 pending timers here, whatever the others hold.
+    w.scope = Scope::new(2, 4);
+    let here: Vec<String> = (0..)
+        .map(|i| format!("l{i}"))
+        .filter(|l| runner::worker::partition::partition("a", "lock", l, 4) == 2)
+        .take(3)
+        .collect();
+    for l in &here {
+        w.event("Lock", l, "Armed", None, Some(8));
+    }
+    assert_eq!(w.status_of("lock", &here[1]), Some(Status::Running));
+    assert_eq!(
+        w.status_of("lock", &here[2]),
+        None,
+        "the third would pass ⌈8 ÷ 4⌉"
+    );
+    assert_eq!(w.counted_timers(), 2, "counted under partition 2");
+    let elsewhere = w
+        .store
+        .read_blocking(|t| t.counted("a", 0, Counted::Timers))
+        .unwrap();
+    assert_eq!(elsewhere, 0, "nothing counted under another partition");
+    let reason = w
+        .store
+        .read_blocking(|t| t.dead_letters())
+        .unwrap()
+        .into_iter()
+        .find(|d| d.status == DeadLetterStatus::Pending)
+        .unwrap()
+        .reason;
+    assert!(
+        reason.contains("cap of 8 timers pending (at most 2 in partition 2)"),
+        "{reason}"
+    );
 }

@@ -488,7 +488,7 @@ async fn a_cap_holds_across_a_take_over_and_nothing_held_is_lost() {
 }
 
 /// The `nap` saga: it starts on `JobStarted`, sleeps `delay_ms` on a timer, then sends its
-/// job's `Finish` command.
+/// job's `Finish` command; `Snooze` sets a second, long timer that the wake cancels.
 fn nap_manifests(delay_ms: u64) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let nap = format!(
@@ -497,7 +497,7 @@ sagas:
   - name: nap
     version: 1
     triggers:
-      - {{ subject: aggregate.Job.*, event_type: JobStarted, correlation: event.aggregate_id, start: true }}
+      - {{ subject: aggregate.Job.*, correlation: event.aggregate_id, start: true }}
     data: {{ job: "${{ event.aggregate_id }}" }}
     initial_state: new
     states:
@@ -506,8 +506,11 @@ sagas:
           JobStarted: {{ timers: [{{ name: wake, delay_ms: {delay_ms} }}], goto: napping }}
       napping:
         on:
+          Snooze: {{ timers: [{{ name: nudge, delay_ms: 600000 }}] }}
+          timer.nudge: {{ goto: napping }}
           timer.wake:
             emit: [{{ command: {{ aggregate_type: Job, command: Finish, aggregate_id: "${{ state.job }}", payload: {{}} }} }}]
+            cancel_timers: [nudge]
             goto: done
       done: {{ terminal: true }}
 "#
@@ -516,37 +519,46 @@ sagas:
     dir
 }
 
+/// Publishes `event` for jobs `<tenant>-0` … `<tenant>-<n - 1>`, timed now (the saga's time
+/// is the event's, so naps are timed from now).
+async fn naps(js: &async_nats::jetstream::Context, tenant: &str, n: u64, event: &str) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    for i in 0..n {
+        let id = format!("{tenant}-{i}");
+        let ev = common::aggregate_event(tenant, "Job", &id, event, now + i, json!({}));
+        common::publish_json(js, &format!("tenant.{tenant}.aggregate.Job.{id}"), &ev).await;
+    }
+}
+
 /// A cap on pending timers (`tenancy.pending_timer_caps`): A, capped at three, starts three
 /// naps and holds its other three whole while their timers are pending; B, uncapped, naps
-/// meanwhile; A's count never passes the cap, `runner tenants list` shows it against the
-/// cap, and as A's timers fire the held naps start, every one finishing once.
+/// meanwhile; `runner tenants list` shows A's timers against the cap. A running nap that
+/// sets another timer is not held (A passes its cap by it) while a held nap's later input
+/// waits behind its start. As A's timers fire, the held naps start, every one finishing
+/// once, and nothing is left pending or held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cap_on_pending_timers_holds_a_tenants_new_sagas_until_its_timers_fire() {
     let nats = NatsServer::start();
-    let manifests = nap_manifests(6000);
+    let manifests = nap_manifests(10_000);
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("runner.toml");
     write_config(&config, "pending_timer_caps = { a = 3 }");
     let runner = combined_on(&config, &nats, &manifests, "1");
     let js = jetstream(&nats.url()).await;
     let admin = runner.admin.clone();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64;
-    // The saga's time is the event's: naps are timed from now.
-    for (tenant, n) in [("a", 6), ("b", 2)] {
-        for i in 0..n {
-            let id = format!("{tenant}-{i}");
-            let ev = common::aggregate_event(tenant, "Job", &id, "JobStarted", now + i, json!({}));
-            common::publish_json(&js, &format!("tenant.{tenant}.aggregate.Job.{id}"), &ev).await;
+    naps(&js, "a", 6, "JobStarted").await;
+    naps(&js, "b", 2, "JobStarted").await;
+    let a_is = |timers: u64, held: u64| {
+        let admin = admin.clone();
+        async move {
+            let a = tenant_row(&admin, "a").await;
+            a["pending_timers"] == timers && a["held_at_cap"] == held
         }
-    }
-    let at_cap = common::eventually(Duration::from_secs(5), || async {
-        let a = tenant_row(&admin, "a").await;
-        a["pending_timers"] == 3 && a["held_at_cap"] == 3
-    })
-    .await;
+    };
+    let at_cap = common::eventually(Duration::from_secs(8), || a_is(3, 3)).await;
     let a = tenant_row(&admin, "a").await;
     assert!(at_cap, "{a}");
     assert_eq!(a["live_instances"], 3, "{a}");
@@ -578,33 +590,32 @@ async fn a_cap_on_pending_timers_holds_a_tenants_new_sagas_until_its_timers_fire
         "TIMERS, TIMER_CAP: {out}"
     );
 
-    // As A's timers fire, its held naps start, oldest first; the count stays within the
-    // cap whenever it is read, and every nap finishes once.
-    let most = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let done = common::eventually(Duration::from_secs(60), || {
-        let (admin, js, most) = (admin.clone(), js.clone(), most.clone());
-        async move {
-            let a = tenant_row(&admin, "a").await;
-            let pending = a["pending_timers"].as_u64().unwrap();
-            most.fetch_max(pending, std::sync::atomic::Ordering::Relaxed);
-            finished(&js, "a").await.len() == 6 && finished(&js, "b").await.len() == 2
-        }
+    // Every nap snoozes: the three running set a second timer each, past the cap; the three
+    // held wait whole behind their starts.
+    naps(&js, "a", 6, "Snooze").await;
+    let snoozed = common::eventually(Duration::from_secs(8), || a_is(6, 6)).await;
+    assert!(snoozed, "{}", tenant_row(&admin, "a").await);
+
+    // As A's timers fire, its held naps start and every nap finishes once; each wake
+    // cancels its snooze.
+    let done = common::eventually(Duration::from_secs(60), || async {
+        finished(&js, "a").await.len() >= 6 && finished(&js, "b").await.len() >= 2
     })
     .await;
     assert!(done, "a finished {}", finished(&js, "a").await.len());
-    let most = most.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(most <= 3, "A had {most} timers pending, over its cap of 3");
+    let settled = common::eventually(Duration::from_secs(10), || a_is(0, 0)).await;
+    assert!(settled, "{}", tenant_row(&admin, "a").await);
     let mut jobs: Vec<String> = finished(&js, "a")
         .await
         .iter()
         .map(|m| m.subject.rsplit('.').next().unwrap().to_string())
         .collect();
     jobs.sort_unstable();
-    jobs.dedup();
-    assert_eq!(jobs.len(), 6, "each of A's naps finished once: {jobs:?}");
-    let a = tenant_row(&admin, "a").await;
-    assert_eq!(a["pending_timers"], 0, "{a}");
-    assert_eq!(a["held_at_cap"], 0, "{a}");
-    assert_eq!(a["live_instances"], 0, "{a}");
+    assert_eq!(
+        jobs,
+        (0..6).map(|i| format!("a-{i}")).collect::<Vec<_>>(),
+        "each of A's naps finished exactly once"
+    );
+    assert_eq!(tenant_row(&admin, "a").await["live_instances"], 0);
     runner.stop();
 }

@@ -115,6 +115,14 @@ impl Caps {
         }
     }
 
+    /// Each cap of `self`, or where it has none, `other`'s.
+    pub fn or(self, other: Self) -> Self {
+        Self {
+            live: self.live.or(other.live),
+            timers: self.timers.or(other.timers),
+        }
+    }
+
     /// Whether neither cap is set.
     pub fn none(&self) -> bool {
         self.live.is_none() && self.timers.is_none()

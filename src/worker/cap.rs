@@ -188,8 +188,8 @@ pub fn hold_behind(
 }
 
 /// Applies `tenant`'s held keys in `place`, oldest first, while it is under the
-/// allowances of `caps`, or, without them, of the caps each key came with; returns the keys
-/// applied.
+/// allowances of `caps` and, for a cap `caps` does not set, of the one each key came with;
+/// returns the keys applied.
 pub fn release(
     tx: &Tables<'_, RW>,
     tenant: &str,
@@ -209,7 +209,8 @@ pub fn release(
             tx.drop_capped(tenant, place.partition, key.first)?;
             continue;
         };
-        let caps = caps.unwrap_or_else(|| Caps::kept(&first));
+        // A cap the releasing input came without (removed since) is the key's own.
+        let caps = caps.map_or(Caps::kept(&first), |c| c.or(Caps::kept(&first)));
         if reached(tx, tenant, place, caps)?.is_some() {
             break;
         }

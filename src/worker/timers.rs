@@ -16,6 +16,9 @@
 //!   and a cancelled timer's row was deleted by the transaction that cancelled it.
 //! - **Nothing stored twice in the window.** The `Nats-Msg-Id` is the timer's id.
 //! - A failed publish stops the pass; the row stays due and is published on the next one.
+//! - **Other partitions' rows do not hold this node's timers.** A store keeps the rows of a
+//!   partition the node handed over (an import replaces them if it owns it again); a pass
+//!   passes over them, up to [`SCAN_AT_MOST`] due rows (past that it warns once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,9 +30,15 @@ use super::process::TIMER_SUBJECT;
 use crate::broker::headers;
 use crate::clock::now_ms;
 use crate::runtime::AppState;
+use crate::storage::tables::TimerEntry;
 
 /// Most due timers read in one pass.
 pub(crate) const TIMER_BATCH: usize = 1024;
+
+/// Most due rows one pass looks at: rows of partitions this node no longer owns (its store
+/// keeps them until it owns the partition again, when an import replaces them) are passed
+/// over, up to this many.
+const SCAN_AT_MOST: usize = 64 * TIMER_BATCH;
 
 /// How long a timer firing published to the inbox is not published again while its
 /// partition has not applied it yet.
@@ -47,19 +56,35 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
     let count = state.config.partitions.count;
     let js = state.broker.jetstream().clone();
     let mut sent: std::collections::HashMap<String, std::time::Instant> = Default::default();
+    // Whether the last pass stopped at SCAN_AT_MOST (logged once per episode).
+    let mut scan_cut_logged = false;
     while !cancel.is_cancelled() {
         let now = now_ms();
+        let owned = state.placement.owned();
         let due = state
             .store
-            .read(move |t| Ok((t.due_timers(now, TIMER_BATCH)?, t.timers_pending()?)))
+            .read(move |t| {
+                let mine = |t: &TimerEntry| {
+                    owned.contains_key(&partition(&t.tenant, &t.saga, &t.correlation_id, count))
+                };
+                let due = t.due_timers_kept(now, TIMER_BATCH, SCAN_AT_MOST, mine)?;
+                Ok((due, t.timers_pending()?))
+            })
             .await;
-        let (due, pending) = match due {
+        let ((due, cut), pending) = match due {
             Ok(v) => v,
             Err(e) => {
                 tracing::error!(message = "Cannot read timers.", error = %e);
-                (Vec::new(), 0)
+                ((Vec::new(), false), 0)
             }
         };
+        if cut && !scan_cut_logged {
+            tracing::warn!(
+                message = "More due timers of partitions this node no longer owns than one pass looks at; later timers of its own partitions wait behind them.",
+                looked_at = SCAN_AT_MOST
+            );
+        }
+        scan_cut_logged = cut;
         state.metrics.timers_pending.set(pending as i64);
         sent.retain(|_, at| at.elapsed() < REFIRE_AFTER);
         for t in due {

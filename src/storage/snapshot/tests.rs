@@ -474,7 +474,7 @@ fn running_instances_and_timers_are_counted_once_and_again_for_an_imported_parti
         for p in 0..4 {
             assert_eq!(t.live("acme", p)?, 2, "two per partition");
             let timers = t.counted("acme", p, Counted::Timers)?;
-            assert!(timers > 0, "fill sets a timer per instance");
+            assert!(timers > 0, "fill sets timers, which are counted");
             assert_eq!(timers, rows(t, p)?, "p{p}'s timers");
         }
         assert_eq!(t.live("other", 0)?, 0);

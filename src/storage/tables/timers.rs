@@ -63,6 +63,35 @@ impl<K: TransactionKind> Tables<'_, K> {
         Ok(out)
     }
 
+    /// Up to `limit` timers due at or before `now_ms` that `keep` accepts, earliest first,
+    /// looking at no more than `scan` due rows: rows `keep` refuses (a partition this node
+    /// no longer owns) neither count toward `limit` nor hide the rows behind them. Returns
+    /// the timers and whether the scan stopped at `scan` rows.
+    pub fn due_timers_kept(
+        &self,
+        now_ms: u64,
+        limit: usize,
+        scan: usize,
+        keep: impl Fn(&TimerEntry) -> bool,
+    ) -> Result<(Vec<TimerEntry>, bool)> {
+        let mut cur = self.txn.cursor(&self.schedule)?;
+        let mut out = Vec::new();
+        for (looked, item) in cur.iter_start::<Vec<u8>, Vec<u8>>().enumerate() {
+            if looked >= scan {
+                return Ok((out, true));
+            }
+            let (k, v) = item?;
+            if out.len() >= limit || k.len() < 8 || u64_of(&k[..8], "schedule key")? > now_ms {
+                break;
+            }
+            let t: TimerEntry = json(&v, "timer")?;
+            if keep(&t) {
+                out.push(t);
+            }
+        }
+        Ok((out, false))
+    }
+
     /// Due time of the earliest timer.
     pub fn next_timer_due(&self) -> Result<Option<u64>> {
         let mut cur = self.txn.cursor(&self.schedule)?;

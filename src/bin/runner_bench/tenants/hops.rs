@@ -1,6 +1,7 @@
-//! Where one tenant's orders waited, hop by hop, from the broker's stored times: each saga
-//! step (an input stored → the output it caused stored) and each effect (a command stored →
-//! its result stored in the saga inbox).
+//! Where one tenant's orders waited, hop by hop, from the broker's stored times: the route
+//! (an order event stored → its router's copy stored in the saga inbox), each saga step (an
+//! input stored → the output it caused stored) and each effect (a command stored → its
+//! result stored in the saga inbox).
 //!
 //! Read after a drive from the streams themselves (the order's event, its commands, the
 //! results in the inbox, its end event), so it measures what the runner did, not what a
@@ -15,8 +16,9 @@ use futures::StreamExt;
 use serde_json::Value as Json;
 
 /// The order saga's path: (hop name, the stage it starts at, the stage it ends at).
-const HOPS: [(&str, &str, &str); 7] = [
-    ("saga: placed → charge", "placed", "cmd:charge_card"),
+const HOPS: [(&str, &str, &str); 8] = [
+    ("route: placed → inbox", "placed", "routed"),
+    ("saga: inbox → charge", "routed", "cmd:charge_card"),
     ("effect: charge", "cmd:charge_card", "res:charge_card"),
     ("saga: → reserve", "res:charge_card", "cmd:reserve_stock"),
     ("effect: reserve", "cmd:reserve_stock", "res:reserve_stock"),
@@ -62,6 +64,13 @@ pub(crate) async fn line(js: &jetstream::Context, tenant: &str) -> Result<String
             note(&order, format!("cmd:{effect}"), at);
         }
     }
+    // The router's copy of each order event in the saga inbox.
+    let placed = format!("tenant.{tenant}.aggregate.Order.");
+    for (_, _, of, at) in read(js, "SAGA_INBOX", "runner.inbox.*.AGGREGATE_EVENTS").await? {
+        if let Some(id) = of.strip_prefix(&placed) {
+            note(id, "routed".into(), at);
+        }
+    }
     let prefix = format!("tenant.{tenant}.effect_result.");
     for (_, body, of, at) in read(js, "SAGA_INBOX", "runner.inbox.*.result").await? {
         let Some(effect) = of.strip_prefix(&prefix).and_then(|r| r.split('.').next()) else {
@@ -97,6 +106,28 @@ pub(crate) async fn line(js: &jetstream::Context, tenant: &str) -> Result<String
             crate::percentile(&ms, 0.95)
         ));
     }
+    // The route's worst wait per second of the drive: whether it waits throughout or only
+    // while another tenant's burst is read.
+    let start = stages
+        .values()
+        .filter_map(|s| s.get("placed"))
+        .min()
+        .copied();
+    let mut by_second: std::collections::BTreeMap<i128, f64> = Default::default();
+    for s in stages.values() {
+        if let (Some(p), Some(r), Some(t0)) = (s.get("placed"), s.get("routed"), start) {
+            let worst = by_second.entry((p - t0) / 1_000_000_000).or_insert(0.0);
+            *worst = worst.max((r - p) as f64 / 1e6);
+        }
+    }
+    let seconds: Vec<String> = by_second
+        .iter()
+        .map(|(s, ms)| format!("{s}s {ms:.0}"))
+        .collect();
+    parts.push(format!(
+        "route's worst wait by second: {}",
+        seconds.join(", ")
+    ));
     Ok(parts.join(" | "))
 }
 
