@@ -475,7 +475,8 @@ pub fn label_of(tenancy: &crate::config::TenancyConfig, tenant: &str) -> String 
         || tenancy.rate_limits.contains_key(tenant)
         || tenancy.effect_rate_limits.contains_key(tenant)
         || tenancy.live_instance_caps.contains_key(tenant)
-        || tenancy.pending_timer_caps.contains_key(tenant);
+        || tenancy.pending_timer_caps.contains_key(tenant)
+        || tenancy.outbox_byte_caps.contains_key(tenant);
     if named { tenant } else { "other" }.to_string()
 }
 

@@ -82,6 +82,12 @@ impl Limits {
             &next.pending_timer_caps,
             &mut applied,
         );
+        diff(
+            "tenancy.outbox_byte_caps",
+            &old.outbox_byte_caps,
+            &next.outbox_byte_caps,
+            &mut applied,
+        );
         let tenants: std::collections::BTreeSet<&String> = old
             .effect_rate_limits
             .keys()

@@ -11,7 +11,10 @@
 //!   holds the same across a replica's death and its partition's take-over;
 //! - a cap on pending timers (`tenancy.pending_timer_caps`) starts new sagas only while the
 //!   tenant has fewer timers pending than the cap, holds the rest whole until timers fire,
-//!   and lets every one of them run, once.
+//!   and lets every one of them run, once;
+//! - a cap on outbox bytes (`tenancy.outbox_byte_caps`) holds a tenant's new inputs at the
+//!   routers while its outputs wait unpublished (the commands stream refusing everything),
+//!   lets another tenant's in, and lets the held ones go once the outputs are published.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -617,5 +620,117 @@ async fn a_cap_on_pending_timers_holds_a_tenants_new_sagas_until_its_timers_fire
         "each of A's naps finished exactly once"
     );
     assert_eq!(tenant_row(&admin, "a").await["live_instances"], 0);
+    runner.stop();
+}
+
+/// A cap on outbox bytes (`tenancy.outbox_byte_caps`): while the commands stream takes
+/// nothing, every saga's first output waits in the outbox. A, capped at 1 KiB, gets a few
+/// sagas in and then its new inputs wait at the router, in order (counted, and shown by
+/// `runner tenants list`); B, uncapped, gets all of its in. Once the stream takes messages
+/// again, the outputs are published, A's held inputs go in, and every job of both tenants
+/// finishes exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cap_on_outbox_bytes_holds_a_tenants_new_inputs_while_its_outputs_wait() {
+    let nats = NatsServer::start();
+    let upstream = Upstream::start(Arc::new(|_, _, _| Reply::ok(json!({})))).await;
+    let manifests = jobs::manifests(&upstream);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("runner.toml");
+    write_config(&config, "outbox_byte_caps = { a = \"1KiB\" }");
+    let runner = combined_on(&config, &nats, &manifests, "1");
+    let js = jetstream(&nats.url()).await;
+    let admin = runner.admin.clone();
+    jobs::start(&js, "a", 0, 1).await;
+    jobs::start(&js, "b", 0, 1).await;
+    let up = common::eventually(Duration::from_secs(30), || async {
+        finished(&js, "a").await.len() == 1 && finished(&js, "b").await.len() == 1
+    })
+    .await;
+    assert!(up, "the first job of each tenant finishes");
+
+    // The commands stream takes nothing more: every output waits in the outbox.
+    let mut stream = js.get_stream("WORKFLOW_COMMANDS").await.unwrap();
+    let info = stream.info().await.unwrap().clone();
+    let mut limited = info.config.clone();
+    limited.max_bytes = i64::try_from(info.state.bytes).unwrap();
+    limited.discard = async_nats::jetstream::stream::DiscardPolicy::New;
+    js.update_stream(&limited).await.unwrap();
+    jobs::start(&js, "a", 1, 21).await;
+    jobs::start(&js, "b", 1, 6).await;
+    let held = common::eventually(Duration::from_secs(30), || async {
+        let (a, b) = (tenant_row(&admin, "a").await, tenant_row(&admin, "b").await);
+        b["live_instances"] == 5
+            && a["waiting_inputs"].as_u64().unwrap_or(0) > 0
+            && a["outbox_bytes"].as_u64().unwrap_or(0) >= 1024
+    })
+    .await;
+    let a = tenant_row(&admin, "a").await;
+    assert!(held, "a: {a} b: {}", tenant_row(&admin, "b").await);
+    let started = a["live_instances"].as_u64().unwrap();
+    assert!(started < 20, "A's inputs past its cap wait: {a}");
+    assert_eq!(a["outbox_byte_cap"], 1024, "{a}");
+    // Held, not trickling in: nothing more of A's goes in while its outputs wait.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let a = tenant_row(&admin, "a").await;
+    assert_eq!(a["live_instances"], started, "{a}");
+    assert_eq!(
+        a["waiting_inputs"].as_u64().unwrap() + started,
+        20,
+        "every held input waits at the router: {a}"
+    );
+    assert!(
+        metric(&admin, "runner_tenant_outbox_capped_total{tenant=\"a\"}").await > 0.0,
+        "held turns are counted"
+    );
+    let gauge = common::eventually(Duration::from_secs(10), || async {
+        metric_or_zero(&admin, "runner_tenant_outbox_bytes{tenant=\"a\"}").await >= 1024.0
+    })
+    .await;
+    assert!(gauge, "runner_tenant_outbox_bytes of a");
+    let (code, out) = common::run_to_exit(
+        &["tenants", "--admin", &admin, "list"],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("OUTBOX") && out.contains("OUTBOX_CAP"),
+        "{out}"
+    );
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("a "))
+        .unwrap_or_default();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(cells.get(6), Some(&"1024"), "OUTBOX_CAP: {out}");
+
+    // The stream takes messages again: the outputs go out, A's held inputs go in, and
+    // every job finishes exactly once.
+    let mut open = limited.clone();
+    open.max_bytes = -1;
+    js.update_stream(&open).await.unwrap();
+    let done = common::eventually(Duration::from_secs(60), || async {
+        finished(&js, "a").await.len() >= 21 && finished(&js, "b").await.len() >= 6
+    })
+    .await;
+    assert!(done, "a finished {}", finished(&js, "a").await.len());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for (t, n) in [("a", 21), ("b", 6)] {
+        let mut jobs: Vec<String> = finished(&js, t)
+            .await
+            .iter()
+            .map(|m| m.subject.rsplit('.').next().unwrap().to_string())
+            .collect();
+        jobs.sort_unstable();
+        let mut want: Vec<String> = (0..n).map(|i| format!("{t}-{i}")).collect();
+        want.sort_unstable();
+        assert_eq!(jobs, want, "each of {t}'s jobs finished exactly once");
+    }
+    let drained = common::eventually(Duration::from_secs(10), || async {
+        let a = tenant_row(&admin, "a").await;
+        a["outbox_bytes"] == 0 && a["waiting_inputs"] == 0
+    })
+    .await;
+    assert!(drained, "{}", tenant_row(&admin, "a").await);
     runner.stop();
 }

@@ -128,6 +128,8 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
     names.extend(held.keys().cloned());
     names.extend(tenancy.live_instance_caps.keys().cloned());
     names.extend(tenancy.pending_timer_caps.keys().cloned());
+    names.extend(tenancy.outbox_byte_caps.keys().cloned());
+    names.extend(state.relays.bytes_by_tenant().into_keys());
     names.extend(tenancy.weights.keys().cloned());
     names.extend(tenancy.rate_limits.keys().cloned());
     names.extend(tenancy.effect_rate_limits.keys().cloned());
@@ -143,6 +145,10 @@ pub(super) async fn list(State(state): State<Arc<AppState>>) -> Response {
                 "live_instance_cap": tenancy.live_instance_caps.get(t),
                 "pending_timers": live.get(t).map_or(0, |c| c.timers),
                 "pending_timer_cap": tenancy.pending_timer_caps.get(t),
+                // The deployment's, as its cap counts them: this node's exact, the others'
+                // as their last heartbeats said.
+                "outbox_bytes": state.relays.deployment_bytes(t),
+                "outbox_byte_cap": tenancy.outbox_byte_caps.get(t).map(|c| c.get()),
                 "held_at_cap": held.get(t).map_or(0, |h| h.inputs),
                 "waiting_inputs": u.waiting_inputs,
                 "oldest_wait_s": u.oldest_wait_s,

@@ -1,5 +1,5 @@
 //! `[tenancy]`: which tenants are served, and the limits that share the node between them
-//! (fair turns, rate limits, caps on running instances). Guarantee: a loaded config's tenants and effect names are
+//! (fair turns, rate limits, caps on running instances, pending timers and outbox bytes). Guarantee: a loaded config's tenants and effect names are
 //! subject tokens and its weights and rates are in range, each refusal naming its key
 //! (`tenancy.rate_limits.acme`). The limits in force, and their reload, are `crate::quota`.
 
@@ -48,6 +48,14 @@ pub struct TenancyConfig {
     /// instance ends). Running instances are never held for their own timers (holding them
     /// could stop the very timers that free room), so they may set timers past the cap.
     pub pending_timer_caps: BTreeMap<String, u64>,
+    /// Per tenant, the most bytes of its saga outputs that may wait in the outboxes, not
+    /// yet published to the broker (`"64MiB"`; 1 KiB to 1 PiB), over the whole deployment
+    /// (this node's exact count plus what the other saga nodes' heartbeats last said). At
+    /// it, the routers let none of the tenant's new inputs into the saga inbox: they wait
+    /// in order, as above a rate limit, until the relays have published enough. Effect
+    /// results and timers are never held, so its running sagas go on (and may pass the cap
+    /// by what they emit, as may the inputs already in the inbox).
+    pub outbox_byte_caps: BTreeMap<String, super::types::ByteSize>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a
     /// tenant's inputs pass another tenant's backlog.
@@ -64,6 +72,7 @@ impl Default for TenancyConfig {
             effect_rate_limits: BTreeMap::new(),
             live_instance_caps: BTreeMap::new(),
             pending_timer_caps: BTreeMap::new(),
+            outbox_byte_caps: BTreeMap::new(),
             read_ahead: 100_000,
         }
     }
@@ -132,6 +141,13 @@ impl TenancyConfig {
                 }
                 range(&key, *cap, 1, 1_000_000_000_000)?;
             }
+        }
+        for (t, cap) in &self.outbox_byte_caps {
+            let key = format!("tenancy.outbox_byte_caps.{t}");
+            if let Err(e) = check(t, Rule::TENANT) {
+                return invalid(&key, format!("is not a subject token: {e}"));
+            }
+            range(&key, cap.get(), 1 << 10, 1 << 50)?;
         }
         range("tenancy.read_ahead", self.read_ahead, 1, 10_000_000)?;
         Ok(())

@@ -48,12 +48,14 @@ pub fn tenants(args: &StoreArgs, action: TenantsAction) -> anyhow::Result<()> {
 fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
     let tenants = v["tenants"].as_array().cloned().unwrap_or_default();
     crate::outln!(
-        "{:<24} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
+        "{:<24} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8} {:>12} {:>12} {:>6} {:>10} {:>6}",
         "TENANT",
         "LIVE",
         "CAP",
         "TIMERS",
         "TIMER_CAP",
+        "OUTBOX",
+        "OUTBOX_CAP",
         "HELD",
         "WAITING",
         "OLDEST_WAIT",
@@ -68,12 +70,14 @@ fn print_tenants(v: &serde_json::Value) -> anyhow::Result<()> {
             .as_f64()
             .map_or("-".to_string(), |r| format!("{r}"));
         crate::outln!(
-            "{:<24} {:>8} {:>8} {:>8} {:>9} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
+            "{:<24} {:>8} {:>8} {:>8} {:>9} {:>10} {:>10} {:>8} {:>8} {:>11.1}s {:>12} {:>6} {:>10} {:>6}",
             crate::telemetry::escape_controls(t["tenant"].as_str().unwrap_or("-")),
             t["live_instances"].as_u64().unwrap_or(0),
             cap(&t["live_instance_cap"]),
             t["pending_timers"].as_u64().unwrap_or(0),
             cap(&t["pending_timer_cap"]),
+            t["outbox_bytes"].as_u64().unwrap_or(0),
+            cap(&t["outbox_byte_cap"]),
             t["held_at_cap"].as_u64().unwrap_or(0),
             t["waiting_inputs"].as_u64().unwrap_or(0),
             t["oldest_wait_s"].as_f64().unwrap_or(0.0),

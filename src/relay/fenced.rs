@@ -138,6 +138,8 @@ impl PartitionRelay {
                 continue;
             }
             if records.is_empty() {
+                // Nothing waits to be published: no tenant's bytes do either.
+                self.handle.note_drained();
                 // Nothing to send: once no new work came for a marking interval (or at
                 // once when stopping), cover what the last rounds stored with a marker.
                 let unmarked = self.fences.values().any(|f| f.unmarked().is_some());
@@ -167,6 +169,8 @@ impl PartitionRelay {
                 Ok(()) => {
                     self.handle.acked.fetch_max(last, Ordering::SeqCst);
                     self.handle.note_published(n);
+                    self.handle
+                        .note_bytes_published(records.iter().map(|(_, r)| r));
                     self.metrics.stalls.progressed(&self.stage());
                     backoff.reset();
                 }

@@ -20,6 +20,7 @@ pub(crate) mod election;
 pub mod fenced;
 mod park;
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -60,6 +61,11 @@ pub struct RelayHandle {
     /// outbox sequences are shared by every partition of the store and say nothing about
     /// how many records one partition holds.
     pending: Arc<AtomicU64>,
+    /// The bytes of those records, per tenant ([`OutboxRecord::size`]; what a tenant's cap
+    /// on outbox bytes counts). Emptied whenever the relay finds nothing left to publish,
+    /// so a record counted one way and gone another (a dead letter in an output's place)
+    /// never stays counted.
+    bytes: Arc<std::sync::Mutex<HashMap<String, u64>>>,
 }
 
 impl RelayHandle {
@@ -86,6 +92,41 @@ impl RelayHandle {
     /// restored snapshot's): it publishes them first.
     pub fn note_stored(&self, records: u64) {
         self.pending.fetch_add(records, Ordering::SeqCst);
+    }
+    /// Counts, per tenant, the bytes of records committed or found stored.
+    pub fn note_bytes(&self, by_tenant: impl IntoIterator<Item = (String, u64)>) {
+        let mut bytes = self.bytes_lock();
+        for (t, n) in by_tenant {
+            *bytes.entry(t).or_insert(0) += n;
+        }
+    }
+    /// Takes the bytes of `records`, published, off their tenants' counts.
+    pub(crate) fn note_bytes_published<'r>(
+        &self,
+        records: impl IntoIterator<Item = &'r OutboxRecord>,
+    ) {
+        let mut bytes = self.bytes_lock();
+        for r in records {
+            if let Some(n) = bytes.get_mut(&r.tenant) {
+                *n = n.saturating_sub(r.size());
+                if *n == 0 {
+                    bytes.remove(&r.tenant);
+                }
+            }
+        }
+    }
+    /// Nothing is left to publish: no tenant has bytes waiting.
+    pub(crate) fn note_drained(&self) {
+        self.bytes_lock().clear();
+    }
+    /// Bytes waiting to be published, per tenant.
+    pub fn bytes_by_tenant(&self) -> HashMap<String, u64> {
+        self.bytes_lock().clone()
+    }
+    fn bytes_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.bytes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     /// Records that the relay is done with `records` records (acknowledged, or skipped as
     /// covered by the fence watermark).
@@ -144,6 +185,9 @@ impl RelayHandle {
 #[derive(Debug, Default)]
 pub struct Relays {
     handles: std::sync::Mutex<Vec<RelayHandle>>,
+    /// What the other saga nodes last said waits in their outboxes, per tenant with a cap on
+    /// outbox bytes (their heartbeats, `worker/ownership/members.rs`), by node.
+    others: std::sync::Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
 }
 
 /// Keeps a handle registered in [`Relays`] until dropped.
@@ -181,6 +225,43 @@ impl Relays {
     /// Records written and not yet acknowledged, over every relay of the node.
     pub fn unpublished(&self) -> u64 {
         self.lock().iter().map(RelayHandle::unpublished).sum()
+    }
+
+    /// Bytes waiting to be published, per tenant, over every relay of the node.
+    pub fn bytes_by_tenant(&self) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for h in self.lock().iter() {
+            for (t, n) in h.bytes_by_tenant() {
+                *out.entry(t).or_insert(0) += n;
+            }
+        }
+        out
+    }
+
+    /// Sets what the other saga nodes say waits in their outboxes, by node.
+    pub fn set_others(&self, others: BTreeMap<String, BTreeMap<String, u64>>) {
+        *self
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = others;
+    }
+
+    /// Bytes of `tenant`'s outputs waiting to be published in the deployment: this node's,
+    /// exact, plus what the other nodes said in their last heartbeats.
+    pub fn deployment_bytes(&self, tenant: &str) -> u64 {
+        let here: u64 = self
+            .lock()
+            .iter()
+            .map(|h| h.bytes_lock().get(tenant).copied().unwrap_or(0))
+            .sum();
+        let others: u64 = self
+            .others
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .filter_map(|m| m.get(tenant))
+            .sum();
+        here + others
     }
 }
 

@@ -100,6 +100,10 @@ pub struct Metrics {
     pub tenant_inputs: IntCounterVec,
     /// See [`names::TENANT_RATE_LIMITED_TOTAL`].
     pub tenant_rate_limited: IntCounterVec,
+    /// See [`names::TENANT_OUTBOX_CAPPED_TOTAL`].
+    pub tenant_outbox_capped: IntCounterVec,
+    /// See [`names::TENANT_OUTBOX_BYTES`].
+    pub tenant_outbox_bytes: IntGaugeVec,
     /// See [`names::TENANT_APPLIED_TOTAL`].
     pub tenant_applied: IntCounterVec,
     /// See [`names::TENANT_EFFECT_CALLS_TOTAL`].
@@ -229,6 +233,8 @@ impl Metrics {
             tenant_oldest_wait: tenant.oldest_wait,
             tenant_inputs: tenant.inputs,
             tenant_rate_limited: tenant.rate_limited,
+            tenant_outbox_capped: tenant.outbox_capped,
+            tenant_outbox_bytes: tenant.outbox_bytes,
             tenant_applied: tenant.applied,
             tenant_effect_calls: tenant.effect_calls,
             tenant_effect_rate_limited: tenant.effect_rate_limited,

@@ -79,6 +79,11 @@ pub const TENANT_OLDEST_HELD_AT_CAP_SECONDS: &str = "runner_tenant_oldest_held_a
 pub const TENANT_INPUTS_TOTAL: &str = "runner_tenant_inputs_total";
 /// Turns a tenant with new inputs waiting passed at its rate limit (`tenancy.rate_limits`).
 pub const TENANT_RATE_LIMITED_TOTAL: &str = "runner_tenant_rate_limited_total";
+/// Turns a tenant with new inputs waiting passed because its outputs waiting in the
+/// outboxes reached its cap (`tenancy.outbox_byte_caps`).
+pub const TENANT_OUTBOX_CAPPED_TOTAL: &str = "runner_tenant_outbox_capped_total";
+/// Bytes of a tenant's outputs waiting in this node's outboxes.
+pub const TENANT_OUTBOX_BYTES: &str = "runner_tenant_outbox_bytes";
 /// Inputs applied to saga instances (committed transitions), by tenant.
 pub const TENANT_APPLIED_TOTAL: &str = "runner_tenant_applied_total";
 /// Effect calls this node's effect worker started, by tenant and effect.

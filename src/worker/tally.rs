@@ -23,6 +23,11 @@ pub struct Tally {
     pub last_outbox: u64,
     /// Body bytes of the outbox records written (what bounds a transaction's outputs).
     pub outbox_bytes: u64,
+    /// (tenant, bytes): the size of the outbox records written ([`OutboxRecord::size`]), per
+    /// tenant (what its cap on outbox bytes counts).
+    ///
+    /// [`OutboxRecord::size`]: crate::storage::tables::OutboxRecord::size
+    pub outbox_by_tenant: Vec<(String, u64)>,
     /// (tenant, count): inputs applied, per tenant.
     pub applied: Vec<(String, u64)>,
     /// Tenants a control input resumed (partitioned mode): the node forgets their pause
@@ -40,6 +45,14 @@ impl Tally {
         {
             Some(e) => e.2 += 1,
             None => self.transitions.push((saga.to_string(), outcome, 1)),
+        }
+    }
+
+    /// Counts an outbox record of `tenant` of `bytes`.
+    pub fn outbox_for(&mut self, tenant: &str, bytes: u64) {
+        match self.outbox_by_tenant.iter_mut().find(|(t, _)| t == tenant) {
+            Some(e) => e.1 += bytes,
+            None => self.outbox_by_tenant.push((tenant.to_string(), bytes)),
         }
     }
 

@@ -1,6 +1,7 @@
 //! What each tenant holds on this node's partitions, for the metrics: its running saga
 //! instances (`runner_tenant_live_instances`), its pending timers
-//! (`runner_tenant_pending_timers`), the inputs held at its caps on them
+//! (`runner_tenant_pending_timers`), the bytes of its outputs waiting in the node's outboxes
+//! (`runner_tenant_outbox_bytes`, from the relays' counts), the inputs held at its caps on them
 //! (`runner_tenant_held_at_cap`) and how long the oldest has been held
 //! (`runner_tenant_oldest_held_at_cap_seconds`).
 //!
@@ -28,6 +29,7 @@ const EVERY: Duration = Duration::from_secs(2);
 struct Row {
     live: u64,
     timers: u64,
+    outbox: u64,
     held: u64,
     oldest_s: f64,
 }
@@ -69,6 +71,9 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         let tenancy = state.limits.get();
         let now = crate::clock::now_ms();
         let mut rows: BTreeMap<String, Row> = BTreeMap::new();
+        for (t, n) in state.relays.bytes_by_tenant() {
+            rows.entry(label_of(&tenancy, &t)).or_default().outbox += n;
+        }
         for (t, n) in live {
             let row = rows.entry(label_of(&tenancy, &t)).or_default();
             row.live += n.live;
@@ -84,6 +89,7 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         for gone in shown.iter().filter(|l| !rows.contains_key(*l)) {
             m.tenant_live.with_label_values(&[gone]).set(0);
             m.tenant_timers.with_label_values(&[gone]).set(0);
+            m.tenant_outbox_bytes.with_label_values(&[gone]).set(0);
             m.tenant_held_at_cap.with_label_values(&[gone]).set(0);
             m.tenant_oldest_held_at_cap
                 .with_label_values(&[gone])
@@ -96,6 +102,9 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
             m.tenant_timers
                 .with_label_values(&[label])
                 .set(i64::try_from(row.timers).unwrap_or(i64::MAX));
+            m.tenant_outbox_bytes
+                .with_label_values(&[label])
+                .set(i64::try_from(row.outbox).unwrap_or(i64::MAX));
             m.tenant_held_at_cap
                 .with_label_values(&[label])
                 .set(i64::try_from(row.held).unwrap_or(i64::MAX));

@@ -48,6 +48,16 @@ const OUTBOX_FORMAT_1: u8 = 1;
 const OUTBOX_FORMAT_2: u8 = 2;
 
 impl OutboxRecord {
+    /// The bytes the record takes as a message: subject, id, tenant, trace context and
+    /// body (what a tenant's cap on outbox bytes counts).
+    pub fn size(&self) -> u64 {
+        (self.subject.len()
+            + self.msg_id.len()
+            + self.tenant.len()
+            + self.traceparent.as_ref().map_or(0, String::len)
+            + self.body.len()) as u64
+    }
+
     /// Encodes the record: subject, msg id, tenant, traceparent, then the body bytes to
     /// the end, stored as they are (no escaping, no second JSON around them).
     pub fn encode(&self) -> Vec<u8> {
@@ -138,6 +148,19 @@ impl<K: TransactionKind> Tables<'_, K> {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Bytes ([`OutboxRecord::size`]) of `partition`'s records, per tenant (a scan of its
+    /// records: for start-up).
+    pub fn outbox_bytes_by_tenant(
+        &self,
+        partition: u16,
+    ) -> Result<std::collections::HashMap<String, u64>> {
+        let mut out = std::collections::HashMap::new();
+        for (_, rec) in self.outbox_batch(partition, 0, usize::MAX)? {
+            *out.entry(rec.tenant.clone()).or_insert(0) += rec.size();
+        }
+        Ok(out)
     }
 
     /// Number of outbox records (all partitions).

@@ -18,6 +18,8 @@ pub(in crate::telemetry) struct Tenant {
     pub(in crate::telemetry) oldest_wait: GaugeVec,
     pub(in crate::telemetry) inputs: IntCounterVec,
     pub(in crate::telemetry) rate_limited: IntCounterVec,
+    pub(in crate::telemetry) outbox_capped: IntCounterVec,
+    pub(in crate::telemetry) outbox_bytes: IntGaugeVec,
     pub(in crate::telemetry) applied: IntCounterVec,
     pub(in crate::telemetry) effect_calls: IntCounterVec,
     pub(in crate::telemetry) effect_rate_limited: IntCounterVec,
@@ -60,6 +62,22 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         names::TENANT_RATE_LIMITED_TOTAL,
         "Turns a tenant with new inputs waiting passed at its rate limit.",
         &["tenant"],
+    )?;
+    let outbox_capped = counters(
+        r,
+        names::TENANT_OUTBOX_CAPPED_TOTAL,
+        "Turns a tenant with new inputs waiting passed because its outputs waiting in the outboxes reached its cap (tenancy.outbox_byte_caps).",
+        &["tenant"],
+    )?;
+    let outbox_bytes = reg(
+        r,
+        IntGaugeVec::new(
+            Opts::new(
+                names::TENANT_OUTBOX_BYTES,
+                "Bytes of the tenant's saga outputs waiting in this node's outboxes to be published.",
+            ),
+            &["tenant"],
+        )?,
     )?;
     let applied = counters(
         r,
@@ -122,6 +140,8 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
     // Every tenant not named in `[tenancy]` counts here: its series exist from the start.
     live.with_label_values(&["other"]).set(0);
     timers.with_label_values(&["other"]).set(0);
+    outbox_bytes.with_label_values(&["other"]).set(0);
+    outbox_capped.with_label_values(&["other"]);
     held_at_cap.with_label_values(&["other"]).set(0);
     oldest_held_at_cap.with_label_values(&["other"]).set(0.0);
     waiting.with_label_values(&["other"]).set(0);
@@ -134,6 +154,8 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
         oldest_wait,
         inputs,
         rate_limited,
+        outbox_capped,
+        outbox_bytes,
         applied,
         effect_calls,
         effect_rate_limited,

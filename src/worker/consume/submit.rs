@@ -77,6 +77,7 @@ impl Loop {
         tally.record(metrics, &self.state.limits.get());
         if tally.outbox > 0 {
             self.relay.note_written(tally.last_outbox, tally.outbox);
+            self.relay.note_bytes(tally.outbox_by_tenant);
             self.relay.wake();
         }
         self.backoff.reset();

@@ -12,6 +12,10 @@
 //!   delivered the bucket's history (or after a second for an empty bucket).
 //! - The view is advice: leases, not the view, decide who holds a partition (a stale view
 //!   at worst delays a take or proposes a take the bucket refuses).
+//! - **Outbox bytes travel with the heartbeat.** Each beat carries the bytes waiting in the
+//!   node's outboxes of every tenant with a cap on them (`tenancy.outbox_byte_caps`); the
+//!   view hands the other members' to the node's routers (`Relays::set_others`), so a cap
+//!   counts the whole deployment, each other node's part at most one beat old.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,6 +38,9 @@ pub(crate) fn member_key(node: &str) -> String {
 pub(crate) struct View {
     pub(crate) members: BTreeMap<String, String>,
     pub(crate) holders: BTreeMap<u32, String>,
+    /// Per member node, the bytes its heartbeat said wait in its outboxes, per tenant with
+    /// a cap on them (`tenancy.outbox_byte_caps`).
+    outbox: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 impl View {
@@ -42,8 +49,14 @@ impl View {
         if let Some(node) = e.key.strip_prefix("m.") {
             if live {
                 self.members.insert(e.key.clone(), node.to_string());
+                let outbox = serde_json::from_slice::<serde_json::Value>(&e.value)
+                    .ok()
+                    .and_then(|v| serde_json::from_value(v.get("outbox")?.clone()).ok())
+                    .unwrap_or_default();
+                self.outbox.insert(node.to_string(), outbox);
             } else {
                 self.members.remove(&e.key);
+                self.outbox.remove(node);
             }
         } else if let Some(p) = e.key.strip_prefix("p.").and_then(|p| p.parse().ok()) {
             // A handed-over lease is free (`ownership/lease.rs`).
@@ -61,6 +74,32 @@ impl View {
             }
         }
     }
+}
+
+impl View {
+    /// What every member but `me` said waits in its outboxes.
+    pub(crate) fn outbox_of_others(&self, me: &str) -> BTreeMap<String, BTreeMap<String, u64>> {
+        self.outbox
+            .iter()
+            .filter(|(node, _)| node.as_str() != me)
+            .map(|(n, m)| (n.clone(), m.clone()))
+            .collect()
+    }
+}
+
+/// The bytes waiting in this node's outboxes of each tenant with a cap on them, as its
+/// heartbeat carries them (bounded by the tenants the config names).
+fn capped_outbox(state: &AppState) -> BTreeMap<String, u64> {
+    let caps = state.limits.get();
+    if caps.outbox_byte_caps.is_empty() {
+        return BTreeMap::new();
+    }
+    state
+        .relays
+        .bytes_by_tenant()
+        .into_iter()
+        .filter(|(t, n)| *n > 0 && caps.outbox_byte_caps.contains_key(t))
+        .collect()
 }
 
 /// Writes this member's heartbeat every TTL/3 while the node's mode owns partitions (and
@@ -81,7 +120,11 @@ pub(crate) async fn heartbeat(
     loop {
         let mut wait = every;
         if state.placement.mode().owns_partitions() {
-            let beat = serde_json::json!({"node": state.node_id, "at_ms": now_ms()});
+            let beat = serde_json::json!({
+                "node": state.node_id,
+                "at_ms": now_ms(),
+                "outbox": capped_outbox(&state),
+            });
             match leases.put(&key, beat.to_string().into()).await {
                 Ok(_) => {
                     if let Some((since, tries)) = failing.take() {

@@ -217,8 +217,15 @@ async fn stored_outbox(state: &AppState, p: u32) -> RelayHandle {
     let handle = RelayHandle::new();
     // The partition's stored records (restored, or left by an earlier owner on this node)
     // are published first: counted from the start.
-    match state.store.read(move |t| t.outbox_len(p as u16)).await {
-        Ok(n) => handle.note_stored(n),
+    let stored = state
+        .store
+        .read(move |t| Ok((t.outbox_len(p as u16)?, t.outbox_bytes_by_tenant(p as u16)?)))
+        .await;
+    match stored {
+        Ok((n, bytes)) => {
+            handle.note_stored(n);
+            handle.note_bytes(bytes);
+        }
         Err(e) => {
             tracing::warn!(message = "Cannot count the partition's stored outbox.", partition = p, error = %e)
         }

@@ -91,6 +91,10 @@ pub(crate) async fn run(ctx: Ctx, cancel: CancellationToken) {
             }
         }
         state.placement.set_members(view.members.len());
+        // The other nodes' outbox bytes of tenants with a cap on them (the routers' door).
+        state
+            .relays
+            .set_others(view.outbox_of_others(&state.node_id));
         let member = state.placement.mode().owns_partitions();
         // Replicas started together first see each other for a moment before taking
         // anything, so they do not all take everything and then hand most of it back.

@@ -6,7 +6,10 @@
 //!   (`worker/admit.rs`): any tenant's inputs while there is room under
 //!   `saga.max_queued_work`, above it only those of tenants under their weighted share; in
 //!   weighted turns ([`crate::fair`]), never more of a tenant than its rate limit allows
-//!   (`tenancy.rate_limits`). What is not let in waits in its lane, in order.
+//!   (`tenancy.rate_limits`), and nothing of a tenant whose outputs waiting in the
+//!   deployment's outboxes reached its cap (`tenancy.outbox_byte_caps`,
+//!   `crate::relay::Relays::deployment_bytes`). What is not let in waits in its lane, in
+//!   order.
 //! - **One batch at a time.** What is read meanwhile joins the lanes before the next batch
 //!   is chosen; while the lanes have room no batch waits for admission, so reading goes on
 //!   and every tenant's inputs reach the lanes. Full lanes wait for room.
@@ -56,11 +59,39 @@ impl Routing<'_> {
                 Room::Any(n) => (*n, None),
                 Room::PerTenant(caps) => (usize::MAX, Some(caps)),
             };
-            let cap = |t: &str| caps.map_or(usize::MAX, |c| c.get(t).copied().unwrap_or(0));
+            // New inputs of a tenant whose outputs waiting in the outboxes reached its cap
+            // wait (`tenancy.outbox_byte_caps`; results and timers are never held).
+            let outbox_full: Vec<String> = match &self.admission {
+                Some(_) => self
+                    .lanes
+                    .tenants()
+                    .filter(|t| {
+                        tenancy
+                            .outbox_byte_caps
+                            .get(*t)
+                            .is_some_and(|c| self.state.relays.deployment_bytes(t) >= c.get())
+                    })
+                    .map(str::to_string)
+                    .collect(),
+                None => Vec::new(),
+            };
+            let cap = |t: &str| {
+                if outbox_full.iter().any(|f| f == t) {
+                    return 0;
+                }
+                caps.map_or(usize::MAX, |c| c.get(t).copied().unwrap_or(0))
+            };
             let buckets = self.state.tenants.allowances();
             let taken = self
                 .lanes
                 .take_within_rates(room_n, weight, cap, buckets, rate);
+            for t in &outbox_full {
+                self.state
+                    .metrics
+                    .tenant_outbox_capped
+                    .with_label_values(&[&crate::fair::label_of(&tenancy, t)])
+                    .inc();
+            }
             for (t, _) in &taken.limited {
                 self.state
                     .metrics
