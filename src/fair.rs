@@ -230,6 +230,11 @@ impl<T> Lanes<T> {
         }
     }
 
+    /// Items of `tenant` waiting.
+    pub fn len_of(&self, tenant: &str) -> usize {
+        self.lanes.get(tenant).map_or(0, VecDeque::len)
+    }
+
     /// The tenants with items waiting.
     pub fn tenants(&self) -> impl Iterator<Item = &str> {
         self.turns.iter().map(String::as_str)

@@ -50,11 +50,12 @@ pub struct TenancyConfig {
     pub pending_timer_caps: BTreeMap<String, u64>,
     /// Per tenant, the most bytes of its saga outputs that may wait in the outboxes, not
     /// yet published to the broker (`"64MiB"`; 1 KiB to 1 PiB), over the whole deployment
-    /// (this node's exact count plus what the other saga nodes' heartbeats last said). At
-    /// it, the routers let none of the tenant's new inputs into the saga inbox: they wait
-    /// in order, as above a rate limit, until the relays have published enough. Effect
-    /// results and timers are never held, so its running sagas go on (and may pass the cap
-    /// by what they emit, as may the inputs already in the inbox).
+    /// (what this node's relays count plus what the other saga nodes' heartbeats last
+    /// said). At it, the routers let none of the tenant's new inputs into the saga inbox:
+    /// they wait in order, as above a rate limit, until the relays have published enough.
+    /// A soft bound: effect results and timers are never held, so its running sagas go on,
+    /// and what they emit, what was in the inbox already and what went in before its
+    /// outputs were counted (a batch per router share) may pass it.
     pub outbox_byte_caps: BTreeMap<String, super::types::ByteSize>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a

@@ -62,10 +62,12 @@ pub struct RelayHandle {
     /// how many records one partition holds.
     pending: Arc<AtomicU64>,
     /// The bytes of those records, per tenant ([`OutboxRecord::size`]; what a tenant's cap
-    /// on outbox bytes counts). Emptied whenever the relay finds nothing left to publish,
-    /// so a record counted one way and gone another (a dead letter in an output's place)
-    /// never stays counted.
-    bytes: Arc<std::sync::Mutex<HashMap<String, u64>>>,
+    /// on outbox bytes counts). Signed: a window the relay published before the writer
+    /// counted it leaves a debt the count then pays, so the order of the two never
+    /// matters. Emptied whenever the relay finds nothing left to publish, so a record
+    /// counted at one size and published at another (a dead letter parked in an output's
+    /// place) never stays counted.
+    bytes: Arc<std::sync::Mutex<HashMap<String, i64>>>,
 }
 
 impl RelayHandle {
@@ -97,7 +99,7 @@ impl RelayHandle {
     pub fn note_bytes(&self, by_tenant: impl IntoIterator<Item = (String, u64)>) {
         let mut bytes = self.bytes_lock();
         for (t, n) in by_tenant {
-            *bytes.entry(t).or_insert(0) += n;
+            move_by(&mut bytes, t, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
     /// Takes the bytes of `records`, published, off their tenants' counts.
@@ -107,23 +109,28 @@ impl RelayHandle {
     ) {
         let mut bytes = self.bytes_lock();
         for r in records {
-            if let Some(n) = bytes.get_mut(&r.tenant) {
-                *n = n.saturating_sub(r.size());
-                if *n == 0 {
-                    bytes.remove(&r.tenant);
-                }
-            }
+            let n = i64::try_from(r.size()).unwrap_or(i64::MAX);
+            move_by(&mut bytes, r.tenant.clone(), -n);
         }
     }
     /// Nothing is left to publish: no tenant has bytes waiting.
     pub(crate) fn note_drained(&self) {
         self.bytes_lock().clear();
     }
-    /// Bytes waiting to be published, per tenant.
+    /// Bytes waiting to be published, per tenant with some.
     pub fn bytes_by_tenant(&self) -> HashMap<String, u64> {
-        self.bytes_lock().clone()
+        self.bytes_lock()
+            .iter()
+            .filter_map(|(t, n)| Some((t.clone(), u64::try_from(*n).ok().filter(|n| *n > 0)?)))
+            .collect()
     }
-    fn bytes_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+    /// Bytes of `tenant`'s records waiting to be published.
+    fn bytes_of(&self, tenant: &str) -> u64 {
+        self.bytes_lock()
+            .get(tenant)
+            .map_or(0, |n| u64::try_from(*n).unwrap_or(0))
+    }
+    fn bytes_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
         self.bytes
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -174,6 +181,15 @@ impl RelayHandle {
             _ = tokio::time::sleep(poll) => true,
             _ = stop.cancelled() => false,
         }
+    }
+}
+
+/// Moves `tenant`'s count in `bytes` by `by`, forgetting it at zero.
+fn move_by(bytes: &mut HashMap<String, i64>, tenant: String, by: i64) {
+    let n = bytes.entry(tenant).or_insert(0);
+    *n = n.saturating_add(by);
+    if *n == 0 {
+        bytes.retain(|_, n| *n != 0);
     }
 }
 
@@ -249,11 +265,7 @@ impl Relays {
     /// Bytes of `tenant`'s outputs waiting to be published in the deployment: this node's,
     /// exact, plus what the other nodes said in their last heartbeats.
     pub fn deployment_bytes(&self, tenant: &str) -> u64 {
-        let here: u64 = self
-            .lock()
-            .iter()
-            .map(|h| h.bytes_lock().get(tenant).copied().unwrap_or(0))
-            .sum();
+        let here: u64 = self.lock().iter().map(|h| h.bytes_of(tenant)).sum();
         let others: u64 = self
             .others
             .lock()

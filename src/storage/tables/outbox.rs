@@ -157,8 +157,15 @@ impl<K: TransactionKind> Tables<'_, K> {
         partition: u16,
     ) -> Result<std::collections::HashMap<String, u64>> {
         let mut out = std::collections::HashMap::new();
-        for (_, rec) in self.outbox_batch(partition, 0, usize::MAX)? {
-            *out.entry(rec.tenant.clone()).or_insert(0) += rec.size();
+        let mut cur = self.txn.cursor(&self.outbox)?;
+        for item in cur.iter_from::<Vec<u8>, Vec<u8>>(&outbox_key(partition, 0)) {
+            let (k, v) = item?;
+            if k.len() != 10 || k[..2] != partition.to_be_bytes() {
+                break;
+            }
+            let rec = OutboxRecord::decode(&v)?;
+            let size = rec.size();
+            *out.entry(rec.tenant).or_insert(0) += size;
         }
         Ok(out)
     }

@@ -203,7 +203,7 @@ impl<'a> Processor<'a> {
         route: Option<&Route>,
     ) -> Result<()> {
         let outbox = self.next_slot();
-        let outbox_seq = deadletter::record(
+        let (outbox_seq, size) = deadletter::record(
             tx,
             Poison {
                 outbox,
@@ -223,6 +223,7 @@ impl<'a> Processor<'a> {
         )?;
         self.tally.last_outbox = outbox_seq;
         self.tally.outbox += 1;
+        self.tally.outbox_for(tenant, size);
         self.tally.dead_letters.push(k);
         Ok(())
     }

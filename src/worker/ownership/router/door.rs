@@ -36,13 +36,36 @@ impl Routing<'_> {
     /// reach the lanes); full lanes wait here.
     pub(super) async fn copy_once(&mut self, reader: &mut Reader) -> Result<bool, Ended> {
         {
-            let waiting = self.lanes.len();
+            let tenancy = self.state.limits.get();
+            // New inputs of a tenant whose outputs waiting in the outboxes reached its cap
+            // wait (`tenancy.outbox_byte_caps`; results and timers are never held). They
+            // ask admission for no room: credit for them would hold the others.
+            let outbox_full = self.outbox_full(&tenancy);
+            let waiting = self.lanes.len()
+                - outbox_full
+                    .iter()
+                    .map(|t| self.lanes.len_of(t))
+                    .sum::<usize>();
+            for t in &outbox_full {
+                self.state
+                    .metrics
+                    .tenant_outbox_capped
+                    .with_label_values(&[&crate::fair::label_of(&tenancy, t)])
+                    .inc();
+            }
+            if waiting == 0 {
+                self.report(false);
+                self.held_since.get_or_insert_with(Instant::now);
+                return Ok(false);
+            }
             let room = if self.lanes.full() {
                 Room::Any(self.room(waiting).await.map_err(Ended::Stop)?)
             } else {
-                self.room_now(waiting).await
+                // Reading goes on while admission answers (it may ask the broker, which
+                // is slow under a burst): a tenant's input stored behind the burst is read
+                // meanwhile, not after.
+                reader.during(self.room_now(waiting)).await
             };
-            let tenancy = self.state.limits.get();
             let weight = |t: &str| tenancy.weights.get(t).copied().unwrap_or(1);
             // Only new inputs (the aggregate stream's routers) are rate limited.
             let rate = |t: &str| {
@@ -59,22 +82,6 @@ impl Routing<'_> {
                 Room::Any(n) => (*n, None),
                 Room::PerTenant(caps) => (usize::MAX, Some(caps)),
             };
-            // New inputs of a tenant whose outputs waiting in the outboxes reached its cap
-            // wait (`tenancy.outbox_byte_caps`; results and timers are never held).
-            let outbox_full: Vec<String> = match &self.admission {
-                Some(_) => self
-                    .lanes
-                    .tenants()
-                    .filter(|t| {
-                        tenancy
-                            .outbox_byte_caps
-                            .get(*t)
-                            .is_some_and(|c| self.state.relays.deployment_bytes(t) >= c.get())
-                    })
-                    .map(str::to_string)
-                    .collect(),
-                None => Vec::new(),
-            };
             let cap = |t: &str| {
                 if outbox_full.iter().any(|f| f == t) {
                     return 0;
@@ -85,13 +92,6 @@ impl Routing<'_> {
             let taken = self
                 .lanes
                 .take_within_rates(room_n, weight, cap, buckets, rate);
-            for t in &outbox_full {
-                self.state
-                    .metrics
-                    .tenant_outbox_capped
-                    .with_label_values(&[&crate::fair::label_of(&tenancy, t)])
-                    .inc();
-            }
             for (t, _) in &taken.limited {
                 self.state
                     .metrics
@@ -147,6 +147,24 @@ impl Routing<'_> {
             }
         }
         Ok(true)
+    }
+
+    /// The tenants waiting in the lanes whose outputs waiting in the deployment's outboxes
+    /// reached their cap (`tenancy.outbox_byte_caps`); none for a router of results.
+    fn outbox_full(&self, tenancy: &crate::config::TenancyConfig) -> Vec<String> {
+        if self.admission.is_none() || tenancy.outbox_byte_caps.is_empty() {
+            return Vec::new();
+        }
+        self.lanes
+            .tenants()
+            .filter(|t| {
+                tenancy
+                    .outbox_byte_caps
+                    .get(*t)
+                    .is_some_and(|c| self.state.relays.deployment_bytes(t) >= c.get())
+            })
+            .map(str::to_string)
+            .collect()
     }
 
     /// Reports what waits in the lanes, by tenant (`crate::fair::Usage`): at most every

@@ -394,12 +394,10 @@ impl<'a> Routing<'a> {
                 Next::Ended => return Ended::Reopen,
                 Next::Chunk(chunk) => {
                     idle_since = Instant::now();
-                    let (inputs, failed) = self.messages(chunk);
-                    if self.rewound(&inputs) {
-                        return Ended::Reopen;
+                    match self.take_ready(chunk, &mut reader) {
+                        Ok(failed) => failed,
+                        Err(ended) => return ended,
                     }
-                    self.take_in(inputs);
-                    failed
                 }
             };
             let copied = if self.lanes.is_empty() {
@@ -424,6 +422,45 @@ impl<'a> Routing<'a> {
                 return Ended::Reopen;
             }
         }
+    }
+
+    /// Puts `chunk` in the lanes, then every chunk the consumer has ready too, up to
+    /// [`READ_AHEAD`] messages or full lanes, before a batch is chosen: under another
+    /// tenant's burst, reading keeps up with the stream instead of taking one chunk per
+    /// look at admission, so a tenant's input stored behind the burst reaches its lane
+    /// soon. Returns whether a message failed (reading stops there).
+    fn take_ready(
+        &mut self,
+        chunk: Vec<Result<async_nats::jetstream::Message, OrderedError>>,
+        reader: &mut Reader,
+    ) -> Result<bool, Ended> {
+        let mut read = chunk.len();
+        let mut failed = self.take_chunk(chunk)?;
+        while !failed && read < READ_AHEAD && !self.lanes.full() {
+            match futures::FutureExt::now_or_never(reader.next()) {
+                Some(Some(chunk)) => {
+                    read += chunk.len();
+                    failed = self.take_chunk(chunk)?;
+                }
+                // Ended: reopened at the fence's watermark, like any end.
+                Some(None) => return Err(Ended::Reopen),
+                None => break,
+            }
+        }
+        Ok(failed)
+    }
+
+    /// One chunk into the lanes; a rewound consumer ends reading (reopened).
+    fn take_chunk(
+        &mut self,
+        chunk: Vec<Result<async_nats::jetstream::Message, OrderedError>>,
+    ) -> Result<bool, Ended> {
+        let (inputs, failed) = self.messages(chunk);
+        if self.rewound(&inputs) {
+            return Err(Ended::Reopen);
+        }
+        self.take_in(inputs);
+        Ok(failed)
     }
 
     /// Puts this share's inputs of a chunk in their tenants' lanes (those the fence's
