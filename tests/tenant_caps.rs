@@ -442,3 +442,55 @@ fn each_partition_holds_its_part_of_the_timer_cap_under_its_own_count() {
         "{reason}"
     );
 }
+
+#[test]
+fn a_redrive_reaching_another_partition_leaves_the_key_alone() {
+    let mut w = World::new();
+    let count = 4;
+    let home = runner::worker::partition::partition("a", "door", "d2", count);
+    let other = (3..)
+        .map(|i| format!("d{i}"))
+        .find(|d| runner::worker::partition::partition("a", "door", d, count) == home)
+        .unwrap();
+    w.scope = Scope::new(home, count);
+    w.door(&other, "Opened");
+    w.door("d2", "Opened");
+    let ids = |w: &World| -> Vec<u64> {
+        w.store
+            .read_blocking(|t| t.dead_letters())
+            .unwrap()
+            .into_iter()
+            .filter(|d| d.status == DeadLetterStatus::Pending)
+            .map(|d| d.id)
+            .collect()
+    };
+    let held = ids(&w);
+    assert_eq!(held.len(), 1, "d2 is held at the cap");
+    let redrive = |w: &mut World| {
+        w.seq += 1;
+        let body = json!({ "redrive": { "tenant": "a", "saga": "door", "correlation_id": "d2" } });
+        let raw = RawInput {
+            subject: "runner.control".into(),
+            body: serde_json::to_vec(&body).unwrap().into(),
+            traceparent: None,
+            header_bytes: 0,
+            refused: None,
+            live_cap: None,
+            timer_cap: None,
+            source: format!("TEST:{}", w.seq),
+            stored_ms: Some(1_800_000_000_000),
+        };
+        w.apply(raw, true);
+    };
+    // Published to another partition's inbox: that partition does not apply d2's letters.
+    w.scope = Scope::new((home + 1) % count, count);
+    redrive(&mut w);
+    assert_eq!(ids(&w), held, "the letter is untouched");
+    // In its own partition, the redrive applies it: measured against the cap again, it is
+    // held again, as a new letter.
+    w.scope = Scope::new(home, count);
+    redrive(&mut w);
+    let again = ids(&w);
+    assert_eq!(again.len(), 1);
+    assert_ne!(again, held, "redriven, and held anew at the cap");
+}

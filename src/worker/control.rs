@@ -165,6 +165,18 @@ impl Processor<'_> {
         if let Some(key) = body.get("redrive") {
             let field = |k: &str| key.get(k).and_then(Json::as_str).unwrap_or_default();
             let (tenant, saga, corr) = (field("tenant"), field("saga"), field("correlation_id"));
+            if partition(tenant, saga, corr, self.scope.count) != self.scope.partition {
+                // Another partition's key (the store is shared by the node's partitions):
+                // redriven here, its inputs would be applied outside its own log.
+                tracing::warn!(
+                    message = "Redrive of a key of another partition ignored.",
+                    tenant,
+                    saga,
+                    correlation_id = corr,
+                    partition = self.scope.partition
+                );
+                return Ok(());
+            }
             let Some(first) = tx.parked_by(tenant, saga, corr)? else {
                 tracing::info!(
                     message = "Redrive of a key that is not parked (any more): nothing to do.",
