@@ -374,12 +374,19 @@ fn a_cap_on_pending_timers_holds_new_locks_until_a_timer_fires_or_is_cancelled()
 fn a_timer_that_fired_already_is_not_counted_twice() {
     let mut w = World::new();
     w.lock("l1", "Armed");
-    let timer = w.timers().remove(0);
+    // A second lock, uncapped, keeps a timer pending: a firing counted twice would show.
+    w.event("Lock", "l2", "Armed", None, None);
+    assert_eq!(w.counted_timers(), 2);
+    let timer = w
+        .timers()
+        .into_iter()
+        .find(|t| t.correlation_id == "l1")
+        .unwrap();
     w.fire("l1", "expire");
-    assert_eq!(w.counted_timers(), 0);
+    assert_eq!(w.counted_timers(), 1);
     // The same firing read again (a replay of the partition's log): ignored, count kept.
     w.fire_timer(&timer);
-    assert_eq!(w.counted_timers(), 0);
+    assert_eq!(w.counted_timers(), 1, "l2's timer is still counted");
 }
 
 #[test]

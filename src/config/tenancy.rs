@@ -54,8 +54,8 @@ pub struct TenancyConfig {
     /// said). At it, the routers let none of the tenant's new inputs into the saga inbox:
     /// they wait in order, as above a rate limit, until the relays have published enough.
     /// A soft bound: effect results and timers are never held, so its running sagas go on,
-    /// and what they emit, what was in the inbox already and what went in before its
-    /// outputs were counted (a batch per router share) may pass it.
+    /// and what they emit, what was in the inbox already and every input let in before its
+    /// outputs were committed (as far as the partitions lag the routers) may pass it.
     pub outbox_byte_caps: BTreeMap<String, super::types::ByteSize>,
     /// How many inputs a router of the aggregate stream reads ahead of what it may copy yet
     /// (per share of the source, within `saga.max_pull_bytes`): the window in which a

@@ -63,10 +63,11 @@ pub struct RelayHandle {
     pending: Arc<AtomicU64>,
     /// The bytes of those records, per tenant ([`OutboxRecord::size`]; what a tenant's cap
     /// on outbox bytes counts). Signed: a window the relay published before the writer
-    /// counted it leaves a debt the count then pays, so the order of the two never
-    /// matters. Emptied whenever the relay finds nothing left to publish, so a record
-    /// counted at one size and published at another (a dead letter parked in an output's
-    /// place) never stays counted.
+    /// counted it leaves a debt the count then pays, so the order of the two does not
+    /// matter. Emptied when the relay finds nothing left to publish and every record a
+    /// writer noted is published ([`RelayHandle::note_drained`]), so a record counted at
+    /// one size and published at another (a dead letter parked in an output's place)
+    /// does not stay counted.
     bytes: Arc<std::sync::Mutex<HashMap<String, i64>>>,
 }
 
@@ -99,7 +100,7 @@ impl RelayHandle {
     pub fn note_bytes(&self, by_tenant: impl IntoIterator<Item = (String, u64)>) {
         let mut bytes = self.bytes_lock();
         for (t, n) in by_tenant {
-            move_by(&mut bytes, t, i64::try_from(n).unwrap_or(i64::MAX));
+            move_by(&mut bytes, &t, i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
     /// Takes the bytes of `records`, published, off their tenants' counts.
@@ -110,12 +111,19 @@ impl RelayHandle {
         let mut bytes = self.bytes_lock();
         for r in records {
             let n = i64::try_from(r.size()).unwrap_or(i64::MAX);
-            move_by(&mut bytes, r.tenant.clone(), -n);
+            move_by(&mut bytes, &r.tenant, -n);
         }
     }
-    /// Nothing is left to publish: no tenant has bytes waiting.
+    /// The relay found nothing left to publish: no tenant has bytes waiting, so counts
+    /// left over (a record counted at one size and published at another) are dropped —
+    /// but only when the last record a writer noted is the last one published. Otherwise
+    /// a commit is between its write and its note (its bytes, or its published records'
+    /// debt, are on their way) and dropping the counts would leave the note behind.
     pub(crate) fn note_drained(&self) {
-        self.bytes_lock().clear();
+        let mut bytes = self.bytes_lock();
+        if self.written.load(Ordering::SeqCst) == self.acked.load(Ordering::SeqCst) {
+            bytes.clear();
+        }
     }
     /// Bytes waiting to be published, per tenant with some.
     pub fn bytes_by_tenant(&self) -> HashMap<String, u64> {
@@ -185,11 +193,18 @@ impl RelayHandle {
 }
 
 /// Moves `tenant`'s count in `bytes` by `by`, forgetting it at zero.
-fn move_by(bytes: &mut HashMap<String, i64>, tenant: String, by: i64) {
-    let n = bytes.entry(tenant).or_insert(0);
-    *n = n.saturating_add(by);
-    if *n == 0 {
-        bytes.retain(|_, n| *n != 0);
+fn move_by(bytes: &mut HashMap<String, i64>, tenant: &str, by: i64) {
+    match bytes.get_mut(tenant) {
+        Some(n) => {
+            *n = n.saturating_add(by);
+            if *n == 0 {
+                bytes.remove(tenant);
+            }
+        }
+        None if by != 0 => {
+            bytes.insert(tenant.to_string(), by);
+        }
+        None => {}
     }
 }
 

@@ -79,8 +79,8 @@ pub const TENANT_OLDEST_HELD_AT_CAP_SECONDS: &str = "runner_tenant_oldest_held_a
 pub const TENANT_INPUTS_TOTAL: &str = "runner_tenant_inputs_total";
 /// Turns a tenant with new inputs waiting passed at its rate limit (`tenancy.rate_limits`).
 pub const TENANT_RATE_LIMITED_TOTAL: &str = "runner_tenant_rate_limited_total";
-/// Turns a tenant with new inputs waiting passed because its outputs waiting in the
-/// outboxes reached its cap (`tenancy.outbox_byte_caps`).
+/// Times a router found a tenant's new inputs waiting because its outputs waiting in the
+/// outboxes reached its cap (`tenancy.outbox_byte_caps`); about every 20 ms while they wait.
 pub const TENANT_OUTBOX_CAPPED_TOTAL: &str = "runner_tenant_outbox_capped_total";
 /// Bytes of a tenant's outputs waiting in this node's outboxes.
 pub const TENANT_OUTBOX_BYTES: &str = "runner_tenant_outbox_bytes";

@@ -35,6 +35,7 @@ use crate::broker::{BrokerError, headers};
 use crate::deadletter;
 use crate::deadletter::kind;
 use crate::runtime::AppState;
+use crate::saga::Route;
 use crate::seal::Seal;
 use crate::storage::{Result, StorageError, Tables};
 
@@ -165,7 +166,11 @@ impl Processor<'_> {
         if let Some(key) = body.get("redrive") {
             let field = |k: &str| key.get(k).and_then(Json::as_str).unwrap_or_default();
             let (tenant, saga, corr) = (field("tenant"), field("saga"), field("correlation_id"));
-            if partition(tenant, saga, corr, self.scope.count) != self.scope.partition {
+            let route = Route {
+                saga: saga.to_string(),
+                correlation_id: corr.to_string(),
+            };
+            if !self.scope.owns(tenant, &route) {
                 // Another partition's key (the store is shared by the node's partitions):
                 // redriven here, its inputs would be applied outside its own log.
                 tracing::warn!(

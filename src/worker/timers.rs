@@ -30,7 +30,6 @@ use super::process::TIMER_SUBJECT;
 use crate::broker::headers;
 use crate::clock::now_ms;
 use crate::runtime::AppState;
-use crate::storage::tables::TimerEntry;
 
 /// Most due timers read in one pass.
 pub(crate) const TIMER_BATCH: usize = 1024;
@@ -64,9 +63,8 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         let due = state
             .store
             .read(move |t| {
-                let mine = |t: &TimerEntry| {
-                    owned.contains_key(&partition(&t.tenant, &t.saga, &t.correlation_id, count))
-                };
+                let mine =
+                    |t: &str, s: &str, c: &str| owned.contains_key(&partition(t, s, c, count));
                 let due = t.due_timers_kept(now, TIMER_BATCH, SCAN_AT_MOST, mine)?;
                 Ok((due, t.timers_pending()?))
             })

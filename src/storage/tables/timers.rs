@@ -63,16 +63,17 @@ impl<K: TransactionKind> Tables<'_, K> {
         Ok(out)
     }
 
-    /// Up to `limit` timers due at or before `now_ms` that `keep` accepts, earliest first,
-    /// looking at no more than `scan` due rows: rows `keep` refuses (a partition this node
-    /// no longer owns) neither count toward `limit` nor hide the rows behind them. Returns
+    /// Up to `limit` timers due at or before `now_ms` whose instance `keep(tenant, saga,
+    /// correlation_id)` accepts, earliest first, looking at no more than `scan` due rows:
+    /// rows `keep` refuses (a partition this node no longer owns) neither count toward
+    /// `limit` nor hide the rows behind them, and are judged by their key alone. Returns
     /// the timers and whether the scan stopped at `scan` rows.
     pub fn due_timers_kept(
         &self,
         now_ms: u64,
         limit: usize,
         scan: usize,
-        keep: impl Fn(&TimerEntry) -> bool,
+        keep: impl Fn(&str, &str, &str) -> bool,
     ) -> Result<(Vec<TimerEntry>, bool)> {
         let mut cur = self.txn.cursor(&self.schedule)?;
         let mut out = Vec::new();
@@ -84,9 +85,17 @@ impl<K: TransactionKind> Tables<'_, K> {
             if out.len() >= limit || k.len() < 8 || u64_of(&k[..8], "schedule key")? > now_ms {
                 break;
             }
-            let t: TimerEntry = json(&v, "timer")?;
-            if keep(&t) {
-                out.push(t);
+            let mut parts = k[8..].split(|&b| b == 0).map(std::str::from_utf8);
+            let kept = match (parts.next(), parts.next(), parts.next()) {
+                (Some(Ok(t)), Some(Ok(s)), Some(Ok(c))) => keep(t, s, c),
+                // A key not of this layout: judged by its row.
+                _ => {
+                    let t: TimerEntry = json(&v, "timer")?;
+                    keep(&t.tenant, &t.saga, &t.correlation_id)
+                }
+            };
+            if kept {
+                out.push(json(&v, "timer")?);
             }
         }
         Ok((out, false))

@@ -66,7 +66,7 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Tenant>
     let outbox_capped = counters(
         r,
         names::TENANT_OUTBOX_CAPPED_TOTAL,
-        "Turns a tenant with new inputs waiting passed because its outputs waiting in the outboxes reached its cap (tenancy.outbox_byte_caps).",
+        "Times a router found the tenant's new inputs waiting because its outputs waiting in the outboxes reached its cap (tenancy.outbox_byte_caps); it looks again about every 20 ms while they wait.",
         &["tenant"],
     )?;
     let outbox_bytes = reg(

@@ -76,8 +76,10 @@ impl Loop {
         }
         tally.record(metrics, &self.state.limits.get());
         if tally.outbox > 0 {
-            self.relay.note_written(tally.last_outbox, tally.outbox);
+            // Bytes first: until the write is noted too, the relay keeps every count
+            // (`RelayHandle::note_drained`), so a window it published meanwhile is paid.
             self.relay.note_bytes(tally.outbox_by_tenant);
+            self.relay.note_written(tally.last_outbox, tally.outbox);
             self.relay.wake();
         }
         self.backoff.reset();

@@ -111,7 +111,7 @@ impl Scope {
     }
 
     /// Whether a route's key belongs to this partition.
-    fn owns(&self, tenant: &str, route: &Route) -> bool {
+    pub(crate) fn owns(&self, tenant: &str, route: &Route) -> bool {
         super::partition::partition(tenant, &route.saga, &route.correlation_id, self.count)
             == self.partition
     }

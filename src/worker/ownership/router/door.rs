@@ -12,7 +12,8 @@
 //!   order.
 //! - **One batch at a time.** What is read meanwhile joins the lanes before the next batch
 //!   is chosen; while the lanes have room no batch waits for admission, so reading goes on
-//!   and every tenant's inputs reach the lanes. Full lanes wait for room.
+//!   and every tenant's inputs reach the lanes. Full lanes wait for room — and read no
+//!   further while a tenant at its outbox cap fills them (`tenancy.outbox_byte_caps`).
 //! - **Seen.** What waits is reported by tenant (`crate::fair::Usage`, the `runner_tenant_*`
 //!   metrics), at most every [`REPORT_EVERY`] and at once when the lanes empty; the time
 //!   admission held the lanes is observed when their next batch goes.
@@ -54,8 +55,8 @@ impl Routing<'_> {
                     .inc();
             }
             if waiting == 0 {
+                // (Not an admission wait: `held_since` is left alone.)
                 self.report(false);
-                self.held_since.get_or_insert_with(Instant::now);
                 return Ok(false);
             }
             let room = if self.lanes.full() {
