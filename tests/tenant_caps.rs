@@ -56,6 +56,28 @@ sagas:
       expired: { terminal: true }
 "#;
 
+/// An input on `subject` with `body`, as the partition's log delivers it: `caps` are the
+/// instance and timer caps its router stamped; `stored_ms` the broker's time, when set.
+fn raw(
+    subject: String,
+    body: &impl serde::Serialize,
+    source: String,
+    caps: (Option<u64>, Option<u64>),
+    stored_ms: Option<u64>,
+) -> RawInput {
+    RawInput {
+        subject,
+        body: serde_json::to_vec(body).unwrap().into(),
+        traceparent: None,
+        header_bytes: 0,
+        refused: None,
+        live_cap: caps.0,
+        timer_cap: caps.1,
+        source,
+        stored_ms,
+    }
+}
+
 /// One partition and tenant `a` capped at one running door.
 struct World {
     _dir: tempfile::TempDir,
@@ -140,17 +162,13 @@ impl World {
             "event_type": event, "aggregate_type": aggregate, "aggregate_id": id,
             "timestamp_ms": 1_800_000_000_000u64 + self.seq, "payload": {}, "metadata": {},
         });
-        let raw = RawInput {
-            subject: format!("tenant.a.aggregate.{aggregate}.{id}"),
-            body: serde_json::to_vec(&body).unwrap().into(),
-            traceparent: None,
-            header_bytes: 0,
-            refused: None,
-            live_cap,
-            timer_cap,
-            source: format!("TEST:{}", self.seq),
-            stored_ms: None,
-        };
+        let raw = raw(
+            format!("tenant.a.aggregate.{aggregate}.{id}"),
+            &body,
+            format!("TEST:{}", self.seq),
+            (live_cap, timer_cap),
+            None,
+        );
         self.apply(raw, false);
     }
 
@@ -167,17 +185,13 @@ impl World {
     /// Delivers a firing of `timer`, pending or not, as the partition's log does.
     fn fire_timer(&mut self, timer: &TimerEntry) {
         self.seq += 1;
-        let raw = RawInput {
-            subject: runner::worker::process::TIMER_SUBJECT.into(),
-            body: serde_json::to_vec(&timer).unwrap().into(),
-            traceparent: None,
-            header_bytes: 0,
-            refused: None,
-            live_cap: None,
-            timer_cap: None,
-            source: format!("TEST:{}", self.seq),
-            stored_ms: None,
-        };
+        let raw = raw(
+            runner::worker::process::TIMER_SUBJECT.into(),
+            timer,
+            format!("TEST:{}", self.seq),
+            (None, None),
+            None,
+        );
         let (catalog, limits) = (&self.catalog, &self.limits);
         self.store
             .write_blocking(|t| {
@@ -218,17 +232,13 @@ impl World {
         self.paused = Arc::default();
         self.seq += 1;
         let body = json!({ "resume": "a", "issued_ms": 1_800_000_000_000u64 });
-        let raw = RawInput {
-            subject: "runner.control".into(),
-            body: serde_json::to_vec(&body).unwrap().into(),
-            traceparent: None,
-            header_bytes: 0,
-            refused: None,
-            live_cap: None,
-            timer_cap: None,
-            source: format!("TEST:{}", self.seq),
-            stored_ms: Some(1_800_000_000_000),
-        };
+        let raw = raw(
+            "runner.control".into(),
+            &body,
+            format!("TEST:{}", self.seq),
+            (None, None),
+            Some(1_800_000_000_000),
+        );
         self.apply(raw, true);
     }
 
@@ -476,17 +486,13 @@ fn a_redrive_reaching_another_partition_leaves_the_key_alone() {
     let redrive = |w: &mut World| {
         w.seq += 1;
         let body = json!({ "redrive": { "tenant": "a", "saga": "door", "correlation_id": "d2" } });
-        let raw = RawInput {
-            subject: "runner.control".into(),
-            body: serde_json::to_vec(&body).unwrap().into(),
-            traceparent: None,
-            header_bytes: 0,
-            refused: None,
-            live_cap: None,
-            timer_cap: None,
-            source: format!("TEST:{}", w.seq),
-            stored_ms: Some(1_800_000_000_000),
-        };
+        let raw = raw(
+            "runner.control".into(),
+            &body,
+            format!("TEST:{}", w.seq),
+            (None, None),
+            Some(1_800_000_000_000),
+        );
         w.apply(raw, true);
     };
     // Published to another partition's inbox: that partition does not apply d2's letters.

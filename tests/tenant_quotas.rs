@@ -490,6 +490,36 @@ async fn a_cap_holds_across_a_take_over_and_nothing_held_is_lost() {
     second.stop();
 }
 
+/// `runner tenants list` against `admin` (it must succeed) and the cells of `tenant`'s line.
+fn listed(admin: &str, tenant: &str) -> (String, Vec<String>) {
+    let (code, out) = common::run_to_exit(
+        &["tenants", "--admin", admin, "list"],
+        &[],
+        Duration::from_secs(30),
+    );
+    assert_eq!(code, Some(0), "{out}");
+    let prefix = format!("{tenant} ");
+    let cells = out
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    (out, cells)
+}
+
+/// The jobs of `tenant` that finished, one entry per `Finish` command, sorted.
+async fn finished_jobs(js: &async_nats::jetstream::Context, tenant: &str) -> Vec<String> {
+    let mut jobs: Vec<String> = finished(js, tenant)
+        .await
+        .iter()
+        .map(|m| m.subject.rsplit('.').next().unwrap().to_string())
+        .collect();
+    jobs.sort_unstable();
+    jobs
+}
+
 /// The `nap` saga: it starts on `JobStarted`, sleeps `delay_ms` on a timer, then sends its
 /// job's `Finish` command; `Snooze` sets a second, long timer that the wake cancels.
 fn nap_manifests(delay_ms: u64) -> tempfile::TempDir {
@@ -575,21 +605,11 @@ async fn a_cap_on_pending_timers_holds_a_tenants_new_sagas_until_its_timers_fire
     })
     .await;
     assert!(gauges, "runner_tenant_pending_timers / held_at_cap of a");
-    let (code, out) = common::run_to_exit(
-        &["tenants", "--admin", &admin, "list"],
-        &[],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{out}");
+    let (out, cells) = listed(&admin, "a");
     assert!(out.contains("TIMERS") && out.contains("TIMER_CAP"), "{out}");
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("a "))
-        .unwrap_or_default();
-    let cells: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(
         cells.get(3..5),
-        Some(&["3", "3"][..]),
+        Some(&["3".to_string(), "3".to_string()][..]),
         "TIMERS, TIMER_CAP: {out}"
     );
 
@@ -608,14 +628,8 @@ async fn a_cap_on_pending_timers_holds_a_tenants_new_sagas_until_its_timers_fire
     assert!(done, "a finished {}", finished(&js, "a").await.len());
     let settled = common::eventually(Duration::from_secs(10), || a_is(0, 0)).await;
     assert!(settled, "{}", tenant_row(&admin, "a").await);
-    let mut jobs: Vec<String> = finished(&js, "a")
-        .await
-        .iter()
-        .map(|m| m.subject.rsplit('.').next().unwrap().to_string())
-        .collect();
-    jobs.sort_unstable();
     assert_eq!(
-        jobs,
+        finished_jobs(&js, "a").await,
         (0..6).map(|i| format!("a-{i}")).collect::<Vec<_>>(),
         "each of A's naps finished exactly once"
     );
@@ -699,22 +713,16 @@ async fn a_cap_on_outbox_bytes_holds_a_tenants_new_inputs_while_its_outputs_wait
     })
     .await;
     assert!(gauge, "runner_tenant_outbox_bytes of a");
-    let (code, out) = common::run_to_exit(
-        &["tenants", "--admin", &admin, "list"],
-        &[],
-        Duration::from_secs(30),
-    );
-    assert_eq!(code, Some(0), "{out}");
+    let (out, cells) = listed(&admin, "a");
     assert!(
         out.contains("OUTBOX") && out.contains("OUTBOX_CAP"),
         "{out}"
     );
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("a "))
-        .unwrap_or_default();
-    let cells: Vec<&str> = line.split_whitespace().collect();
-    assert_eq!(cells.get(6), Some(&"1024"), "OUTBOX_CAP: {out}");
+    assert_eq!(
+        cells.get(6).map(String::as_str),
+        Some("1024"),
+        "OUTBOX_CAP: {out}"
+    );
 
     // The stream takes messages again: the outputs go out, A's held inputs go in, and
     // every job finishes exactly once.
@@ -728,12 +736,7 @@ async fn a_cap_on_outbox_bytes_holds_a_tenants_new_inputs_while_its_outputs_wait
     assert!(done, "a finished {}", finished(&js, "a").await.len());
     tokio::time::sleep(Duration::from_secs(1)).await;
     for (t, n) in [("a", 21), ("b", 6)] {
-        let mut jobs: Vec<String> = finished(&js, t)
-            .await
-            .iter()
-            .map(|m| m.subject.rsplit('.').next().unwrap().to_string())
-            .collect();
-        jobs.sort_unstable();
+        let jobs = finished_jobs(&js, t).await;
         let mut want: Vec<String> = (0..n).map(|i| format!("{t}-{i}")).collect();
         want.sort_unstable();
         assert_eq!(jobs, want, "each of {t}'s jobs finished exactly once");

@@ -51,16 +51,9 @@ impl<K: TransactionKind> Tables<'_, K> {
 
     /// Up to `limit` timers due at or before `now_ms`, earliest first.
     pub fn due_timers(&self, now_ms: u64, limit: usize) -> Result<Vec<TimerEntry>> {
-        let mut cur = self.txn.cursor(&self.schedule)?;
-        let mut out = Vec::new();
-        for item in cur.iter_start::<Vec<u8>, Vec<u8>>() {
-            let (k, v) = item?;
-            if out.len() >= limit || k.len() < 8 || u64_of(&k[..8], "schedule key")? > now_ms {
-                break;
-            }
-            out.push(json(&v, "timer")?);
-        }
-        Ok(out)
+        Ok(self
+            .due_timers_kept(now_ms, limit, usize::MAX, |_, _, _| true)?
+            .0)
     }
 
     /// Up to `limit` timers due at or before `now_ms` whose instance `keep(tenant, saga,

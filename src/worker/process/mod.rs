@@ -68,8 +68,9 @@ pub struct Processor<'a> {
     pub scope: Scope,
     /// Paused tenants, whose inputs are held (`pause.rs`); read inside the transaction.
     pub paused: Arc<BTreeSet<String>>,
-    /// Tenants an instance of which ended in this partition since the last
-    /// [`Processor::release_freed`]: their keys held at a cap may go (`cap.rs`).
+    /// Tenants an instance of which ended, or a timer of which fired or was cancelled, in
+    /// this partition since the last [`Processor::release_freed`]: their keys held at a cap
+    /// may go (`cap.rs`).
     freed: Vec<String>,
     /// Set while `cap.rs` applies held keys: the inputs it applies were measured against the
     /// cap when it let them go.
@@ -132,7 +133,8 @@ impl<'a> Processor<'a> {
         }
     }
 
-    /// Applies the keys held at a cap that the instances ended since the last call let go
+    /// Applies the keys held at a cap that the instances ended and timers gone since the last
+    /// call let go
     /// (`worker/cap.rs`), and what those free in turn. Called after each input of a batch.
     pub fn release_freed(&mut self, tx: &Tables<'_, RW>) -> Result<()> {
         while let Some(tenant) = self.freed.pop() {
