@@ -66,9 +66,46 @@ fn run_chapter(chapter: &str, envs: &[(&str, String)], limit: Duration) -> Strin
     let output = std::fs::read_to_string(log.path()).unwrap_or_default();
     match status {
         Some(s) if s.success() => output,
-        Some(s) => panic!("{chapter}: the commands failed ({s}):\n{output}"),
-        None => panic!("{chapter}: the commands did not finish within {limit:?}:\n{output}"),
+        Some(s) => panic!(
+            "{chapter}: the commands failed ({s}):\n{output}{}",
+            work_logs(envs)
+        ),
+        None => panic!(
+            "{chapter}: the commands did not finish within {limit:?}:\n{output}{}",
+            work_logs(envs)
+        ),
     }
+}
+
+/// The end of every `*.log` the chapter wrote under `$WORK` (the runner's, nats-server's, a
+/// stand-in service's), so a failure shows what the background processes said.
+fn work_logs(envs: &[(&str, String)]) -> String {
+    let Some((_, work)) = envs.iter().find(|(k, _)| *k == "WORK") else {
+        return String::new();
+    };
+    let mut out = String::new();
+    let mut logs: Vec<_> = std::fs::read_dir(work)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect();
+    logs.sort();
+    for p in logs {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(60).collect();
+        out.push_str(&format!(
+            "\n--- {} (last {} lines)\n",
+            p.display(),
+            tail.len()
+        ));
+        for l in tail.into_iter().rev() {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
 }
 
 /// The structure of a JSON value: object keys (ids replaced), value types, arrays by their
