@@ -30,11 +30,14 @@ pub struct Poison<'a> {
 
 /// Records a saga-side dead letter in `tx`: stores the entry, parks its key when the
 /// instance is known and not parked yet, and queues its message for the dead-letter stream
-/// in the outbox. Returns that message's outbox sequence and its size
-/// ([`OutboxRecord::size`]). Nothing is durable until the caller commits `tx`.
-pub fn record(tx: &Tables<'_, RW>, poison: Poison<'_>) -> Result<(u64, u64), StorageError> {
+/// in the outbox. Returns that message's outbox sequence and record. Nothing is durable
+/// until the caller commits `tx`.
+pub fn record(
+    tx: &Tables<'_, RW>,
+    poison: Poison<'_>,
+) -> Result<(u64, OutboxRecord), StorageError> {
     let record = store(tx, poison)?;
-    Ok((tx.push_outbox(poison.outbox.0, &record)?, record.size()))
+    Ok((tx.push_outbox(poison.outbox.0, &record)?, record))
 }
 
 /// Stores a saga-side dead letter in `tx` and parks its key (as [`record`] does) and

@@ -101,15 +101,12 @@ impl PartitionRelay {
         let p = self.partition as u16;
         // The largest message each stream takes; read again after every failed window.
         let mut sizes = self.stream_limits().await;
+        // What an earlier relay of this partition kept is not known to be complete.
+        self.handle.fresh_lock().forget();
         loop {
             let stopping = stop.is_cancelled();
             let from = self.handle.acked.load(Ordering::SeqCst) + 1;
-            let window = self.window;
-            let records = match self
-                .store
-                .read(move |t| t.outbox_batch(p, from, window))
-                .await
-            {
+            let records = match self.next_window(from).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(message = "Relay cannot read the outbox.", partition = p, error = %e);
@@ -129,6 +126,8 @@ impl PartitionRelay {
                 .iter()
                 .any(|(_, r)| super::park::unpublishable(r, max(r)).is_some())
             {
+                // The store is about to hold a dead letter in an output's place.
+                self.handle.fresh_lock().forget();
                 if let Err(e) =
                     super::park::screen(&self.store, &self.metrics, p, &records, max).await
                 {
@@ -179,6 +178,8 @@ impl PartitionRelay {
                     return Err(f);
                 }
                 Err(Outcome::Retry(why)) => {
+                    // The window's records left memory with it: read them again.
+                    self.handle.fresh_lock().forget();
                     self.metrics.stalls.failed(&self.stage(), &why);
                     self.metrics.relay_errors.inc();
                     tokio::time::sleep(backoff.next_wait()).await;
@@ -187,6 +188,33 @@ impl PartitionRelay {
                 }
             }
         }
+    }
+
+    /// The next window of records from sequence `from`: from memory when it holds every
+    /// record left (`fresh.rs`), otherwise read from the store.
+    async fn next_window(
+        &self,
+        from: u64,
+    ) -> Result<Vec<(u64, OutboxRecord)>, crate::storage::StorageError> {
+        let window = self.window;
+        {
+            let mut fresh = self.handle.fresh_lock();
+            if let Some(records) = fresh.window(from, window, self.handle.written()) {
+                return Ok(records);
+            }
+            // Kept from here on; a commit handed over before this is durable and read below.
+            fresh.collect();
+        }
+        let p = self.partition as u16;
+        let records = self
+            .store
+            .read(move |t| t.outbox_batch(p, from, window))
+            .await?;
+        if records.len() < window {
+            let last = records.last().map_or(0, |(s, _)| *s);
+            self.handle.fresh_lock().read_through(last);
+        }
+        Ok(records)
     }
 
     /// The largest message (`max_msg_size`) of each stream this partition publishes to

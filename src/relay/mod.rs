@@ -18,11 +18,12 @@
 pub mod combine;
 pub(crate) mod election;
 pub mod fenced;
+pub mod fresh;
 mod park;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -43,8 +44,9 @@ use crate::storage::tables::OutboxRecord;
 ///   ([`unpublished`](Self::unpublished): the saga worker pauses fetching while it is above
 ///   `saga.max_outbox_depth`).
 /// - Writers → relay: a wake-up after each commit that wrote records
-///   ([`wake`](Self::wake)), the highest sequence written
-///   ([`note_written`](Self::note_written)) and deleted ([`note_deleted`](Self::note_deleted)).
+///   ([`wake`](Self::wake)), the records themselves with the highest sequence written
+///   ([`hand_over`](Self::hand_over), or [`note_written`](Self::note_written) alone for a
+///   writer that only stores them) and deleted ([`note_deleted`](Self::note_deleted)).
 ///
 /// Everything here is in memory and advisory: storage stays the source of truth, so a lost
 /// wake-up costs at most a poll interval and a restart starts from the stored outbox.
@@ -59,8 +61,10 @@ pub struct RelayHandle {
     written: Arc<AtomicU64>,
     /// Records committed (or found stored at start) and not yet published: a count, since
     /// outbox sequences are shared by every partition of the store and say nothing about
-    /// how many records one partition holds.
-    pending: Arc<AtomicU64>,
+    /// how many records one partition holds. Signed, like `bytes`: a relay may publish a
+    /// commit's records (read from the store) before the writer notes them, and the debt
+    /// it leaves is paid by the note.
+    pending: Arc<AtomicI64>,
     /// The bytes of those records, per tenant ([`OutboxRecord::size`]; what a tenant's cap
     /// on outbox bytes counts). Signed: a window the relay published before the writer
     /// counted it leaves a debt the count then pays, so the order of the two does not
@@ -69,6 +73,9 @@ pub struct RelayHandle {
     /// one size and published at another (a dead letter parked in an output's place)
     /// does not stay counted.
     bytes: Arc<std::sync::Mutex<HashMap<String, i64>>>,
+    /// Records the commit handed over once durable, for the relay to take without reading
+    /// the store back (`fresh.rs`).
+    fresh: Arc<std::sync::Mutex<fresh::Fresh>>,
 }
 
 impl RelayHandle {
@@ -80,6 +87,28 @@ impl RelayHandle {
     pub fn wake(&self) {
         self.notify.notify_one();
     }
+    /// A commit made `records` of this partition durable, in outbox order: noted as
+    /// [`RelayHandle::note_written`] does, and handed to the relay in memory
+    /// (`fresh.rs`), under one lock so the relay never sees the note without the records.
+    pub fn hand_over(&self, records: Vec<(u64, OutboxRecord)>) {
+        let Some(&(last, _)) = records.last() else {
+            return;
+        };
+        let mut fresh = self.fresh_lock();
+        self.note_written(last, records.len() as u64);
+        fresh.hand_over(records);
+    }
+    /// The highest sequence a writer noted.
+    pub(crate) fn written(&self) -> u64 {
+        self.written.load(Ordering::SeqCst)
+    }
+    /// The partition's memory of fresh records: only the relay calls anything but
+    /// [`RelayHandle::hand_over`].
+    pub(crate) fn fresh_lock(&self) -> std::sync::MutexGuard<'_, fresh::Fresh> {
+        self.fresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
     /// The sequence through which records are published and may be deleted, when some
     /// are published but not yet deleted.
     pub fn deletable_through(&self) -> Option<u64> {
@@ -89,12 +118,12 @@ impl RelayHandle {
     /// Records that a writer committed `records` records, through sequence `seq`.
     pub fn note_written(&self, seq: u64, records: u64) {
         self.written.fetch_max(seq, Ordering::SeqCst);
-        self.pending.fetch_add(records, Ordering::SeqCst);
+        self.pending.fetch_add(signed(records), Ordering::SeqCst);
     }
     /// Counts `records` already stored when the relay starts (an earlier run's, or a
     /// restored snapshot's): it publishes them first.
     pub fn note_stored(&self, records: u64) {
-        self.pending.fetch_add(records, Ordering::SeqCst);
+        self.pending.fetch_add(signed(records), Ordering::SeqCst);
     }
     /// Counts, per tenant, the bytes of records committed or found stored.
     pub fn note_bytes(&self, by_tenant: impl IntoIterator<Item = (String, u64)>) {
@@ -146,16 +175,12 @@ impl RelayHandle {
     /// Records that the relay is done with `records` records (acknowledged, or skipped as
     /// covered by the fence watermark).
     pub(crate) fn note_published(&self, records: u64) {
-        let _ = self
-            .pending
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
-                Some(p.saturating_sub(records))
-            });
+        self.pending.fetch_sub(signed(records), Ordering::SeqCst);
     }
     /// Records committed but not yet acknowledged by JetStream, as far as this process
     /// knows (cheap: no storage read).
     pub fn unpublished(&self) -> u64 {
-        self.pending.load(Ordering::SeqCst)
+        u64::try_from(self.pending.load(Ordering::SeqCst)).unwrap_or(0)
     }
     /// Records that everything through `upto` was deleted in a committed transaction.
     pub fn note_deleted(&self, upto: u64) {
@@ -190,6 +215,11 @@ impl RelayHandle {
             _ = stop.cancelled() => false,
         }
     }
+}
+
+/// A count of records as the signed `pending`.
+fn signed(records: u64) -> i64 {
+    i64::try_from(records).unwrap_or(i64::MAX)
 }
 
 /// Moves `tenant`'s count in `bytes` by `by`, forgetting it at zero.

@@ -6,6 +6,7 @@
 //! work. A batch that fails to
 //! commit is re-read and counted once, when it does commit.
 
+use crate::storage::tables::OutboxRecord;
 use crate::telemetry::Metrics;
 
 /// Per-batch tally, for metrics and logs.
@@ -28,6 +29,9 @@ pub struct Tally {
     ///
     /// [`OutboxRecord::size`]: crate::storage::tables::OutboxRecord::size
     pub outbox_by_tenant: Vec<(String, u64)>,
+    /// The outbox records written, with their sequences, in order: handed to the
+    /// partition's relay in memory once the transaction is durable (`relay/fresh.rs`).
+    pub written: Vec<(u64, OutboxRecord)>,
     /// (tenant, count): inputs applied, per tenant.
     pub applied: Vec<(String, u64)>,
     /// Tenants a control input resumed (partitioned mode): the node forgets their pause
@@ -48,12 +52,20 @@ impl Tally {
         }
     }
 
-    /// Counts an outbox record of `tenant` of `bytes`.
-    pub fn outbox_for(&mut self, tenant: &str, bytes: u64) {
-        match self.outbox_by_tenant.iter_mut().find(|(t, _)| t == tenant) {
+    /// Counts outbox record `seq`, just written, and keeps it for the relay.
+    pub fn wrote(&mut self, seq: u64, rec: OutboxRecord) {
+        self.last_outbox = seq;
+        self.outbox += 1;
+        let bytes = rec.size();
+        match self
+            .outbox_by_tenant
+            .iter_mut()
+            .find(|(t, _)| *t == rec.tenant)
+        {
             Some(e) => e.1 += bytes,
-            None => self.outbox_by_tenant.push((tenant.to_string(), bytes)),
+            None => self.outbox_by_tenant.push((rec.tenant.clone(), bytes)),
         }
+        self.written.push((seq, rec));
     }
 
     /// Counts one input of `tenant` applied to an instance.

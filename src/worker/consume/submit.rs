@@ -59,7 +59,14 @@ impl Loop {
 
     /// After a commit that applied `n` inputs (`replayed` of them a replay) up to checkpoint
     /// `cp`: the metrics, then the relay told what was written and woken.
-    fn committed(&mut self, n: usize, replayed: usize, cp: u64, lag: Option<u64>, tally: Tally) {
+    fn committed(
+        &mut self,
+        n: usize,
+        replayed: usize,
+        cp: u64,
+        lag: Option<u64>,
+        mut tally: Tally,
+    ) {
         let metrics = &self.state.metrics;
         let input = &self.input;
         metrics.partition_replayed.inc_by(replayed as u64);
@@ -79,7 +86,7 @@ impl Loop {
             // Bytes first: until the write is noted too, the relay keeps every count
             // (`RelayHandle::note_drained`), so a window it published meanwhile is paid.
             self.relay.note_bytes(tally.outbox_by_tenant);
-            self.relay.note_written(tally.last_outbox, tally.outbox);
+            self.relay.hand_over(std::mem::take(&mut tally.written));
             self.relay.wake();
         }
         self.backoff.reset();

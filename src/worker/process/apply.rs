@@ -338,9 +338,8 @@ impl Processor<'_> {
             let (partition, cause) = self.next_slot();
             let rec = OutboxRecord { cause, ..rec };
             self.tally.outbox_bytes += rec.body.len() as u64;
-            self.tally.outbox_for(tenant, rec.size());
-            self.tally.last_outbox = tx.push_outbox(partition, &rec)?;
-            self.tally.outbox += 1;
+            let seq = tx.push_outbox(partition, &rec)?;
+            self.tally.wrote(seq, rec);
         }
         Ok(())
     }

@@ -205,7 +205,7 @@ impl<'a> Processor<'a> {
         route: Option<&Route>,
     ) -> Result<()> {
         let outbox = self.next_slot();
-        let (outbox_seq, size) = deadletter::record(
+        let (outbox_seq, record) = deadletter::record(
             tx,
             Poison {
                 outbox,
@@ -223,9 +223,7 @@ impl<'a> Processor<'a> {
                 stored_ms: raw.stored_ms,
             },
         )?;
-        self.tally.last_outbox = outbox_seq;
-        self.tally.outbox += 1;
-        self.tally.outbox_for(tenant, size);
+        self.tally.wrote(outbox_seq, record);
         self.tally.dead_letters.push(k);
         Ok(())
     }
