@@ -3,10 +3,11 @@
 //! The hop from a consumer loop to the transaction: a loop calls [`Committer::submit`] with
 //! its batch and waits; the commit thread (a blocking task of its own for the worker's
 //! life, so a commit costs one hand-off and no thread of a pool picked per commit) takes
-//! that batch and every other one already
-//! waiting (from any stream, at most [`MAX_MERGED`]), applies them all in one libmdbx write
-//! transaction together with the deletion of the outbox records the relay has published,
-//! commits once, and answers each loop with its new checkpoint and [`Tally`].
+//! that batch and every other one already waiting (from any stream, at most
+//! [`MAX_MERGED`]; when fewer than [`LINGER_BELOW`] are, it waits [`LINGER`] once for more),
+//! applies them all in one libmdbx write transaction together with the deletion of the
+//! outbox records the relay has published, commits once, and answers each loop with its
+//! new checkpoint and [`Tally`].
 //!
 //! Guarantees:
 //! - **Atomic with the checkpoint.** Each batch advances only its own stream's checkpoint,
@@ -64,6 +65,18 @@ pub(crate) struct Applied {
 /// made more, smaller commits, each writing its tables' branch pages and the GC again
 /// (about 9 % more store pages per input at the maximum rate, `scripts/bench pipeline`).
 pub(crate) const MAX_MERGED: usize = 64;
+
+/// A group of fewer batches than this waits [`LINGER`] for more before it commits. Below
+/// the maximum rate most groups held one or two batches, each commit paying its sync and
+/// its tables' branch pages for a few inputs: at half the maximum rate, waiting once for
+/// company took about a tenth off the runner's CPU per order and lowered the p99s
+/// (`scripts/bench pipeline`, docs/benchmarks.md). Under load groups are larger than this
+/// and never wait.
+const LINGER_BELOW: usize = 8;
+
+/// How long a small group waits for more batches: one millisecond on each commit of an
+/// input's path, against the sync it saves.
+const LINGER: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Batches that may wait for the commit thread before [`Committer::submit`] waits to send:
 /// as many as one commit takes, so a ready loop is not left waiting to send while the
@@ -145,13 +158,24 @@ impl CommitTask {
     fn run(mut self) {
         while let Some(first) = self.queue.blocking_recv() {
             let mut group = vec![first];
-            while group.len() < MAX_MERGED {
-                match self.queue.try_recv() {
-                    Ok(j) => group.push(j),
-                    Err(_) => break,
-                }
+            self.take_ready(&mut group);
+            if group.len() < LINGER_BELOW {
+                // Few loops are ready: wait a moment for company rather than pay a sync
+                // for one or two batches.
+                std::thread::sleep(LINGER);
+                self.take_ready(&mut group);
             }
             self.commit(group);
+        }
+    }
+
+    /// Adds the batches already waiting to `group`, up to [`MAX_MERGED`].
+    fn take_ready(&mut self, group: &mut Vec<Job>) {
+        while group.len() < MAX_MERGED {
+            match self.queue.try_recv() {
+                Ok(j) => group.push(j),
+                Err(_) => break,
+            }
         }
     }
 
