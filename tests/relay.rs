@@ -5,7 +5,8 @@
 //! server acknowledged after a refusal; publishing resumes after that prefix; every record
 //! ends on the stream exactly once (repeats carry the same `Nats-Msg-Id` and are dropped by
 //! JetStream's de-duplication, or are below the fence watermark); and a stop flushes and
-//! deletes what was published.
+//! deletes what was published — whether the writer hands its records over in memory, as
+//! the saga worker's commit does, or only notes them and leaves the relay to read the store.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -40,8 +41,27 @@ fn record(i: u64, subject_of: u64) -> OutboxRecord {
     }
 }
 
+/// How a writer tells the relay about what it committed.
+#[derive(Clone, Copy, Debug)]
+enum Writer {
+    /// As the saga worker's commit does: the records themselves, handed over in memory.
+    HandsOver,
+    /// Only the highest sequence and the count: the relay must read the store.
+    Notes,
+}
+
 /// Writes `records` to the outbox in one transaction, tells `handle`, returns their sequences.
 fn write_outbox(store: &Store, handle: &RelayHandle, records: Vec<OutboxRecord>) -> Vec<u64> {
+    write_as(Writer::Notes, store, handle, records)
+}
+
+/// [`write_outbox`], telling the relay as `writer` does.
+fn write_as(
+    writer: Writer,
+    store: &Store,
+    handle: &RelayHandle,
+    records: Vec<OutboxRecord>,
+) -> Vec<u64> {
     let seqs = store
         .write_blocking(|t| {
             records
@@ -50,7 +70,10 @@ fn write_outbox(store: &Store, handle: &RelayHandle, records: Vec<OutboxRecord>)
                 .collect::<runner::storage::Result<Vec<_>>>()
         })
         .unwrap();
-    handle.note_written(*seqs.last().unwrap(), seqs.len() as u64);
+    match writer {
+        Writer::HandsOver => handle.hand_over(seqs.iter().copied().zip(records).collect()),
+        Writer::Notes => handle.note_written(*seqs.last().unwrap(), seqs.len() as u64),
+    }
     handle.wake();
     seqs
 }
@@ -175,6 +198,17 @@ async fn a_refusal_holds_the_acknowledged_prefix_and_publishing_resumes_in_order
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
+    outage(Writer::Notes).await;
+}
+
+/// The records of the failed windows were taken out of the relay's memory: it must read
+/// them back from the store, not skip to what was handed over later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_handed_over_in_memory_survive_an_outage_once_each() {
+    outage(Writer::HandsOver).await;
+}
+
+async fn outage(writer: Writer) {
     let mut nats = NatsServer::start();
     let client = async_nats::connect(nats.url()).await.unwrap();
     let js = async_nats::jetstream::new(client.clone());
@@ -188,7 +222,12 @@ async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
     // A first part goes out; the server dies with the second part in the outbox.
     let first = 200u64;
     let total = 400u64;
-    write_outbox(&store, &handle, (1..=first).map(|i| record(i, i)).collect());
+    write_as(
+        writer,
+        &store,
+        &handle,
+        (1..=first).map(|i| record(i, i)).collect(),
+    );
     wait_until(
         "the first part acknowledged",
         Duration::from_secs(30),
@@ -196,11 +235,16 @@ async fn a_server_outage_mid_relay_loses_and_repeats_nothing() {
     )
     .await;
     nats.stop();
-    write_outbox(
-        &store,
-        &handle,
-        (first + 1..=total).map(|i| record(i, i)).collect(),
-    );
+    // In two commits: the relay's memory is complete when the first lands.
+    let middle = (first + total) / 2;
+    for range in [first + 1..=middle, middle + 1..=total] {
+        write_as(
+            writer,
+            &store,
+            &handle,
+            range.map(|i| record(i, i)).collect(),
+        );
+    }
     // Each failed try waits out its acknowledgements and a read of the fence (seconds).
     wait_until(
         "the relay fails to publish",
