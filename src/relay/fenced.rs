@@ -102,11 +102,11 @@ impl PartitionRelay {
         // The largest message each stream takes; read again after every failed window.
         let mut sizes = self.stream_limits().await;
         // What an earlier relay of this partition kept is not known to be complete.
-        self.handle.fresh_lock().forget();
+        let claim = self.handle.fresh_lock().claim();
         loop {
             let stopping = stop.is_cancelled();
             let from = self.handle.acked.load(Ordering::SeqCst) + 1;
-            let records = match self.next_window(from).await {
+            let records = match self.next_window(claim, from).await {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::error!(message = "Relay cannot read the outbox.", partition = p, error = %e);
@@ -127,7 +127,7 @@ impl PartitionRelay {
                 .any(|(_, r)| super::park::unpublishable(r, max(r)).is_some())
             {
                 // The store is about to hold a dead letter in an output's place.
-                self.handle.fresh_lock().forget();
+                self.handle.fresh_lock().forget_for(claim);
                 if let Err(e) =
                     super::park::screen(&self.store, &self.metrics, p, &records, max).await
                 {
@@ -179,7 +179,7 @@ impl PartitionRelay {
                 }
                 Err(Outcome::Retry(why)) => {
                     // The window's records left memory with it: read them again.
-                    self.handle.fresh_lock().forget();
+                    self.handle.fresh_lock().forget_for(claim);
                     self.metrics.stalls.failed(&self.stage(), &why);
                     self.metrics.relay_errors.inc();
                     tokio::time::sleep(backoff.next_wait()).await;
@@ -194,16 +194,17 @@ impl PartitionRelay {
     /// record left (`fresh.rs`), otherwise read from the store.
     async fn next_window(
         &self,
+        claim: u64,
         from: u64,
     ) -> Result<Vec<(u64, OutboxRecord)>, crate::storage::StorageError> {
         let window = self.window;
         {
             let mut fresh = self.handle.fresh_lock();
-            if let Some(records) = fresh.window(from, window, self.handle.written()) {
+            if let Some(records) = fresh.window(claim, from, window, self.handle.written()) {
                 return Ok(records);
             }
             // Kept from here on; a commit handed over before this is durable and read below.
-            fresh.collect();
+            fresh.collect(claim);
         }
         let p = self.partition as u16;
         let records = self
@@ -212,7 +213,7 @@ impl PartitionRelay {
             .await?;
         if records.len() < window {
             let last = records.last().map_or(0, |(s, _)| *s);
-            self.handle.fresh_lock().read_through(last);
+            self.handle.fresh_lock().read_through(claim, last);
         }
         Ok(records)
     }

@@ -23,7 +23,7 @@ mod park;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -61,10 +61,8 @@ pub struct RelayHandle {
     written: Arc<AtomicU64>,
     /// Records committed (or found stored at start) and not yet published: a count, since
     /// outbox sequences are shared by every partition of the store and say nothing about
-    /// how many records one partition holds. Signed, like `bytes`: a relay may publish a
-    /// commit's records (read from the store) before the writer notes them, and the debt
-    /// it leaves is paid by the note.
-    pending: Arc<AtomicI64>,
+    /// how many records one partition holds.
+    pending: Arc<AtomicU64>,
     /// The bytes of those records, per tenant ([`OutboxRecord::size`]; what a tenant's cap
     /// on outbox bytes counts). Signed: a window the relay published before the writer
     /// counted it leaves a debt the count then pays, so the order of the two does not
@@ -90,6 +88,8 @@ impl RelayHandle {
     /// A commit made `records` of this partition durable, in outbox order: noted as
     /// [`RelayHandle::note_written`] does, and handed to the relay in memory
     /// (`fresh.rs`), under one lock so the relay never sees the note without the records.
+    /// Called by the commit thread for every committed batch, before it answers, whether
+    /// or not the batch's loop still waits for the answer.
     pub fn hand_over(&self, records: Vec<(u64, OutboxRecord)>) {
         let Some(&(last, _)) = records.last() else {
             return;
@@ -118,12 +118,12 @@ impl RelayHandle {
     /// Records that a writer committed `records` records, through sequence `seq`.
     pub fn note_written(&self, seq: u64, records: u64) {
         self.written.fetch_max(seq, Ordering::SeqCst);
-        self.pending.fetch_add(signed(records), Ordering::SeqCst);
+        self.pending.fetch_add(records, Ordering::SeqCst);
     }
     /// Counts `records` already stored when the relay starts (an earlier run's, or a
     /// restored snapshot's): it publishes them first.
     pub fn note_stored(&self, records: u64) {
-        self.pending.fetch_add(signed(records), Ordering::SeqCst);
+        self.pending.fetch_add(records, Ordering::SeqCst);
     }
     /// Counts, per tenant, the bytes of records committed or found stored.
     pub fn note_bytes(&self, by_tenant: impl IntoIterator<Item = (String, u64)>) {
@@ -175,12 +175,16 @@ impl RelayHandle {
     /// Records that the relay is done with `records` records (acknowledged, or skipped as
     /// covered by the fence watermark).
     pub(crate) fn note_published(&self, records: u64) {
-        self.pending.fetch_sub(signed(records), Ordering::SeqCst);
+        let _ = self
+            .pending
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
+                Some(p.saturating_sub(records))
+            });
     }
     /// Records committed but not yet acknowledged by JetStream, as far as this process
     /// knows (cheap: no storage read).
     pub fn unpublished(&self) -> u64 {
-        u64::try_from(self.pending.load(Ordering::SeqCst)).unwrap_or(0)
+        self.pending.load(Ordering::SeqCst)
     }
     /// Records that everything through `upto` was deleted in a committed transaction.
     pub fn note_deleted(&self, upto: u64) {
@@ -217,11 +221,6 @@ impl RelayHandle {
     }
 }
 
-/// A count of records as the signed `pending`.
-fn signed(records: u64) -> i64 {
-    i64::try_from(records).unwrap_or(i64::MAX)
-}
-
 /// Moves `tenant`'s count in `bytes` by `by`, forgetting it at zero.
 fn move_by(bytes: &mut HashMap<String, i64>, tenant: &str, by: i64) {
     match bytes.get_mut(tenant) {
@@ -246,6 +245,11 @@ fn move_by(bytes: &mut HashMap<String, i64>, tenant: &str, by: i64) {
 #[derive(Debug, Default)]
 pub struct Relays {
     handles: std::sync::Mutex<Vec<RelayHandle>>,
+    /// Each partition's memory of fresh records (`fresh.rs`), shared by every handle of
+    /// the partition this node makes: a commit of an earlier owning period (a loop aborted
+    /// with its batch still committing) hands its records to the memory the next period's
+    /// relay reads, so that relay never counts memory complete without them.
+    fresh: std::sync::Mutex<HashMap<u32, Arc<std::sync::Mutex<fresh::Fresh>>>>,
     /// What the other saga nodes last said waits in their outboxes, per tenant with a cap on
     /// outbox bytes (their heartbeats, `worker/ownership/members.rs`), by node.
     others: std::sync::Mutex<BTreeMap<String, BTreeMap<String, u64>>>,
@@ -271,6 +275,22 @@ impl Relays {
         match self.handles.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
+        }
+    }
+
+    /// A new handle for partition `p`, sharing the partition's memory of fresh records
+    /// with every other handle of `p` this node made.
+    pub fn handle_for(&self, p: u32) -> RelayHandle {
+        let fresh = self
+            .fresh
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(p)
+            .or_default()
+            .clone();
+        RelayHandle {
+            fresh,
+            ..RelayHandle::default()
         }
     }
 

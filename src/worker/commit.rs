@@ -193,6 +193,7 @@ impl CommitTask {
                     .map(|upto| (j.scope.partition as u16, h.clone(), upto))
             })
             .collect();
+        let relays: Vec<RelayHandle> = group.iter().map(|j| j.scope.relay.clone()).collect();
         let (replies, work): (Vec<_>, Vec<_>) = group
             .into_iter()
             .map(|j| {
@@ -252,9 +253,12 @@ impl CommitTask {
                     .saga_commit_seconds
                     .observe(started.elapsed().as_secs_f64());
                 let mut applied = inputs;
-                for ((reply, (checkpoint, tally)), (_, batch, _)) in
-                    replies.into_iter().zip(results).zip(work)
+                for (((reply, (checkpoint, mut tally)), (_, batch, _)), relay) in
+                    replies.into_iter().zip(results).zip(work).zip(relays)
                 {
+                    // Here, not in the loop: a batch whose loop was aborted meanwhile is
+                    // committed all the same, and its records must reach the relay.
+                    hand_over(&relay, &mut tally);
                     let deferred: Vec<_> =
                         batch.into_iter().filter(|(s, _)| *s > checkpoint).collect();
                     metrics.saga_deferred.inc_by(deferred.len() as u64);
@@ -275,6 +279,18 @@ impl CommitTask {
             }
         }
     }
+}
+
+/// Tells `relay` what a committed batch wrote to its partition's outbox: the bytes per
+/// tenant first (until the write is noted too, the relay keeps every count,
+/// `RelayHandle::note_drained`, so a window it published meanwhile is paid), then the
+/// records themselves.
+fn hand_over(relay: &RelayHandle, tally: &mut Tally) {
+    if tally.written.is_empty() {
+        return;
+    }
+    relay.note_bytes(std::mem::take(&mut tally.outbox_by_tenant));
+    relay.hand_over(std::mem::take(&mut tally.written));
 }
 
 /// Applies inputs in one write transaction (blocking), as the one partition of a deployment

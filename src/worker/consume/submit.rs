@@ -59,14 +59,7 @@ impl Loop {
 
     /// After a commit that applied `n` inputs (`replayed` of them a replay) up to checkpoint
     /// `cp`: the metrics, then the relay told what was written and woken.
-    fn committed(
-        &mut self,
-        n: usize,
-        replayed: usize,
-        cp: u64,
-        lag: Option<u64>,
-        mut tally: Tally,
-    ) {
+    fn committed(&mut self, n: usize, replayed: usize, cp: u64, lag: Option<u64>, tally: Tally) {
         let metrics = &self.state.metrics;
         let input = &self.input;
         metrics.partition_replayed.inc_by(replayed as u64);
@@ -83,10 +76,7 @@ impl Loop {
         }
         tally.record(metrics, &self.state.limits.get());
         if tally.outbox > 0 {
-            // Bytes first: until the write is noted too, the relay keeps every count
-            // (`RelayHandle::note_drained`), so a window it published meanwhile is paid.
-            self.relay.note_bytes(tally.outbox_by_tenant);
-            self.relay.hand_over(std::mem::take(&mut tally.written));
+            // The commit thread has handed the records over (`commit.rs`).
             self.relay.wake();
         }
         self.backoff.reset();

@@ -214,7 +214,7 @@ async fn restore(
 
 /// A new relay handle for partition `p`, counting the records its outbox already stores.
 async fn stored_outbox(state: &AppState, p: u32) -> RelayHandle {
-    let handle = RelayHandle::new();
+    let handle = state.relays.handle_for(p);
     // The partition's stored records (restored, or left by an earlier owner on this node)
     // are published first: counted from the start.
     let stored = state
