@@ -3,7 +3,8 @@
 //! ([`Relays`]).
 //!
 //! Storage is the source of truth. A relay reads its partition's records in sequence
-//! order, publishes them under the partition's fences with `Nats-Msg-Id` set to each
+//! order — from the memory the commits hand them to while that memory is known complete
+//! ([`fresh`]), from the store otherwise — publishes them under the partition's fences with `Nats-Msg-Id` set to each
 //! record's deterministic id (plus `Runner-Tenant` and the causing input's `traceparent`),
 //! and only once they are acknowledged marks the acknowledged prefix as published
 //! ([`RelayHandle::deletable_through`]). Published records are deleted later, by the saga

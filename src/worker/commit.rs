@@ -18,6 +18,10 @@
 //!   nothing of it was written, so each loop re-reads from its checkpoint. The error keeps
 //!   its text (a full disk is named: ENOSPC and the data directory), and the store marks
 //!   writes as failing until a commit succeeds (`storage` module doc).
+//! - **Every committed record reaches the relay.** After a commit, and before answering,
+//!   the thread hands each batch's outbox records to its partition's relay memory
+//!   (`relay/fresh.rs`), also for a batch whose loop stopped waiting (aborted when its
+//!   partition was lost): a relay never counts that memory complete without them.
 //! - **Order per stream.** A loop submits its next batch only after the answer to the
 //!   previous one, so batches of one stream never overtake each other.
 //! - **Bounded outputs.** A transaction stops taking inputs once the outbox records it
