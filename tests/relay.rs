@@ -71,7 +71,13 @@ fn write_as(
         })
         .unwrap();
     match writer {
-        Writer::HandsOver => handle.hand_over(seqs.iter().copied().zip(records).collect()),
+        Writer::HandsOver => {
+            let bytes = vec![(
+                "t".to_string(),
+                records.iter().map(OutboxRecord::size).sum(),
+            )];
+            handle.hand_over(seqs.iter().copied().zip(records).collect(), bytes)
+        }
         Writer::Notes => handle.note_written(*seqs.last().unwrap(), seqs.len() as u64),
     }
     handle.wake();
@@ -264,6 +270,11 @@ async fn outage(writer: Writer) {
         || async { handle.unpublished() == 0 },
     )
     .await;
+    assert!(
+        handle.bytes_by_tenant().is_empty(),
+        "no bytes left counted: {:?}",
+        handle.bytes_by_tenant()
+    );
     let mut seen = published_ids(&common::jetstream(&nats.url()).await).await;
     assert_eq!(seen.len() as u64, total, "a record is missing or repeated");
     seen.sort_by_key(|id| id[4..].parse::<u64>().unwrap());

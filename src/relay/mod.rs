@@ -24,7 +24,7 @@ mod park;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -62,8 +62,11 @@ pub struct RelayHandle {
     written: Arc<AtomicU64>,
     /// Records committed (or found stored at start) and not yet published: a count, since
     /// outbox sequences are shared by every partition of the store and say nothing about
-    /// how many records one partition holds.
-    pending: Arc<AtomicU64>,
+    /// how many records one partition holds. Signed, like `bytes`: a relay reading the
+    /// store may publish a commit's records in the moment between the commit and its
+    /// hand-over, and the debt it leaves is paid by the note (the records found stored at
+    /// a take are counted before its relay starts, or the take is given up).
+    pending: Arc<AtomicI64>,
     /// The bytes of those records, per tenant ([`OutboxRecord::size`]; what a tenant's cap
     /// on outbox bytes counts). Signed: a window the relay published before the writer
     /// counted it leaves a debt the count then pays, so the order of the two does not
@@ -91,11 +94,15 @@ impl RelayHandle {
     /// (`fresh.rs`), under one lock so the relay never sees the note without the records.
     /// Called by the commit thread for every committed batch, before it answers, whether
     /// or not the batch's loop still waits for the answer.
-    pub fn hand_over(&self, records: Vec<(u64, OutboxRecord)>) {
+    /// `bytes` are the records' sizes per tenant, counted first (until the write is noted
+    /// too, the relay keeps every count, [`RelayHandle::note_drained`], so a window it
+    /// published meanwhile is paid).
+    pub fn hand_over(&self, records: Vec<(u64, OutboxRecord)>, bytes: Vec<(String, u64)>) {
         let Some(&(last, _)) = records.last() else {
             return;
         };
         let mut fresh = self.fresh_lock();
+        self.note_bytes(bytes);
         self.note_written(last, records.len() as u64);
         fresh.hand_over(records);
     }
@@ -119,12 +126,12 @@ impl RelayHandle {
     /// Records that a writer committed `records` records, through sequence `seq`.
     pub fn note_written(&self, seq: u64, records: u64) {
         self.written.fetch_max(seq, Ordering::SeqCst);
-        self.pending.fetch_add(records, Ordering::SeqCst);
+        self.pending.fetch_add(signed(records), Ordering::SeqCst);
     }
     /// Counts `records` already stored when the relay starts (an earlier run's, or a
     /// restored snapshot's): it publishes them first.
     pub fn note_stored(&self, records: u64) {
-        self.pending.fetch_add(records, Ordering::SeqCst);
+        self.pending.fetch_add(signed(records), Ordering::SeqCst);
     }
     /// Counts, per tenant, the bytes of records committed or found stored.
     pub fn note_bytes(&self, by_tenant: impl IntoIterator<Item = (String, u64)>) {
@@ -150,6 +157,8 @@ impl RelayHandle {
     /// a commit is between its write and its note (its bytes, or its published records'
     /// debt, are on their way) and dropping the counts would leave the note behind.
     pub(crate) fn note_drained(&self) {
+        // Under the memory's lock, which a hand-over holds from its bytes to its note.
+        let _fresh = self.fresh_lock();
         let mut bytes = self.bytes_lock();
         if self.written.load(Ordering::SeqCst) == self.acked.load(Ordering::SeqCst) {
             bytes.clear();
@@ -176,16 +185,12 @@ impl RelayHandle {
     /// Records that the relay is done with `records` records (acknowledged, or skipped as
     /// covered by the fence watermark).
     pub(crate) fn note_published(&self, records: u64) {
-        let _ = self
-            .pending
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |p| {
-                Some(p.saturating_sub(records))
-            });
+        self.pending.fetch_sub(signed(records), Ordering::SeqCst);
     }
     /// Records committed but not yet acknowledged by JetStream, as far as this process
     /// knows (cheap: no storage read).
     pub fn unpublished(&self) -> u64 {
-        self.pending.load(Ordering::SeqCst)
+        u64::try_from(self.pending.load(Ordering::SeqCst)).unwrap_or(0)
     }
     /// Records that everything through `upto` was deleted in a committed transaction.
     pub fn note_deleted(&self, upto: u64) {
@@ -220,6 +225,11 @@ impl RelayHandle {
             _ = stop.cancelled() => false,
         }
     }
+}
+
+/// A count of records as the signed `pending`.
+fn signed(records: u64) -> i64 {
+    i64::try_from(records).unwrap_or(i64::MAX)
 }
 
 /// Moves `tenant`'s count in `bytes` by `by`, forgetting it at zero.

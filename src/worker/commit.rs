@@ -185,7 +185,13 @@ impl CommitTask {
 
     /// Applies `group` (and the deletion of published outbox records) in one write
     /// transaction, commits, and answers each job.
-    fn commit(&self, group: Vec<Job>) {
+    fn commit(&self, mut group: Vec<Job>) {
+        // A batch whose loop stopped waiting (aborted: its partition was lost) is not
+        // applied; whoever owns the partition next applies its inputs from the checkpoint.
+        group.retain(|j| !j.reply.is_closed());
+        if group.is_empty() {
+            return;
+        }
         let metrics = &self.state.metrics;
         let started = Instant::now();
         let inputs: usize = group.iter().map(|j| j.batch.len()).sum();
@@ -285,16 +291,13 @@ impl CommitTask {
     }
 }
 
-/// Tells `relay` what a committed batch wrote to its partition's outbox: the bytes per
-/// tenant first (until the write is noted too, the relay keeps every count,
-/// `RelayHandle::note_drained`, so a window it published meanwhile is paid), then the
-/// records themselves.
+/// Tells `relay` what a committed batch wrote to its partition's outbox: its bytes per
+/// tenant and its records.
 fn hand_over(relay: &RelayHandle, tally: &mut Tally) {
-    if tally.written.is_empty() {
-        return;
-    }
-    relay.note_bytes(std::mem::take(&mut tally.outbox_by_tenant));
-    relay.hand_over(std::mem::take(&mut tally.written));
+    relay.hand_over(
+        std::mem::take(&mut tally.written),
+        std::mem::take(&mut tally.outbox_by_tenant),
+    );
 }
 
 /// Applies inputs in one write transaction (blocking), as the one partition of a deployment

@@ -57,7 +57,10 @@ pub(super) async fn start(
         give_back(lease).await;
         return None;
     };
-    let handle = stored_outbox(state, p).await;
+    let Some(handle) = stored_outbox(state, p).await else {
+        give_back(lease).await;
+        return None;
+    };
     let handle_for_depth = handle.clone();
     let (relay_stop, relay) = spawn_relay(state, p, fences, &handle);
     let input = Input {
@@ -212,8 +215,10 @@ async fn restore(
     Some(restored)
 }
 
-/// A new relay handle for partition `p`, counting the records its outbox already stores.
-async fn stored_outbox(state: &AppState, p: u32) -> RelayHandle {
+/// A new relay handle for partition `p`, counting the records its outbox already stores;
+/// `None` when they cannot be counted (the take is given up and tried again: a relay
+/// publishing records nobody counted would leave the node's outbox depth short of them).
+async fn stored_outbox(state: &AppState, p: u32) -> Option<RelayHandle> {
     let handle = state.relays.handle_for(p);
     // The partition's stored records (restored, or left by an earlier owner on this node)
     // are published first: counted from the start.
@@ -225,12 +230,13 @@ async fn stored_outbox(state: &AppState, p: u32) -> RelayHandle {
         Ok((n, bytes)) => {
             handle.note_stored(n);
             handle.note_bytes(bytes);
+            Some(handle)
         }
         Err(e) => {
-            tracing::warn!(message = "Cannot count the partition's stored outbox.", partition = p, error = %e)
+            tracing::warn!(message = "Cannot count the partition's stored outbox; the partition is not taken now.", partition = p, error = %e);
+            None
         }
     }
-    handle
 }
 
 /// Spawns partition `p`'s fenced relay, publishing only under `fences`; returns its stop
