@@ -4,10 +4,10 @@
 //!
 //! Storage is the source of truth. A relay reads its partition's records in sequence
 //! order — from the memory the commits hand them to while that memory is known complete
-//! ([`fresh`]), from the store otherwise — publishes them under the partition's fences with `Nats-Msg-Id` set to each
-//! record's deterministic id (plus `Runner-Tenant` and the causing input's `traceparent`),
-//! and only once they are acknowledged marks the acknowledged prefix as published
-//! ([`RelayHandle::deletable_through`]). Published records are deleted later, by the saga
+//! ([`fresh`]), from the store otherwise — publishes them under the partition's fences
+//! with `Nats-Msg-Id` set to each record's deterministic id (plus `Runner-Tenant` and the
+//! causing input's `traceparent`), and only once they are acknowledged marks the
+//! acknowledged prefix as published ([`RelayHandle::deletable_through`]). Published records are deleted later, by the saga
 //! worker inside its next batch transaction, or by the relay itself when idle or far ahead.
 //! A crash before the deletion republishes them; the fence watermark and JetStream's
 //! duplicate window drop the repeat.

@@ -20,8 +20,10 @@
 //!   writes as failing until a commit succeeds (`storage` module doc).
 //! - **Every committed record reaches the relay.** After a commit, and before answering,
 //!   the thread hands each batch's outbox records to its partition's relay memory
-//!   (`relay/fresh.rs`), also for a batch whose loop stopped waiting (aborted when its
-//!   partition was lost): a relay never counts that memory complete without them.
+//!   (`relay/fresh.rs`), also for a batch whose loop stopped waiting during the commit
+//!   (aborted when its partition was lost): a relay never counts that memory complete
+//!   without them. A batch whose loop had already stopped waiting is not applied at all;
+//!   the partition's next owner applies its inputs from the checkpoint.
 //! - **Order per stream.** A loop submits its next batch only after the answer to the
 //!   previous one, so batches of one stream never overtake each other.
 //! - **Bounded outputs.** A transaction stops taking inputs once the outbox records it
