@@ -7,8 +7,9 @@
 //! ([`fresh`]), from the store otherwise — publishes them under the partition's fences
 //! with `Nats-Msg-Id` set to each record's deterministic id (plus `Runner-Tenant` and the
 //! causing input's `traceparent`), and only once they are acknowledged marks the
-//! acknowledged prefix as published ([`RelayHandle::deletable_through`]). Published records are deleted later, by the saga
-//! worker inside its next batch transaction, or by the relay itself when idle or far ahead.
+//! acknowledged prefix as published ([`RelayHandle::deletable_through`]). Published
+//! records are deleted later, by the saga worker inside its next batch transaction, or by
+//! the relay itself when idle or far ahead.
 //! A crash before the deletion republishes them; the fence watermark and JetStream's
 //! duplicate window drop the repeat.
 //!
@@ -95,7 +96,7 @@ impl RelayHandle {
     /// Called by the commit thread for every committed batch, before it answers, whether
     /// or not the batch's loop still waits for the answer.
     /// `bytes` are the records' sizes per tenant, counted first (until the write is noted
-    /// too, the relay keeps every count, [`RelayHandle::note_drained`], so a window it
+    /// too, the relay keeps every count, `RelayHandle::note_drained`, so a window it
     /// published meanwhile is paid).
     pub fn hand_over(&self, records: Vec<(u64, OutboxRecord)>, bytes: Vec<(String, u64)>) {
         let Some(&(last, _)) = records.last() else {
