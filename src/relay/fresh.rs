@@ -176,6 +176,15 @@ mod tests {
         (seq, r)
     }
 
+    /// Memory claimed by a relay whose store read found nothing left: complete and empty.
+    fn complete() -> (Fresh, u64) {
+        let mut f = Fresh::default();
+        let r = f.claim();
+        f.collect(r);
+        f.read_through(r, 0);
+        (f, r)
+    }
+
     fn seqs(w: &[(u64, OutboxRecord)]) -> Vec<u64> {
         w.iter().map(|(s, _)| *s).collect()
     }
@@ -214,10 +223,7 @@ mod tests {
 
     #[test]
     fn a_window_takes_at_most_max_in_order() {
-        let mut f = Fresh::default();
-        let r = f.claim();
-        f.collect(r);
-        f.read_through(r, 0);
+        let (mut f, r) = complete();
         f.hand_over((1..=5).map(rec).collect());
         assert_eq!(seqs(&f.window(r, 1, 2, 0).expect("complete")), vec![1, 2]);
         assert_eq!(
@@ -228,10 +234,7 @@ mod tests {
 
     #[test]
     fn forgetting_sends_the_relay_back_to_the_store_until_it_reads_through_again() {
-        let mut f = Fresh::default();
-        let r = f.claim();
-        f.collect(r);
-        f.read_through(r, 0);
+        let (mut f, r) = complete();
         f.hand_over(vec![rec(1)]);
         f.forget_for(r);
         f.hand_over(vec![rec(2)]);
@@ -293,10 +296,7 @@ mod tests {
 
     #[test]
     fn passing_the_bound_drops_memory() {
-        let mut f = Fresh::default();
-        let r = f.claim();
-        f.collect(r);
-        f.read_through(r, 0);
+        let (mut f, r) = complete();
         let big = OutboxRecord {
             body: "x".repeat(usize::try_from(MAX_BYTES).expect("fits")),
             ..rec(1).1

@@ -20,8 +20,6 @@ pub struct Tally {
     pub unrouted: u64,
     /// Outbox records written.
     pub outbox: u64,
-    /// Highest outbox sequence written (0 when none).
-    pub last_outbox: u64,
     /// Body bytes of the outbox records written (what bounds a transaction's outputs).
     pub outbox_bytes: u64,
     /// (tenant, bytes): the size of the outbox records written ([`OutboxRecord::size`]), per
@@ -54,7 +52,6 @@ impl Tally {
 
     /// Counts outbox record `seq`, just written, and keeps it for the relay.
     pub fn wrote(&mut self, seq: u64, rec: OutboxRecord) {
-        self.last_outbox = seq;
         self.outbox += 1;
         let bytes = rec.size();
         match self
