@@ -114,6 +114,12 @@ impl Liveness {
         first.map_or(Probe::Idle, Probe::Pending)
     }
 
+    /// The last sequence stream `stream` holds, or `None` when it did not answer.
+    pub async fn last_sequence(&self, stream: &str) -> Option<u64> {
+        let s = self.js.get_stream(stream).await.ok()?;
+        Some(s.cached_info().state.last_sequence)
+    }
+
     /// Records that the loop of `consumer` reopens its consumer because it delivered a
     /// message at or before what the loop already read: async-nats recreates an ordered
     /// consumer that lost its way before delivering anything from the stream's start

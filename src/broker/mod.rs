@@ -37,6 +37,7 @@ pub mod dlq;
 pub mod fence;
 pub mod fenced_batch;
 pub mod fenced_round;
+mod filter;
 pub mod liveness;
 mod streams;
 
@@ -49,8 +50,9 @@ use crate::config::NatsConfig;
 
 pub mod headers;
 
+pub use filter::{covers, overlaps, widen};
 pub use streams::{
-    StreamSpec, covers, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, fence_subjects,
+    StreamSpec, ensure_claims_bucket, ensure_leases_bucket, ensure_streams, fence_subjects,
     stream_for, stream_specs,
 };
 

@@ -13,6 +13,7 @@ use async_nats::jetstream::{
 };
 
 use super::BrokerError;
+use super::filter::covers;
 use crate::config::{Config, StreamStorage, StreamsConfig};
 
 /// What Runner needs of one stream.
@@ -63,30 +64,6 @@ pub fn stream_for<'a>(specs: &'a [StreamSpec], subject: &str) -> Option<&'a Stre
     specs
         .iter()
         .find(|s| s.subjects.iter().any(|f| covers(f, subject)))
-}
-
-/// Whether subject filter `filter` matches every subject that `pattern` matches (for a
-/// concrete subject: whether the filter matches it). Allocates nothing: input loops call it
-/// for every message they read unfiltered.
-pub fn covers(filter: &str, pattern: &str) -> bool {
-    let mut p = pattern.split('.');
-    for ft in filter.split('.') {
-        match (ft, p.next()) {
-            (">", Some(_)) => return true,
-            (_, None) => return false,
-            ("*", Some(pt)) => {
-                if pt == ">" {
-                    return false;
-                }
-            }
-            (lit, Some(pt)) => {
-                if lit != pt {
-                    return false;
-                }
-            }
-        }
-    }
-    p.next().is_none()
 }
 
 fn storage_type(s: StreamStorage) -> StorageType {
@@ -471,22 +448,4 @@ fn check_leases_bucket(
         );
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn subject_coverage() {
-        assert!(covers("tenant.*.aggregate.*.*", "tenant.*.aggregate.*.*"));
-        assert!(covers("tenant.>", "tenant.*.aggregate.*.*"));
-        assert!(covers(">", "runner.inbox.>"));
-        assert!(!covers(
-            "tenant.acme.aggregate.*.*",
-            "tenant.*.aggregate.*.*"
-        ));
-        assert!(!covers("tenant.*.aggregate.*", "tenant.*.aggregate.*.*"));
-        assert!(!covers("runner.inbox.*", "runner.inbox.>"));
-    }
 }

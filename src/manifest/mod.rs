@@ -181,6 +181,16 @@ impl Catalog {
         self.sagas.keys().map(String::as_str)
     }
 
+    /// The subject patterns (relative to the tenant, tokens joined by `.`) of every
+    /// trigger of every loaded saga version: what the routers need to read.
+    pub fn trigger_patterns(&self) -> impl Iterator<Item = String> + '_ {
+        self.sagas
+            .values()
+            .flat_map(|versions| versions.values())
+            .flat_map(|saga| saga.triggers.iter())
+            .map(|t| t.pattern.join("."))
+    }
+
     /// Whether some loaded version of saga `name` emits effect commands.
     pub fn starts_effects(&self, name: &str) -> bool {
         self.versions(name).any(|s| s.starts_effects)

@@ -42,6 +42,7 @@ use super::commit::{Committer, Scoped};
 use super::pull::{PullSize, ReadAhead};
 use crate::backoff::Backoff;
 use crate::broker::liveness::{Liveness, Probe};
+use crate::manifest::Catalog;
 use crate::relay::RelayHandle;
 use crate::runtime::AppState;
 use chunk::{Chunk, read_chunk};
@@ -56,8 +57,29 @@ pub(crate) use chunk::{body_of, server_filters, wanted};
 pub struct Source {
     /// Stream name.
     pub stream: String,
-    /// Subject filters.
+    /// The subjects of saga inputs it captures; its routers read through the narrower
+    /// filter the loaded triggers give ([`Source::filters_under`]).
     pub filters: Vec<String>,
+}
+
+impl Source {
+    /// What a router of this source asks the server for while `catalog` is in force: one
+    /// filter, the narrowest covering every trigger that can match a subject of this
+    /// source ([`crate::broker::widen`]), so the server skips what no saga can want —
+    /// another source's kind of event, a fence marker, an output no trigger names —
+    /// instead of delivering it to every share. The source's own filters when no trigger
+    /// can match any of its subjects (read and skipped, as a source nothing wants).
+    pub fn filters_under(&self, catalog: &Catalog) -> Vec<String> {
+        let wanted: Vec<String> = catalog
+            .trigger_patterns()
+            .map(|p| format!("tenant.*.{p}"))
+            .filter(|t| self.filters.iter().any(|f| crate::broker::overlaps(f, t)))
+            .collect();
+        match crate::broker::widen(&wanted) {
+            Some(one) => vec![one],
+            None => self.filters.clone(),
+        }
+    }
 }
 
 /// The source streams of saga inputs, from config.

@@ -93,6 +93,7 @@ pub(super) type Progress = (u64, BTreeMap<String, u64>);
 pub(super) async fn send(
     state: &AppState,
     share: &Share,
+    filters: &[String],
     fence: &mut Fence,
     inputs: Vec<Waiting>,
     progress: Progress,
@@ -117,7 +118,7 @@ pub(super) async fn send(
         }
         let raw = w.input;
         let tenant = crate::fair::tenant_of(&raw.subject).to_string();
-        if !wanted(&source.filters, &raw.subject) {
+        if !wanted(filters, &raw.subject) {
             // Not an input (a fence marker of the source stream, say): covered, not copied.
             so_far.insert(tenant, seq);
             continue;

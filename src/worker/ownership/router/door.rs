@@ -124,6 +124,7 @@ impl Routing<'_> {
                 .during(send(
                     self.state,
                     self.share,
+                    &self.filters,
                     &mut self.fence,
                     batch,
                     progress,

@@ -26,6 +26,13 @@
 //!   (the new router raised the fence); and a new router resumes exactly after the last
 //!   marker, skipping what its lanes show copied. No input is copied twice or skipped,
 //!   whatever the de-duplication window.
+//! - **Only what a trigger can want is read.** The consumer asks the server for one filter,
+//!   the narrowest covering every loaded trigger on the source
+//!   ([`crate::worker::Source::filters_under`]); what it skips is covered by a marker once
+//!   the router has been idle a moment (`Routing::advance`), so the watermark follows the
+//!   source's end. A manifest reload that changes the filter reopens the consumer at the
+//!   watermark, and no marker covers a message stored after the reload under the filter
+//!   before it: the new triggers see what arrives after the reload, never the history.
 //! - **Per-subject order.** One batch in flight per share; the next starts after the
 //!   answer. Inputs wait in one first-in first-out lane per tenant, so the inbox holds
 //!   each tenant's inputs of a share — every input of one subject — in source order;
@@ -81,8 +88,9 @@ use super::keeper::Kept;
 use super::lease::Lease;
 use crate::backoff::Backoff;
 use crate::broker::fence::Fence;
-use crate::broker::liveness::Liveness;
+use crate::broker::liveness::{Liveness, Probe};
 use crate::fair::{Lanes, tenant_of};
+use crate::manifest::Catalog;
 use crate::runtime::AppState;
 use crate::worker::admit::{Gate, POLL};
 use crate::worker::consume::Source;
@@ -105,6 +113,10 @@ const READ_AHEAD: usize = 5000;
 
 /// How long reading pauses before other shares' messages read past the marker are marked.
 const IDLE_MARK: Duration = Duration::from_millis(100);
+
+/// How long a consumer narrowed to the triggers delivers nothing before what the server
+/// skipped is covered by a marker ([`Routing::advance`]).
+const IDLE_ADVANCE: Duration = Duration::from_secs(1);
 
 /// The lease key of a source's single router in earlier releases (one router per source,
 /// before [`share`]s); the in-place upgrade still writes that router's marker.
@@ -292,9 +304,15 @@ struct Routing<'a> {
     max_pull_bytes: u64,
     /// New triggers wait behind work under way (admit.rs); results are never held.
     admission: Option<Gate>,
-    /// The last source sequence read (this share's messages and the others'): the fence's
-    /// marker may trail it by other shares' messages, written when idle.
+    /// The last source sequence read (this share's messages and the others'), or found to
+    /// hold nothing the filters take in: the fence's marker may trail it by messages that
+    /// are not this share's inputs, written when idle.
     read_through: u64,
+    /// The manifests the consumer's filters were taken from: another set in force (a
+    /// reload) reopens the consumer under the filters it gives.
+    catalog: Arc<Catalog>,
+    /// What the consumer asks the server for ([`Source::filters_under`]).
+    filters: Vec<String>,
     /// Sources routed in shares (what the quota divides).
     sources: usize,
     /// This share's inputs read but not yet copied, by tenant ([`crate::fair`]).
@@ -338,6 +356,8 @@ impl<'a> Routing<'a> {
             max_pull_bytes,
             admission,
             read_through: 0,
+            catalog: Arc::new(Catalog::empty()),
+            filters: source.filters.clone(),
             sources: crate::worker::sources(state).len(),
             lanes: Lanes::new(
                 state.config.tenancy.read_ahead,
@@ -352,12 +372,16 @@ impl<'a> Routing<'a> {
     /// Opens a consumer at the fence's watermark and routes what it reads, reopening it
     /// whenever reading it ends, until routing stops.
     async fn route(mut self) -> Stopped {
+        // The lag's series exists while this replica routes the share, read or not.
+        self.lag().set(0);
         loop {
             // What waited in the lanes is read again from the fence's watermark, and
             // nothing past it counts as read: a marker covers only what this consumer
             // delivers (what an earlier one read ahead and did not copy would be skipped).
             self.lanes.reset(self.fence.lanes());
             self.read_through = self.marked();
+            self.catalog = self.state.catalog();
+            self.filters = self.source.filters_under(&self.catalog);
             self.report(true);
             let reader = match self.open().await {
                 Ok(reader) => reader,
@@ -455,6 +479,11 @@ impl<'a> Routing<'a> {
         &mut self,
         chunk: Vec<Result<async_nats::jetstream::Message, OrderedError>>,
     ) -> Result<bool, Ended> {
+        // Looked at after the chunk came: what it covers was stored before the manifests
+        // that filtered it were replaced, if they were.
+        if self.filters_changed() {
+            return Err(Ended::Reopen);
+        }
         let (inputs, failed) = self.messages(chunk);
         if self.rewound(&inputs) {
             return Err(Ended::Reopen);
@@ -506,8 +535,15 @@ impl<'a> Routing<'a> {
             if share::give_back(&self.state.placement, self.sources, self.share) {
                 return Err(Ended::Stop(Stopped::released("above this replica's quota")));
             }
+            if self.filters_changed() {
+                return Err(Ended::Reopen);
+            }
             // Other shares' messages read past the marker are marked once reading pauses.
             let unmarked = self.lanes.is_empty() && self.read_through > self.marked();
+            // What the server skips for a narrowed consumer is covered once it has been
+            // quiet a while (see `advance`).
+            let narrowed =
+                self.lanes.is_empty() && !unmarked && self.filters != self.source.filters;
             // Inputs waiting in the lanes are looked at again, read or not; full lanes
             // read nothing more until some are copied.
             let waiting = !self.lanes.is_empty();
@@ -525,6 +561,9 @@ impl<'a> Routing<'a> {
                 _ = tokio::time::sleep(IDLE_MARK), if unmarked => {
                     self.mark_if(1).await?;
                 }
+                _ = tokio::time::sleep(IDLE_ADVANCE), if narrowed => {
+                    self.advance().await?;
+                }
                 _ = tokio::time::sleep(look_again), if waiting => return Ok(Next::Tick),
                 _ = tokio::time::sleep(self.lease.ttl() / 6) => {
                     if idle_since.elapsed() >= self.liveness.stall_check() {
@@ -536,6 +575,74 @@ impl<'a> Routing<'a> {
                 }
             }
         }
+    }
+
+    /// Whether the manifests in force now give the consumer other filters than it was opened
+    /// with (a reload): logged, and the consumer is then reopened at the fence's watermark.
+    ///
+    /// Every marker covers only messages stored before a look that found the filters
+    /// unchanged (a chunk is looked at after it came, [`Routing::advance`] after it read the
+    /// source's end), so nothing a reload adds a trigger for and that arrived after the
+    /// reload is covered by a marker written under the filters before it.
+    fn filters_changed(&mut self) -> bool {
+        let now = self.state.catalog();
+        if Arc::ptr_eq(&now, &self.catalog) {
+            return false;
+        }
+        let filters = self.source.filters_under(&now);
+        self.catalog = now;
+        if filters == self.filters {
+            return false;
+        }
+        tracing::info!(message = "The manifests in force want other inputs of this source; reopening its consumer.", share = %self.share, was = ?self.filters, now = ?filters);
+        true
+    }
+
+    /// Covers what the server skipped for a consumer narrowed to the triggers: when the
+    /// source has grown past what was read and none of the new messages is one the filters
+    /// take in, the read position moves to the source's last sequence and a marker records
+    /// it. The last sequence is read first, so every message at or below it was stored
+    /// before the look for a wanted one: a message found missing is not one on its way.
+    /// Without this, the watermark would stay at the last wanted input however far the
+    /// source went on, and a reload that widens the filters would reopen there and route
+    /// old messages to the sagas it adds.
+    async fn advance(&mut self) -> Result<(), Ended> {
+        let after = self.read_through.max(self.marked());
+        let Some(last) = self.liveness.last_sequence(&self.source.stream).await else {
+            return Ok(());
+        };
+        if last <= after {
+            return Ok(());
+        }
+        match self
+            .liveness
+            .probe(&self.source.stream, &self.filters, after)
+            .await
+        {
+            Probe::Idle => {}
+            Probe::Pending(seq) if seq > last => {}
+            // One is there for the consumer to deliver (the stall check watches that it
+            // does), or the stream did not answer: nothing is concluded.
+            Probe::Pending(_) | Probe::Unknown(_) => return Ok(()),
+        }
+        // The filters looked at were still in force after `last` was read: whatever a
+        // reload wants that came after it is past `last`.
+        if self.filters_changed() {
+            return Err(Ended::Reopen);
+        }
+        self.read_through = last;
+        self.mark_if(1).await?;
+        // Nothing the filters take in waits past the watermark.
+        self.lag().set(0);
+        Ok(())
+    }
+
+    /// The share's consumer lag gauge.
+    fn lag(&self) -> prometheus::IntGauge {
+        self.state
+            .metrics
+            .consumer_lag
+            .with_label_values(&[&self.source.stream, &self.share.index.to_string()])
     }
 
     /// The source sequence the fence's marker covers (0: none yet).

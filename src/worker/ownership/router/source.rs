@@ -27,7 +27,7 @@ impl Routing<'_> {
             .await?;
         let c = stream
             .create_consumer(OrderedConfig {
-                filter_subjects: server_filters(&self.source.filters),
+                filter_subjects: server_filters(&self.filters),
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: from,
                 },
@@ -52,7 +52,7 @@ impl Routing<'_> {
         let after = self.marked().max(self.read_through);
         let probe = self
             .liveness
-            .probe(&self.source.stream, &self.source.filters, after)
+            .probe(&self.source.stream, &self.filters, after)
             .await;
         if let Probe::Pending(seq) = probe {
             let detail = format!("message {seq} waits past sequence {after}");
