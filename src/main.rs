@@ -129,7 +129,9 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
         ),
         config.runner.mode.as_str(),
     )?;
+    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
     let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.runner.async_threads(cores))
         .enable_all()
         .max_blocking_threads(blocking_threads())
         .thread_name("runner")

@@ -299,6 +299,25 @@ pub struct RunnerConfig {
     pub manifests: Vec<PathBuf>,
     /// Longest time a drain may take before the process exits anyway (with status 1).
     pub drain_timeout: HumanDuration,
+    /// Threads of the async runtime; 0: automatic ([`RunnerConfig::async_threads`]).
+    pub worker_threads: usize,
+}
+
+impl RunnerConfig {
+    /// The async runtime's thread count for a machine with `cores` cores (cgroup CPU quotas
+    /// included): `worker_threads` when set, else half the cores, at least one. The other
+    /// half is left to the threads outside the runtime — the commit thread that applies and
+    /// writes every batch, store reads — and, often, to a broker on the same host. On two
+    /// cores one async thread instead of two took 7-23 % off the CPU per order at 50 % and
+    /// 80 % load, about as much at the maximum rate, and 35-50 % off the context switches,
+    /// and cost no throughput (docs/benchmarks.md, fourteenth session): the tasks hand each
+    /// other work all the time, and a second thread mostly parked and woke to take it.
+    pub fn async_threads(&self, cores: usize) -> usize {
+        match self.worker_threads {
+            0 => (cores / 2).max(1),
+            n => n,
+        }
+    }
 }
 
 impl Default for RunnerConfig {
@@ -307,6 +326,7 @@ impl Default for RunnerConfig {
             mode: Mode::Combined,
             manifests: vec![PathBuf::from("manifests")],
             drain_timeout: HumanDuration::secs(30),
+            worker_threads: 0,
         }
     }
 }

@@ -174,14 +174,15 @@ impl Config {
         Ok(())
     }
 
-    /// `[runner]`: a drain timeout in range.
+    /// `[runner]`: a drain timeout and a thread count in range.
     fn validate_runner(&self) -> Result<(), ConfigError> {
         range(
             "runner.drain_timeout",
             self.runner.drain_timeout,
             HumanDuration::millis(100),
             HumanDuration::secs(3600),
-        )
+        )?;
+        range("runner.worker_threads", self.runner.worker_threads, 0, 1024)
     }
 
     /// `[streams]`: the duplicate window, ages no shorter than it (nor than an hour), byte

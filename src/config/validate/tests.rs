@@ -52,3 +52,22 @@ fn a_page_size_not_a_power_of_two_from_4kib_to_64kib_names_the_key() {
         c.validate().expect("a power of two in range");
     }
 }
+
+#[test]
+fn async_threads_are_half_the_cores_unless_set_and_a_count_out_of_range_names_the_key() {
+    let mut c = Config::default();
+    assert_eq!(
+        [1, 2, 3, 8].map(|cores| c.runner.async_threads(cores)),
+        [1, 1, 1, 4]
+    );
+    c.runner.worker_threads = 3;
+    assert_eq!(c.runner.async_threads(2), 3);
+    c.runner.worker_threads = 1025;
+    match c.validate() {
+        Err(ConfigError::Invalid { key, message }) => {
+            assert_eq!(key, "runner.worker_threads");
+            assert!(message.contains("0 to 1024"), "{message}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+}
