@@ -27,8 +27,9 @@ pub const SAGA_TRANSITIONS_TOTAL: &str = "runner_saga_transitions_total";
 pub const SAGA_INPUTS_TOTAL: &str = "runner_saga_inputs_total";
 /// Inputs no saga wanted.
 pub const SAGA_UNROUTED_TOTAL: &str = "runner_saga_unrouted_total";
-/// Messages in a source stream after the last one its router read, by stream (routing lag;
-/// set on the replica that routes it).
+/// Messages in a source stream after the last one its router read that its filter takes in
+/// (what a loaded trigger can want), by stream and share (routing lag; set on the replica
+/// that routes it).
 pub const CONSUMER_LAG: &str = "runner_consumer_lag";
 /// Last source sequence routed into the saga inbox, by stream (set on the replica that
 /// routes it; what each partition applied is `runner_partition_checkpoint`).

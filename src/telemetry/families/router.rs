@@ -26,7 +26,7 @@ pub(in crate::telemetry) fn register(r: &Registry) -> prometheus::Result<Router>
         IntGaugeVec::new(
             Opts::new(
                 names::CONSUMER_LAG,
-                "Messages in a source stream after the last one a share's router read.",
+                "Messages a share's router has yet to read: in its source stream after the last one it read, taken in by its filter.",
             ),
             &["stream", "share"],
         )?,
