@@ -26,13 +26,9 @@
 //!   (the new router raised the fence); and a new router resumes exactly after the last
 //!   marker, skipping what its lanes show copied. No input is copied twice or skipped,
 //!   whatever the de-duplication window.
-//! - **Only what a trigger can want is read.** The consumer asks the server for one filter,
-//!   the narrowest covering every loaded trigger on the source
-//!   ([`crate::worker::Source::filters_under`]); what it skips is covered by a marker once
-//!   the router has been idle a moment (`Routing::advance`), so the watermark follows the
-//!   source's end. A manifest reload that changes the filter reopens the consumer at the
-//!   watermark, and no marker covers a message stored after the reload under the filter
-//!   before it: the new triggers see what arrives after the reload, never the history.
+//! - **Only what a trigger can want is read** ([`crate::worker::Source::filters_under`]);
+//!   what the server skips is covered once idle, and a reload's new triggers see what
+//!   arrives after it, never the history (`source.rs`).
 //! - **Per-subject order.** One batch in flight per share; the next starts after the
 //!   answer. Inputs wait in one first-in first-out lane per tenant, so the inbox holds
 //!   each tenant's inputs of a share — every input of one subject — in source order;
@@ -64,9 +60,9 @@
 //! `Runner-Refused` with the reason; its owner
 //! dead-letters it as `too_large`, and routing goes on.
 //!
-//! This file holds the lease and reads the source; opening the source consumer and
-//! telling when it must be reopened is `source.rs`; the copies and the fenced batches that
-//! carry them are `copies.rs`.
+//! This file holds the lease and reads the source; opening the source consumer, its filter
+//! and telling when it must be reopened is `source.rs`; how a chunk read joins the lanes is
+//! `waiting.rs`; the copies and the fenced batches that carry them are `copies.rs`.
 
 mod copies;
 mod door;
@@ -88,8 +84,8 @@ use super::keeper::Kept;
 use super::lease::Lease;
 use crate::backoff::Backoff;
 use crate::broker::fence::Fence;
-use crate::broker::liveness::{Liveness, Probe};
-use crate::fair::{Lanes, tenant_of};
+use crate::broker::liveness::Liveness;
+use crate::fair::Lanes;
 use crate::manifest::Catalog;
 use crate::runtime::AppState;
 use crate::worker::admit::{Gate, POLL};
@@ -115,7 +111,7 @@ const READ_AHEAD: usize = 5000;
 const IDLE_MARK: Duration = Duration::from_millis(100);
 
 /// How long a consumer narrowed to the triggers delivers nothing before what the server
-/// skipped is covered by a marker ([`Routing::advance`]).
+/// skipped is covered by a marker (`Routing::advance` (`source.rs`)).
 const IDLE_ADVANCE: Duration = Duration::from_secs(1);
 
 /// The lease key of a source's single router in earlier releases (one router per source,
@@ -448,76 +444,6 @@ impl<'a> Routing<'a> {
         }
     }
 
-    /// Puts `chunk` in the lanes, then every chunk the consumer has ready too, up to
-    /// [`READ_AHEAD`] messages or full lanes, before a batch is chosen: under another
-    /// tenant's burst, reading keeps up with the stream instead of taking one chunk per
-    /// look at admission, so a tenant's input stored behind the burst reaches its lane
-    /// soon. Returns whether a message failed (reading stops there).
-    fn take_ready(
-        &mut self,
-        chunk: Vec<Result<async_nats::jetstream::Message, OrderedError>>,
-        reader: &mut Reader,
-    ) -> Result<bool, Ended> {
-        let mut read = chunk.len();
-        let mut failed = self.take_chunk(chunk)?;
-        while !failed && read < READ_AHEAD && !self.lanes.full() {
-            match futures::FutureExt::now_or_never(reader.next()) {
-                Some(Some(chunk)) => {
-                    read += chunk.len();
-                    failed = self.take_chunk(chunk)?;
-                }
-                // Ended: reopened at the fence's watermark, like any end.
-                Some(None) => return Err(Ended::Reopen),
-                None => break,
-            }
-        }
-        Ok(failed)
-    }
-
-    /// One chunk into the lanes; a rewound consumer ends reading (reopened).
-    fn take_chunk(
-        &mut self,
-        chunk: Vec<Result<async_nats::jetstream::Message, OrderedError>>,
-    ) -> Result<bool, Ended> {
-        // Looked at after the chunk came: what it covers was stored before the manifests
-        // that filtered it were replaced, if they were.
-        if self.filters_changed() {
-            return Err(Ended::Reopen);
-        }
-        let (inputs, failed) = self.messages(chunk);
-        if self.rewound(&inputs) {
-            return Err(Ended::Reopen);
-        }
-        self.take_in(inputs);
-        Ok(failed)
-    }
-
-    /// Puts this share's inputs of a chunk in their tenants' lanes (those the fence's
-    /// marker shows copied already are skipped) and moves the read position past it.
-    fn take_in(&mut self, inputs: Vec<async_nats::jetstream::Message>) {
-        let Some(read) = inputs
-            .last()
-            .and_then(|m| m.info().ok())
-            .map(|i| i.stream_sequence)
-        else {
-            return;
-        };
-        self.pull.observe(inputs.iter().map(|m| m.payload.len()));
-        for m in inputs {
-            if !self.share.holds(m.subject.as_str()) {
-                continue;
-            }
-            let Some(w) = Waiting::of(&m, &self.share.source.stream) else {
-                continue;
-            };
-            let tenant = tenant_of(&w.input.subject).to_string();
-            if !self.lanes.done(&tenant, w.seq) {
-                self.lanes.push(&tenant, w.seq, w.input.body.len(), w);
-            }
-        }
-        self.read_through = self.read_through.max(read);
-    }
-
     /// Waits for the consumer's next chunk (`None`: it ended) while the lease holds and the
     /// node routes; every sixth of a TTL without one, probes whether the consumer stalled.
     async fn next_chunk(
@@ -575,74 +501,6 @@ impl<'a> Routing<'a> {
                 }
             }
         }
-    }
-
-    /// Whether the manifests in force now give the consumer other filters than it was opened
-    /// with (a reload): logged, and the consumer is then reopened at the fence's watermark.
-    ///
-    /// Every marker covers only messages stored before a look that found the filters
-    /// unchanged (a chunk is looked at after it came, [`Routing::advance`] after it read the
-    /// source's end), so nothing a reload adds a trigger for and that arrived after the
-    /// reload is covered by a marker written under the filters before it.
-    fn filters_changed(&mut self) -> bool {
-        let now = self.state.catalog();
-        if Arc::ptr_eq(&now, &self.catalog) {
-            return false;
-        }
-        let filters = self.source.filters_under(&now);
-        self.catalog = now;
-        if filters == self.filters {
-            return false;
-        }
-        tracing::info!(message = "The manifests in force want other inputs of this source; reopening its consumer.", share = %self.share, was = ?self.filters, now = ?filters);
-        true
-    }
-
-    /// Covers what the server skipped for a consumer narrowed to the triggers: when the
-    /// source has grown past what was read and none of the new messages is one the filters
-    /// take in, the read position moves to the source's last sequence and a marker records
-    /// it. The last sequence is read first, so every message at or below it was stored
-    /// before the look for a wanted one: a message found missing is not one on its way.
-    /// Without this, the watermark would stay at the last wanted input however far the
-    /// source went on, and a reload that widens the filters would reopen there and route
-    /// old messages to the sagas it adds.
-    async fn advance(&mut self) -> Result<(), Ended> {
-        let after = self.read_through.max(self.marked());
-        let Some(last) = self.liveness.last_sequence(&self.source.stream).await else {
-            return Ok(());
-        };
-        if last <= after {
-            return Ok(());
-        }
-        match self
-            .liveness
-            .probe(&self.source.stream, &self.filters, after)
-            .await
-        {
-            Probe::Idle => {}
-            Probe::Pending(seq) if seq > last => {}
-            // One is there for the consumer to deliver (the stall check watches that it
-            // does), or the stream did not answer: nothing is concluded.
-            Probe::Pending(_) | Probe::Unknown(_) => return Ok(()),
-        }
-        // The filters looked at were still in force after `last` was read: whatever a
-        // reload wants that came after it is past `last`.
-        if self.filters_changed() {
-            return Err(Ended::Reopen);
-        }
-        self.read_through = last;
-        self.mark_if(1).await?;
-        // Nothing the filters take in waits past the watermark.
-        self.lag().set(0);
-        Ok(())
-    }
-
-    /// The share's consumer lag gauge.
-    fn lag(&self) -> prometheus::IntGauge {
-        self.state
-            .metrics
-            .consumer_lag
-            .with_label_values(&[&self.source.stream, &self.share.index.to_string()])
     }
 
     /// The source sequence the fence's marker covers (0: none yet).

@@ -3,15 +3,22 @@
 //! past the watermark that the consumer does not deliver), a rewind (it went back to the
 //! stream's start).
 //!
+//! Also what the consumer reads: the filter the loaded triggers give, opened again when a
+//! reload changes it, and what the server skipped for it covered by a marker once idle
+//! (`advance`).
+//!
 //! Guarantee: whichever of these happens, the router reopens at the fence's watermark, so
 //! nothing read and not yet covered by a marker is skipped, and nothing is copied twice
-//! (the marker records what was copied beyond it).
+//! (the marker records what was copied beyond it); no marker covers a message stored after
+//! a reload under the filter before it.
+
+use std::sync::Arc;
 
 use async_nats::jetstream::consumer::pull::OrderedError;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull::OrderedConfig};
 use futures::StreamExt;
 
-use super::{INPUTS_PER_BATCH, READ_AHEAD, Reader, Routing};
+use super::{Ended, INPUTS_PER_BATCH, READ_AHEAD, Reader, Routing};
 use crate::broker::liveness::Probe;
 use crate::worker::consume::{ORDERED_PULL_EXPIRY, server_filters};
 use crate::worker::pull::ReadAhead;
@@ -96,5 +103,73 @@ impl Routing<'_> {
             return true;
         }
         false
+    }
+
+    /// Whether the manifests in force now give the consumer other filters than it was opened
+    /// with (a reload): logged, and the consumer is then reopened at the fence's watermark.
+    ///
+    /// Every marker covers only messages stored before a look that found the filters
+    /// unchanged (a chunk is looked at after it came, [`Routing::advance`] after it read the
+    /// source's end), so nothing a reload adds a trigger for and that arrived after the
+    /// reload is covered by a marker written under the filters before it.
+    pub(super) fn filters_changed(&mut self) -> bool {
+        let now = self.state.catalog();
+        if Arc::ptr_eq(&now, &self.catalog) {
+            return false;
+        }
+        let filters = self.source.filters_under(&now);
+        self.catalog = now;
+        if filters == self.filters {
+            return false;
+        }
+        tracing::info!(message = "The manifests in force want other inputs of this source; reopening its consumer.", share = %self.share, was = ?self.filters, now = ?filters);
+        true
+    }
+
+    /// Covers what the server skipped for a consumer narrowed to the triggers: when the
+    /// source has grown past what was read and none of the new messages is one the filters
+    /// take in, the read position moves to the source's last sequence and a marker records
+    /// it. The last sequence is read first, so every message at or below it was stored
+    /// before the look for a wanted one: a message found missing is not one on its way.
+    /// Without this, the watermark would stay at the last wanted input however far the
+    /// source went on, and a reload that widens the filters would reopen there and route
+    /// old messages to the sagas it adds.
+    pub(super) async fn advance(&mut self) -> Result<(), Ended> {
+        let after = self.read_through.max(self.marked());
+        let Some(last) = self.liveness.last_sequence(&self.source.stream).await else {
+            return Ok(());
+        };
+        if last <= after {
+            return Ok(());
+        }
+        match self
+            .liveness
+            .probe(&self.source.stream, &self.filters, after)
+            .await
+        {
+            Probe::Idle => {}
+            Probe::Pending(seq) if seq > last => {}
+            // One is there for the consumer to deliver (the stall check watches that it
+            // does), or the stream did not answer: nothing is concluded.
+            Probe::Pending(_) | Probe::Unknown(_) => return Ok(()),
+        }
+        // The filters looked at were still in force after `last` was read: whatever a
+        // reload wants that came after it is past `last`.
+        if self.filters_changed() {
+            return Err(Ended::Reopen);
+        }
+        self.read_through = last;
+        self.mark_if(1).await?;
+        // Nothing the filters take in waits past the watermark.
+        self.lag().set(0);
+        Ok(())
+    }
+
+    /// The share's consumer lag gauge.
+    pub(super) fn lag(&self) -> prometheus::IntGauge {
+        self.state
+            .metrics
+            .consumer_lag
+            .with_label_values(&[&self.source.stream, &self.share.index.to_string()])
     }
 }
