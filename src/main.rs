@@ -105,8 +105,7 @@ fn main() -> ExitCode {
 /// 18 % less CPU per order, moved 16-20 % more orders and held 74 MiB of heap instead of
 /// 110 (docs/benchmarks.md, 2026-11-28, tenth session). Only the commit thread holds one for
 /// the node's life, so reads queue for a moment at worst.
-fn blocking_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get);
+fn blocking_threads(cores: usize) -> usize {
     (4 * cores).max(8)
 }
 
@@ -133,7 +132,7 @@ fn run(args: RunArgs) -> anyhow::Result<Exit> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(config.runner.async_threads(cores))
         .enable_all()
-        .max_blocking_threads(blocking_threads())
+        .max_blocking_threads(blocking_threads(cores))
         .thread_name("runner")
         .build()
         .context("starting the async runtime")?;

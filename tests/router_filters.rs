@@ -72,16 +72,25 @@ sagas:
         outcome: completed
 "#;
 
-/// A manifest directory holding `order.yaml`: its triggers name `aggregate.Order.*` on the
-/// aggregate stream and effect results on the workflow-events stream.
-fn manifests() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::copy(
-        common::repo_root().join("manifests/order.yaml"),
-        dir.path().join("order.yaml"),
-    )
-    .unwrap();
-    dir
+/// A server and a saga node whose manifest directory holds `order.yaml`: its triggers name
+/// `aggregate.Order.*` on the aggregate stream and effect results on the workflow-events
+/// stream. The directory is returned so that a test can add a manifest and reload.
+async fn start() -> (
+    NatsServer,
+    tempfile::TempDir,
+    RunnerProc,
+    async_nats::jetstream::Context,
+) {
+    let nats = NatsServer::start();
+    let dir = common::manifest_copy(&["order.yaml"]);
+    let runner = RunnerProc::saga(
+        tempfile::tempdir().unwrap(),
+        &nats.url(),
+        dir.path().to_str().unwrap(),
+        &[],
+    );
+    let js = jetstream(&nats.url()).await;
+    (nats, dir, runner, js)
 }
 
 async fn last_sequence(js: &async_nats::jetstream::Context, stream: &str) -> u64 {
@@ -125,16 +134,8 @@ async fn order_and_wait(js: &async_nats::jetstream::Context) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_no_trigger_names_are_not_delivered_and_are_still_covered() {
-    let nats = NatsServer::start();
-    let dir = manifests();
-    let runner = RunnerProc::saga(
-        tempfile::tempdir().unwrap(),
-        &nats.url(),
-        dir.path().to_str().unwrap(),
-        &[],
-    );
+    let (_nats, _dir, runner, js) = start().await;
     let admin = runner.admin.clone();
-    let js = jetstream(&nats.url()).await;
     for i in 0..200 {
         let (s, b) = customer_event(&format!("c{i}"));
         publish_json(&js, &s, &b).await;
@@ -161,16 +162,8 @@ async fn messages_no_trigger_names_are_not_delivered_and_are_still_covered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_adds_a_trigger_routes_what_comes_after_it_not_the_history() {
-    let nats = NatsServer::start();
-    let dir = manifests();
-    let mut runner = RunnerProc::saga(
-        tempfile::tempdir().unwrap(),
-        &nats.url(),
-        dir.path().to_str().unwrap(),
-        &[],
-    );
+    let (_nats, dir, mut runner, js) = start().await;
     let admin = runner.admin.clone();
-    let js = jetstream(&nats.url()).await;
     for i in 0..50 {
         let (s, b) = audit_event(&format!("old{i}"));
         publish_json(&js, &s, &b).await;

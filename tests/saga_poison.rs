@@ -59,14 +59,7 @@ async fn poison_is_dead_lettered_parked_and_redriven_once() {
         ("RUNNER__SAGA__MAX_MESSAGE_BYTES", "2KiB"),
     ];
     // The node's own copy of the manifests, fixed and reloaded later.
-    let manifests = tempfile::tempdir().unwrap();
-    for f in ["order.yaml", "travel.yaml"] {
-        std::fs::copy(
-            common::repo_root().join("manifests").join(f),
-            manifests.path().join(f),
-        )
-        .unwrap();
-    }
+    let manifests = common::manifest_copy(&["order.yaml", "travel.yaml"]);
     let runner = RunnerProc::saga(
         tempfile::tempdir().unwrap(),
         &nats.url(),

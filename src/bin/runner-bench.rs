@@ -43,6 +43,8 @@ mod ledger;
 mod limit;
 #[path = "runner_bench/pipeline.rs"]
 mod pipeline;
+#[path = "runner_bench/ports.rs"]
+mod ports;
 #[path = "runner_bench/probe.rs"]
 mod probe;
 #[path = "runner_bench/publish.rs"]

@@ -215,6 +215,16 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// A node's own manifest directory: a copy of the named files from `manifests/`, which a
+/// test may edit and reload without touching the repository's.
+pub fn manifest_copy(files: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in files {
+        std::fs::copy(repo_root().join("manifests").join(f), dir.path().join(f)).unwrap();
+    }
+    dir
+}
+
 /// A running `runner run` process with its admin address, found from its JSON logs.
 pub struct RunnerProc {
     child: Child,

@@ -2,7 +2,6 @@
 //! each in a fresh directory, removed afterwards. What is read off them is in
 //! [`crate::probe`].
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,7 +25,7 @@ pub(crate) struct Programs {
 }
 
 fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(crate::ports::free_ports(1)?[0])
 }
 
 /// A scratch directory removed on drop (unless kept).
@@ -215,9 +214,10 @@ impl NatsCluster {
     /// Starts `n` nodes and waits until each reports a JetStream meta leader and all `n`
     /// peers, and JetStream answers.
     pub(crate) async fn start(bin: &Path, dir: &Path, n: usize) -> Result<Self> {
-        let ports: Vec<(u16, u16, u16)> = (0..n)
-            .map(|_| Ok((free_port()?, free_port()?, free_port()?)))
-            .collect::<Result<_>>()?;
+        let ports: Vec<(u16, u16, u16)> = crate::ports::free_ports(3 * n)?
+            .chunks(3)
+            .map(|p| (p[0], p[1], p[2]))
+            .collect();
         let mut nodes = Vec::new();
         for i in 0..ports.len() {
             nodes.push(start_node(bin, dir, &ports, i)?);
@@ -252,10 +252,17 @@ impl NatsCluster {
                 return Ok(());
             }
             if Instant::now() > until {
-                bail!(
-                    "the NATS cluster did not form; see the logs in {}",
-                    dir.display()
-                );
+                // The work directory goes with the failed run: the nodes' logs are shown.
+                let logs: String = (1..=n)
+                    .map(|i| {
+                        let text = std::fs::read_to_string(dir.join(format!("n{i}.log")))
+                            .unwrap_or_default();
+                        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+                        let tail: Vec<&str> = tail.into_iter().rev().collect();
+                        format!("\n--- n{i}.log (last 20 lines)\n{}", tail.join("\n"))
+                    })
+                    .collect();
+                bail!("the NATS cluster did not form within 60 s{logs}");
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

@@ -333,6 +333,8 @@ impl<'a> Routing<'a> {
     ) -> Self {
         let max_pull_bytes = state.config.saga.max_pull_bytes.get();
         let source = &share.source;
+        let catalog = state.catalog();
+        let filters = source.filters_under(&catalog);
         Self {
             state,
             share,
@@ -352,8 +354,8 @@ impl<'a> Routing<'a> {
             max_pull_bytes,
             admission,
             read_through: 0,
-            catalog: Arc::new(Catalog::empty()),
-            filters: source.filters.clone(),
+            catalog,
+            filters,
             sources: crate::worker::sources(state).len(),
             lanes: Lanes::new(
                 state.config.tenancy.read_ahead,
@@ -376,8 +378,9 @@ impl<'a> Routing<'a> {
             // delivers (what an earlier one read ahead and did not copy would be skipped).
             self.lanes.reset(self.fence.lanes());
             self.read_through = self.marked();
-            self.catalog = self.state.catalog();
-            self.filters = self.source.filters_under(&self.catalog);
+            // A reload not yet looked at (a consumer that ended, an open that failed) is
+            // taken before opening: it would reopen at the first chunk otherwise.
+            self.filters_changed();
             self.report(true);
             let reader = match self.open().await {
                 Ok(reader) => reader,

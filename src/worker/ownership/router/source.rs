@@ -106,7 +106,8 @@ impl Routing<'_> {
     }
 
     /// Whether the manifests in force now give the consumer other filters than it was opened
-    /// with (a reload): logged, and the consumer is then reopened at the fence's watermark.
+    /// with (a reload): logged and taken as the filters to open with, and the consumer is
+    /// then reopened at the fence's watermark.
     ///
     /// Every marker covers only messages stored before a look that found the filters
     /// unchanged (a chunk is looked at after it came, [`Routing::advance`] after it read the
@@ -123,6 +124,7 @@ impl Routing<'_> {
             return false;
         }
         tracing::info!(message = "The manifests in force want other inputs of this source; reopening its consumer.", share = %self.share, was = ?self.filters, now = ?filters);
+        self.filters = filters;
         true
     }
 
