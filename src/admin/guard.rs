@@ -10,14 +10,19 @@
 //!   flight is the new one closed instead. A probe sends its request as soon as it connects,
 //!   so from then on it is not the one evicted; slow connections only ever push each other
 //!   out. No slot is reserved and no second listener is needed;
+//! - a request counts as in flight from the moment its headers have been read off the
+//!   connection (the blank line that ends them), before the router has parsed them: a
+//!   probe that has sent its request is not evicted while it waits to be routed. That
+//!   protection lapses after [`HEADERS_GRACE`] if the router never takes the request up
+//!   (bytes that only looked like the end of headers), so it cannot pin a slot;
 //! - a connection that transfers nothing for `admin.idle_timeout` (a half-open request,
 //!   an idle keep-alive) is closed;
 //! - no connection stays open longer than `admin.connection_timeout`, so a request dripped
 //!   one byte at a time cannot be held forever.
 //!
-//! A request is "in flight" from the moment the router sees it (its headers are complete)
-//! until its handler has answered: [`track`] marks it through the connection's [`Slot`],
-//! which the router receives as connection info.
+//! A request is "in flight" from the moment its headers' end is read until its handler has
+//! answered: [`Stream`] notes the end of the headers, [`track`] marks the request through
+//! the connection's [`Slot`], which the router receives as connection info.
 //!
 //! `runner_admin_connections` shows the connections open now,
 //! `runner_admin_connections_evicted_total` those closed to make room for a newer one, and
@@ -49,6 +54,14 @@ const EVICTION_WAIT: Duration = Duration::from_secs(1);
 
 /// A slot's `busy` once it is evicted: no request may begin on it any more.
 const EVICTED: usize = usize::MAX;
+
+/// How long headers read off a connection protect it from eviction before the router takes
+/// the request up. Far longer than parsing and routing take; short enough that bytes that
+/// only looked like the end of headers do not hold a slot.
+const HEADERS_GRACE: Duration = Duration::from_secs(1);
+
+/// The blank line that ends a request's headers.
+const HEADERS_END: &[u8; 4] = b"\r\n\r\n";
 
 /// Limits of the admin listener.
 #[derive(Debug, Clone, Copy)]
@@ -149,6 +162,7 @@ impl axum::serve::Listener for Guarded {
                 id: self.next_id,
                 busy: AtomicUsize::new(0),
                 waiting_since: AtomicU64::new(self.slots.now()),
+                headers_read_at: AtomicU64::new(0),
                 epoch: self.slots.epoch,
                 evict: CancellationToken::new(),
             }));
@@ -163,6 +177,7 @@ impl axum::serve::Listener for Guarded {
                     deadline: Box::pin(tokio::time::sleep_until(now + self.limits.lifetime)),
                     evicted: Box::pin(slot.0.evict.clone().cancelled_owned()),
                     slot: slot.clone(),
+                    headers_end: HeadersEnd::default(),
                     _permit: Permit {
                         _permit: permit,
                         open: self.counters.open.clone(),
@@ -200,10 +215,16 @@ impl Slots {
     /// Evicts the open connection that has waited longest with no request in flight;
     /// false when every one has a request in flight.
     fn evict_one(&self) -> bool {
+        let now = self.now();
+        let grace = u64::try_from(HEADERS_GRACE.as_micros()).unwrap_or(u64::MAX);
         let open = self.lock();
         let mut idle: Vec<&Arc<SlotState>> = open
             .values()
             .filter(|s| s.busy.load(Ordering::SeqCst) == 0)
+            .filter(|s| {
+                let read_at = s.headers_read_at.load(Ordering::SeqCst);
+                read_at == 0 || now.saturating_sub(read_at) > grace
+            })
             .collect();
         idle.sort_by_key(|s| (s.waiting_since.load(Ordering::SeqCst), s.id));
         // A request may have begun since the filter: the exchange decides.
@@ -233,6 +254,9 @@ struct SlotState {
     busy: AtomicUsize,
     /// When the connection last had no request in flight, µs after `epoch`.
     waiting_since: AtomicU64,
+    /// When the end of a request's headers was last read and the router has not taken the
+    /// request up yet, µs after `epoch`; 0 when there is none.
+    headers_read_at: AtomicU64,
     epoch: std::time::Instant,
     /// Cancelled when the connection is evicted; its stream then fails.
     evict: CancellationToken,
@@ -247,13 +271,25 @@ impl Slot {
     /// Marks a request in flight until the returned value is dropped; `None` on a
     /// connection already evicted.
     fn begin(&self) -> Option<InFlight> {
-        self.0
+        let began = self
+            .0
             .busy
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
                 (b != EVICTED).then_some(b + 1)
             })
             .ok()
-            .map(|_| InFlight(Arc::clone(&self.0)))
+            .map(|_| InFlight(Arc::clone(&self.0)));
+        // The request whose headers were read is now in flight.
+        self.0.headers_read_at.store(0, Ordering::SeqCst);
+        began
+    }
+
+    /// Notes that the end of a request's headers was read: the connection is not evicted
+    /// while the router has yet to take the request up (at most [`HEADERS_GRACE`]).
+    fn headers_read(&self) {
+        // Never 0, which means none.
+        let now = micros_since(self.0.epoch).max(1);
+        self.0.headers_read_at.store(now, Ordering::SeqCst);
     }
 }
 
@@ -313,6 +349,8 @@ pub(super) struct Stream {
     deadline: Pin<Box<Sleep>>,
     evicted: Pin<Box<WaitForCancellationFutureOwned>>,
     slot: Slot,
+    /// Where the end of a request's headers is, in the bytes read.
+    headers_end: HeadersEnd,
     _permit: Permit,
 }
 
@@ -341,6 +379,32 @@ impl Stream {
     }
 }
 
+/// Finds the blank line that ends a request's headers in bytes read in pieces.
+#[derive(Debug, Default)]
+struct HeadersEnd {
+    /// How many bytes of [`HEADERS_END`] the bytes so far end with.
+    matched: usize,
+}
+
+impl HeadersEnd {
+    /// Whether `read`, following what came before, holds the end of a request's headers.
+    fn feed(&mut self, read: &[u8]) -> bool {
+        let mut seen = false;
+        for &b in read {
+            self.matched = if b == HEADERS_END[self.matched] {
+                self.matched + 1
+            } else {
+                usize::from(b == HEADERS_END[0])
+            };
+            if self.matched == HEADERS_END.len() {
+                self.matched = 0;
+                seen = true;
+            }
+        }
+        seen
+    }
+}
+
 impl AsyncRead for Stream {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -353,6 +417,9 @@ impl AsyncRead for Stream {
             Poll::Ready(r) => {
                 if buf.filled().len() > before {
                     this.progressed();
+                    if this.headers_end.feed(&buf.filled()[before..]) {
+                        this.slot.headers_read();
+                    }
                 }
                 Poll::Ready(r)
             }
@@ -390,5 +457,85 @@ impl AsyncWrite for Stream {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use axum::serve::Listener as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn the_end_of_headers_is_found_across_reads() {
+        let mut h = HeadersEnd::default();
+        assert!(!h.feed(b"GET / HTTP/1.1\r\nHost: x\r"));
+        assert!(!h.feed(b"\n"));
+        assert!(h.feed(b"\r\n"));
+        // After a stray carriage return, and not inside a header line.
+        assert!(h.feed(b"GET / HTTP/1.1\r\r\n\r\n"));
+        assert!(!h.feed(b"a\r\nb\n\r\nc\r\n\r"));
+        assert!(h.feed(b"\n"));
+    }
+
+    fn guarded(listener: TcpListener) -> Guarded {
+        let limits = Limits {
+            max_connections: 1,
+            idle: Duration::from_secs(30),
+            lifetime: Duration::from_secs(60),
+        };
+        let counters = Counters {
+            open: IntGauge::new("open", "open").unwrap(),
+            evicted: IntCounter::new("evicted", "evicted").unwrap(),
+            refused: IntCounter::new("refused", "refused").unwrap(),
+        };
+        Guarded::new(listener, None, limits, counters)
+    }
+
+    /// Opens a connection, sends `sent`, and reads on the accepted side what came.
+    async fn accepted_after(g: &mut Guarded, sent: &[u8]) -> (tokio::net::TcpStream, Stream) {
+        let addr = g.local_addr().unwrap();
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client.write_all(sent).await.unwrap();
+        let (mut stream, _) = g.accept().await;
+        let mut buf = vec![0u8; sent.len()];
+        stream.read_exact(&mut buf).await.unwrap();
+        (client, stream)
+    }
+
+    #[tokio::test]
+    async fn a_connection_whose_headers_were_read_is_not_evicted_before_it_is_routed() {
+        let mut g = guarded(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let (_client, stream) = accepted_after(&mut g, b"GET /health HTTP/1.1\r\n\r\n").await;
+        assert!(
+            !g.slots.evict_one(),
+            "a request read and not yet routed holds its connection"
+        );
+        // Taken up by the router and answered: the connection waits again.
+        drop(stream.slot.begin());
+        assert!(g.slots.evict_one(), "an answered connection can be evicted");
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_half_its_headers_can_be_evicted() {
+        let mut g = guarded(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let (_client, _stream) = accepted_after(&mut g, b"GET /health HTTP/1.1\r\nHo").await;
+        assert!(
+            g.slots.evict_one(),
+            "a dripped request does not hold its slot"
+        );
+    }
+
+    #[tokio::test]
+    async fn headers_never_routed_stop_protecting_their_connection() {
+        let mut g = guarded(TcpListener::bind("127.0.0.1:0").await.unwrap());
+        let (_client, _stream) = accepted_after(&mut g, b"\r\n\r\n").await;
+        assert!(!g.slots.evict_one());
+        std::thread::sleep(HEADERS_GRACE + Duration::from_millis(50));
+        assert!(
+            g.slots.evict_one(),
+            "protected for {HEADERS_GRACE:?} at most"
+        );
     }
 }
