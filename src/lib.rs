@@ -72,6 +72,7 @@ pub mod operator;
 pub mod ops;
 pub mod placement;
 pub mod quota;
+pub mod readahead;
 pub mod relay;
 pub mod runtime;
 pub mod saga;

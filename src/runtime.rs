@@ -115,6 +115,9 @@ pub struct AppState {
     pub relays: Arc<crate::relay::Relays>,
     /// The deployment key's seals (snapshots, control inputs).
     pub seal: crate::seal::Seal,
+    /// Input bytes read ahead of their commit, shared by every input consumer of the node
+    /// (`saga.max_pull_bytes`, [`crate::readahead`]).
+    pub readahead: Arc<crate::readahead::Budget>,
 }
 
 /// Result of a manifest reload.
@@ -150,6 +153,7 @@ impl AppState {
     ) -> Self {
         declare(&metrics, &config, &catalog);
         let limits = crate::quota::Limits::new(config.tenancy.clone());
+        let readahead = crate::readahead::Budget::new(config.saga.max_pull_bytes.get());
         Self {
             config,
             node_id,
@@ -168,6 +172,7 @@ impl AppState {
             shared_batches: Default::default(),
             relays: Default::default(),
             seal,
+            readahead,
         }
     }
 

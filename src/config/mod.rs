@@ -227,9 +227,11 @@ pub struct SagaConfig {
     /// mode: also the most bytes of copies a router sends in one batch (one input's copies
     /// stay together).
     pub max_batch_bytes: ByteSize,
-    /// About the most input bytes one pull of a saga input consumer (or, partitioned, of a
-    /// router's source) asks for: the pull's message count follows the average input size
-    /// (8 to 500 messages). Also about the most input bytes read ahead while a batch commits.
+    /// About the most input bytes the node's saga input consumers ask for and read ahead of
+    /// their commits, all together: each consumer open (an owned partition's loop, a routed
+    /// share's router) takes an equal part (`crate::readahead`), and its pull's message
+    /// count follows the average input size within that part (1 to 500 messages). A
+    /// router's inputs waiting for admission are held to this much per share.
     pub max_pull_bytes: ByteSize,
     /// Fetching pauses while the outbox holds more records than this (backpressure).
     pub max_outbox_depth: u64,

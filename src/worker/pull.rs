@@ -1,6 +1,7 @@
 //! The pull size of an input consumer read through an ordered consumer (a saga input loop,
-//! a router's source): as many messages per pull as fit in `saga.max_pull_bytes` at the
-//! average message size seen, within `PULL_RANGE`.
+//! a router's source): as many messages per pull as fit in the consumer's part of the node's
+//! read-ahead budget (`saga.max_pull_bytes` over the consumers open, [`crate::readahead`])
+//! at the average message size seen, within `PULL_RANGE`.
 //!
 //! Why a count: the client sends an ordered consumer's pull requests without a byte limit,
 //! so the message count is what bounds the bytes one pull buffers. A fixed count either lets
@@ -11,6 +12,8 @@
 //! And how such a consumer's messages are taken: [`next_chunk`], everything received up
 //! to a batch's cap, not what fits in one slice of the async runtime's budget; and
 //! [`ReadAhead`], which goes on reading while the previous batch commits.
+
+use crate::readahead::Part;
 
 /// The next chunk of a `ready_chunks` stream of consumer messages: everything already
 /// received, up to the chunk's cap. Polled plainly, a chunk ends where tokio's cooperative
@@ -129,28 +132,37 @@ where
     }
 }
 
-/// Fewest and most messages one pull asks for (the client's own default is the most).
-const PULL_RANGE: (i64, i64) = (8, 500);
+/// Fewest and most messages one pull asks for (the client's own default is the most). One
+/// at least: large inputs on a node with many consumers get one each, not a floor that
+/// multiplies past the budget.
+const PULL_RANGE: (i64, i64) = (1, 500);
 
-/// The pull size of one consumer, following the sizes it reads.
+/// The pull size of one consumer, following the sizes it reads and its part of the node's
+/// budget.
 pub(crate) struct PullSize {
-    cap: f64,
+    part: Part,
     avg: f64,
     current: i64,
 }
 
 impl PullSize {
-    pub(crate) fn new(cap: u64) -> Self {
+    /// The pull size of a consumer that holds `part` of the node's budget.
+    pub(crate) fn new(part: Part) -> Self {
         Self {
-            cap: cap as f64,
+            part,
             avg: 1024.0,
             current: 0,
         }
     }
 
+    /// The bytes this consumer may ask for and hold ahead now (its part of the budget).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.part.bytes()
+    }
+
     /// The count the average size calls for.
     pub(crate) fn wanted(&self) -> i64 {
-        ((self.cap / self.avg.max(1.0)) as i64).clamp(PULL_RANGE.0, PULL_RANGE.1)
+        ((self.bytes() as f64 / self.avg.max(1.0)) as i64).clamp(PULL_RANGE.0, PULL_RANGE.1)
     }
 
     /// The count for a consumer opened now.
@@ -186,7 +198,8 @@ mod tests {
 
     #[test]
     fn the_pull_size_follows_the_input_size_within_its_range() {
-        let mut p = PullSize::new(32 * 1024 * 1024);
+        let budget = crate::readahead::Budget::new(32 * 1024 * 1024);
+        let mut p = PullSize::new(budget.part());
         assert_eq!(p.open(), 500, "small inputs: the client's full pull");
         let big = || std::iter::repeat_n(256 * 1024, 50);
         p.observe(big());
@@ -200,7 +213,13 @@ mod tests {
         for _ in 0..6 {
             p.observe(huge());
         }
-        assert_eq!(p.open(), 8, "never fewer than the floor");
+        assert_eq!(p.open(), 4, "32 MiB of 8 MiB inputs");
+        // 64 consumers share the budget: 512 KiB each, one 8 MiB input per pull.
+        let others: Vec<_> = (0..63).map(|_| budget.part()).collect();
+        assert!(p.should_reopen(), "the part shrank");
+        assert_eq!(p.open(), 1, "never fewer than one");
+        drop(others);
+        assert!(p.should_reopen(), "the part grew back");
     }
 
     /// A test item: its payload size, or an error.

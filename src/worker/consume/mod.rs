@@ -3,8 +3,8 @@
 //!
 //! A loop opens an ordered consumer at its committed checkpoint + 1, reads the inbox in
 //! chunks of at most `saga.batch_size` messages and submits each chunk as one batch; while
-//! a batch commits it reads the next one (at most `saga.batch_size` messages and
-//! `saga.max_pull_bytes` held, [`ReadAhead`]), and submits that only after the commit's
+//! a batch commits it reads the next one (at most `saga.batch_size` messages and the
+//! loop's part of the node's read-ahead budget held, [`ReadAhead`], [`crate::readahead`]), and submits that only after the commit's
 //! answer. It pauses while the outbox is deeper than `saga.max_outbox_depth`
 //! (backpressure, read from the [`RelayHandle`]).
 //!
@@ -156,8 +156,8 @@ struct Loop {
     batch_size: usize,
     /// Body bytes submitted per batch at most (`saga.max_batch_bytes`).
     max_batch_bytes: usize,
-    /// Payload bytes read ahead at most (`saga.max_pull_bytes`).
-    max_pull_bytes: u64,
+    /// The pull's count, and the payload bytes read ahead at most: this loop's part of the
+    /// node's read-ahead budget.
     pull: PullSize,
     /// Between tries after a consumer error or a failed commit; reset by a commit.
     backoff: Backoff,
@@ -198,7 +198,6 @@ impl Loop {
         cancel: CancellationToken,
     ) -> Self {
         let saga = &state.config.saga;
-        let max_pull_bytes = saga.max_pull_bytes.get();
         let liveness = Liveness::new(
             state.broker.jetstream(),
             &state.metrics.registry,
@@ -208,8 +207,7 @@ impl Loop {
         Self {
             batch_size: saga.batch_size,
             max_batch_bytes: usize::try_from(saga.max_batch_bytes.get()).unwrap_or(usize::MAX),
-            max_pull_bytes,
-            pull: PullSize::new(max_pull_bytes),
+            pull: PullSize::new(state.readahead.part()),
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(5)).with_jitter(),
             connections: state.broker.connections(),
             liveness,
@@ -265,7 +263,7 @@ impl Loop {
             _ = self.cancel.cancelled() => return Err(Next::Stop),
             m = messages => m,
         };
-        let (batch_size, max_pull_bytes) = (self.batch_size, self.max_pull_bytes);
+        let (batch_size, max_pull_bytes) = (self.batch_size, self.pull.bytes());
         let reader = match messages {
             Ok(m) => ReadAhead::new(m.ready_chunks(batch_size), batch_size, max_pull_bytes),
             Err(e) => {

@@ -35,8 +35,12 @@
 //!   between tenants the order is their turns. (The source is read ahead while a batch is
 //!   in flight, [`ReadAhead`], and while admission holds new triggers, up to
 //!   `tenancy.read_ahead` inputs waiting.)
-//! - **Bounded bytes.** A pull of the source asks for as many messages as fit in
-//!   `saga.max_pull_bytes` at the sizes seen ([`crate::worker::pull`]), and a batch of copies is cut
+//! - **Bounded bytes.** A pull of the source asks for as many messages as fit in the
+//!   router's part of the node's read-ahead budget (`saga.max_pull_bytes` over the input
+//!   consumers open, [`crate::readahead`]) at the sizes seen ([`crate::worker::pull`]), and
+//!   reads ahead no more than that part while a batch is in flight; inputs waiting in the
+//!   lanes for admission are held to `saga.max_pull_bytes` per share (the window in which
+//!   one tenant's inputs pass another's). A batch of copies is cut
 //!   before it would pass `saga.max_batch_bytes` (one input's copies stay together, so only
 //!   an input whose copies alone pass it makes a larger batch). Copies share the source
 //!   message's body rather than each holding its own.
@@ -297,7 +301,6 @@ struct Routing<'a> {
     /// Bytes bounded on both sides: the pull's count follows the sizes read, and a batch of
     /// copies is cut at `saga.max_batch_bytes` (see `send`).
     pull: PullSize,
-    max_pull_bytes: u64,
     /// New triggers wait behind work under way (admit.rs); results are never held.
     admission: Option<Gate>,
     /// The last source sequence read (this share's messages and the others'), or found to
@@ -350,8 +353,7 @@ impl<'a> Routing<'a> {
                 state.config.consumers.reopen_timeout.get(),
             ),
             label: format!("router:{share}"),
-            pull: PullSize::new(max_pull_bytes),
-            max_pull_bytes,
+            pull: PullSize::new(state.readahead.part()),
             admission,
             read_through: 0,
             catalog,

@@ -49,7 +49,7 @@ impl Routing<'_> {
         Ok(ReadAhead::new(
             c.messages().await?.ready_chunks(INPUTS_PER_BATCH),
             READ_AHEAD,
-            self.max_pull_bytes,
+            self.pull.bytes(),
         ))
     }
 
