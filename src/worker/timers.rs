@@ -4,7 +4,10 @@
 //! ([`super::process::Processor::fired_timer`]).
 //!
 //! It reads the due rows every `saga.timer_poll`, so a timer fires at most one poll late
-//! (plus the inbox's own delay).
+//! (plus the inbox's own delay); a pass that found a full batch due is followed by the next
+//! at once. A pass publishes its firings without waiting for each acknowledgement before
+//! the next publish (they are awaited together), so a burst of due timers fires at the
+//! rate the stream stores them, not one round trip per timer.
 //!
 //! Guarantees:
 //! - **Deterministic replay.** A firing carries the timer's due time as its timestamp,
@@ -15,7 +18,12 @@
 //!   after [`REFIRE_AFTER`], a former owner's) finds no row the second time and is ignored,
 //!   and a cancelled timer's row was deleted by the transaction that cancelled it.
 //! - **Nothing stored twice in the window.** The `Nats-Msg-Id` is the timer's id.
-//! - A failed publish stops the pass; the row stays due and is published on the next one.
+//! - A failed publish stops the pass; its row, and those of the firings after it, stay due
+//!   and are published on the next one (a firing that was stored after all is not stored
+//!   twice: the `Nats-Msg-Id`).
+//! - **Rows fired and not yet applied do not hold the ones behind them.** A pass passes
+//!   over the rows it published within [`REFIRE_AFTER`] (they stay until their partition
+//!   applies the firing), so under a burst each pass takes the next due rows.
 //! - **Other partitions' rows do not hold this node's timers.** A store keeps the rows of a
 //!   partition the node handed over (an import replaces them if it owns it again); a pass
 //!   passes over them, up to [`SCAN_AT_MOST`] due rows (past that it warns once).
@@ -54,18 +62,22 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
     let poll = state.config.saga.timer_poll.get();
     let count = state.config.partitions.count;
     let js = state.broker.jetstream().clone();
-    let mut sent: std::collections::HashMap<String, std::time::Instant> = Default::default();
+    // Schedule keys of the rows published lately, and when.
+    let mut sent: std::collections::HashMap<Vec<u8>, std::time::Instant> = Default::default();
     // Whether the last pass stopped at SCAN_AT_MOST (logged once per episode).
     let mut scan_cut_logged = false;
     while !cancel.is_cancelled() {
         let now = now_ms();
         let owned = state.placement.owned();
+        sent.retain(|_, at| at.elapsed() < REFIRE_AFTER);
+        let published: std::collections::HashSet<Vec<u8>> = sent.keys().cloned().collect();
         let due = state
             .store
             .read(move |t| {
-                let mine =
-                    |t: &str, s: &str, c: &str| owned.contains_key(&partition(t, s, c, count));
-                let due = t.due_timers_kept(now, TIMER_BATCH, SCAN_AT_MOST, mine)?;
+                let wanted = |key: &[u8], t: &str, s: &str, c: &str| {
+                    owned.contains_key(&partition(t, s, c, count)) && !published.contains(key)
+                };
+                let due = t.due_timers_kept(now, TIMER_BATCH, SCAN_AT_MOST, wanted)?;
                 Ok((due, t.timers_pending()?))
             })
             .await;
@@ -78,13 +90,16 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         };
         if cut && !scan_cut_logged {
             tracing::warn!(
-                message = "More due timers of partitions this node no longer owns than one pass looks at; later timers of its own partitions wait behind them.",
+                message = "More due timers of partitions this node no longer owns, or fired and not yet applied, than one pass looks at; later timers of its own partitions wait behind them.",
                 looked_at = SCAN_AT_MOST
             );
         }
         scan_cut_logged = cut;
         state.metrics.timers_pending.set(pending as i64);
-        sent.retain(|_, at| at.elapsed() < REFIRE_AFTER);
+        let full = due.len() >= TIMER_BATCH;
+        let mut failed = false;
+        // Published in order, acknowledgements awaited after: (schedule key, due time, ack).
+        let mut acks = Vec::with_capacity(due.len());
         for t in due {
             let p = partition(&t.tenant, &t.saga, &t.correlation_id, count);
             if !state.placement.owns(p) {
@@ -94,33 +109,42 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
                 "timer:{}:{}:{}:{}",
                 t.tenant, t.saga, t.correlation_id, t.timer_id
             );
-            if sent.contains_key(&id) {
-                continue;
-            }
             let mut h = headers::outgoing(&id, Some(&t.tenant), None);
             h.insert(headers::ROUTED_SUBJECT, TIMER_SUBJECT);
             h.insert(headers::ROUTED_SOURCE, "timer");
             let body = serde_json::to_vec(&t).unwrap_or_default();
-            let published = async {
-                js.publish_with_headers(format!("runner.inbox.{p}.timer"), h, body.into())
-                    .await?
-                    .await
-                    .map_err(async_nats::Error::from)
-            };
-            match published.await {
+            match js
+                .publish_with_headers(format!("runner.inbox.{p}.timer"), h, body.into())
+                .await
+            {
+                Ok(ack) => acks.push((t.key(), t.due_ms, ack)),
+                Err(e) => {
+                    crate::relay::election::publish_failed("timer firing", &e);
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        for (key, due_ms, ack) in acks {
+            match ack.await {
                 Ok(_) => {
-                    sent.insert(id, std::time::Instant::now());
+                    sent.insert(key, std::time::Instant::now());
                     state
                         .metrics
                         .timer_fire_lag
-                        .observe(now.saturating_sub(t.due_ms) as f64 / 1000.0);
+                        .observe(now.saturating_sub(due_ms) as f64 / 1000.0);
                     state.metrics.timers_fired.inc();
                 }
                 Err(e) => {
                     crate::relay::election::publish_failed("timer firing", &e);
+                    failed = true;
                     break;
                 }
             }
+        }
+        // More may be due behind a full batch: look again at once, unless publishing fails.
+        if full && !failed {
+            continue;
         }
         tokio::select! {
             _ = cancel.cancelled() => return,

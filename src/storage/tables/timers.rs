@@ -52,21 +52,22 @@ impl<K: TransactionKind> Tables<'_, K> {
     /// Up to `limit` timers due at or before `now_ms`, earliest first.
     pub fn due_timers(&self, now_ms: u64, limit: usize) -> Result<Vec<TimerEntry>> {
         Ok(self
-            .due_timers_kept(now_ms, limit, usize::MAX, |_, _, _| true)?
+            .due_timers_kept(now_ms, limit, usize::MAX, |_, _, _, _| true)?
             .0)
     }
 
-    /// Up to `limit` timers due at or before `now_ms` whose instance `keep(tenant, saga,
+    /// Up to `limit` timers due at or before `now_ms` whose row `keep(key, tenant, saga,
     /// correlation_id)` accepts, earliest first, looking at no more than `scan` due rows:
-    /// rows `keep` refuses (a partition this node no longer owns) neither count toward
-    /// `limit` nor hide the rows behind them, and are judged by their key alone. Returns
+    /// rows `keep` refuses (a partition this node no longer owns, a firing published and
+    /// not yet applied) neither count toward `limit` nor hide the rows behind them, and are
+    /// judged by their key alone. Returns
     /// the timers and whether the scan stopped at `scan` rows.
     pub fn due_timers_kept(
         &self,
         now_ms: u64,
         limit: usize,
         scan: usize,
-        keep: impl Fn(&str, &str, &str) -> bool,
+        keep: impl Fn(&[u8], &str, &str, &str) -> bool,
     ) -> Result<(Vec<TimerEntry>, bool)> {
         let mut cur = self.txn.cursor(&self.schedule)?;
         let mut out = Vec::new();
@@ -80,11 +81,11 @@ impl<K: TransactionKind> Tables<'_, K> {
             }
             let mut parts = k[8..].split(|&b| b == 0).map(std::str::from_utf8);
             let kept = match (parts.next(), parts.next(), parts.next()) {
-                (Some(Ok(t)), Some(Ok(s)), Some(Ok(c))) => keep(t, s, c),
+                (Some(Ok(t)), Some(Ok(s)), Some(Ok(c))) => keep(&k, t, s, c),
                 // A key not of this layout: judged by its row.
                 _ => {
                     let t: TimerEntry = json(&v, "timer")?;
-                    keep(&t.tenant, &t.saga, &t.correlation_id)
+                    keep(&k, &t.tenant, &t.saga, &t.correlation_id)
                 }
             };
             if kept {
