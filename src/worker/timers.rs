@@ -62,20 +62,22 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
     let poll = state.config.saga.timer_poll.get();
     let count = state.config.partitions.count;
     let js = state.broker.jetstream().clone();
-    // Schedule keys of the rows published lately, and when.
-    let mut sent: std::collections::HashMap<Vec<u8>, std::time::Instant> = Default::default();
+    // Schedule keys of the rows published lately, and when. Shared with the store read of
+    // each pass, not copied into it: the read has ended before the map changes again, so
+    // `Arc::make_mut` finds it unshared and changes it in place.
+    let mut sent: Arc<std::collections::HashMap<Vec<u8>, std::time::Instant>> = Default::default();
     // Whether the last pass stopped at SCAN_AT_MOST (logged once per episode).
     let mut scan_cut_logged = false;
     while !cancel.is_cancelled() {
         let now = now_ms();
         let owned = state.placement.owned();
-        sent.retain(|_, at| at.elapsed() < REFIRE_AFTER);
-        let published: std::collections::HashSet<Vec<u8>> = sent.keys().cloned().collect();
+        Arc::make_mut(&mut sent).retain(|_, at| at.elapsed() < REFIRE_AFTER);
+        let published = Arc::clone(&sent);
         let due = state
             .store
             .read(move |t| {
                 let wanted = |key: &[u8], t: &str, s: &str, c: &str| {
-                    owned.contains_key(&partition(t, s, c, count)) && !published.contains(key)
+                    owned.contains_key(&partition(t, s, c, count)) && !published.contains_key(key)
                 };
                 let due = t.due_timers_kept(now, TIMER_BATCH, SCAN_AT_MOST, wanted)?;
                 Ok((due, t.timers_pending()?))
@@ -128,7 +130,7 @@ pub(crate) async fn run(state: Arc<AppState>, cancel: CancellationToken) {
         for (key, due_ms, ack) in acks {
             match ack.await {
                 Ok(_) => {
-                    sent.insert(key, std::time::Instant::now());
+                    Arc::make_mut(&mut sent).insert(key, std::time::Instant::now());
                     state
                         .metrics
                         .timer_fire_lag

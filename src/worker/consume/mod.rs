@@ -4,8 +4,8 @@
 //! A loop opens an ordered consumer at its committed checkpoint + 1, reads the inbox in
 //! chunks of at most `saga.batch_size` messages and submits each chunk as one batch; while
 //! a batch commits it reads the next one (at most `saga.batch_size` messages and the
-//! loop's part of the node's read-ahead budget held, [`ReadAhead`], [`crate::readahead`]), and submits that only after the commit's
-//! answer. It pauses while the outbox is deeper than `saga.max_outbox_depth`
+//! loop's part of the node's read-ahead budget held: [`ReadAhead`], [`crate::readahead`]),
+//! and submits that only after the commit's answer. It pauses while the outbox is deeper than `saga.max_outbox_depth`
 //! (backpressure, read from the [`RelayHandle`]).
 //!
 //! Guarantees:
